@@ -1,0 +1,175 @@
+"""The shared layers against seed 000's worked examples and independent computations."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import tiny
+from transformer_jax import layers
+from transformer_jax.layers import Attention, Block, PatchEmbed, causal_mask, resize_position_grid
+
+EYE = np.eye(2, dtype=np.float32)
+
+
+def worked_example_block():
+  """Seed 000, section 4a: T = D = 2, one head, LayerNorm, no biases, all weights I, d_ff = 2
+  with ReLU and W2 = I/2."""
+  cfg = tiny('encoder', width=2, num_heads=1, d_ff=2, mlp='relu', use_bias=False,
+             norm='layernorm', norm_bias=False, attention_kernel='einsum')
+  params = {
+      'attn': {name: {'kernel': EYE.reshape(2, 1, 2)} for name in ('query', 'key', 'value')},
+      'attn_norm': {'scale': np.ones(2, np.float32)},
+      'mlp': {'up': {'kernel': EYE}, 'down': {'kernel': EYE / 2}},
+      'mlp_norm': {'scale': np.ones(2, np.float32)},
+  }
+  params['attn']['out'] = {'kernel': EYE.reshape(1, 2, 2)}
+  return Block(cfg), params
+
+
+def test_seed000_worked_example_a():
+  block, params = worked_example_block()
+  x = jnp.array([[[2.0, 0.0], [0.0, 1.0]]])
+  positions = jnp.arange(2)[None]
+  y = block.apply({'params': params}, x, None, positions)
+  np.testing.assert_array_equal(np.round(np.float64(y[0]), 3), [[3.388, -0.888], [-0.888, 2.388]])
+  causal = causal_mask(jnp.arange(2), positions, 2)
+  y = block.apply({'params': params}, x, causal, positions)
+  np.testing.assert_array_equal(np.round(np.float64(y[0]), 3), [[3.5, -1.0], [-0.888, 2.388]])
+
+
+def test_seed000_shape_table(rng):
+  # B = 2, T = 5, D = 64, H = 4, d_ff = 4D. Queries are laid out (B, T, H, d_k), the transpose
+  # of the seed's (B, H, T, d_k); the attention weights are (B, H, T, T) as in the seed.
+  cfg = tiny('encoder', width=64, num_heads=4, attention_kernel='einsum')
+  x = jax.random.normal(rng, (2, 5, 64))
+  block = Block(cfg)
+  params = block.init(rng, x, None, jnp.zeros((2, 5), jnp.int32))
+  y, state = block.apply(params, x, None, jnp.zeros((2, 5), jnp.int32),
+                         capture_intermediates=True, mutable=['intermediates'])
+  inter = state['intermediates']
+  assert inter['attn_norm']['__call__'][0].shape == (2, 5, 64)
+  assert inter['attn']['query']['__call__'][0].shape == (2, 5, 4, 16)
+  assert inter['attn']['attention_weights'][0].shape == (2, 4, 5, 5)
+  assert inter['attn']['__call__'][0].shape == (2, 5, 64)
+  assert inter['mlp']['up']['__call__'][0].shape == (2, 5, 256)
+  assert y.shape == (2, 5, 64)
+
+
+def test_rope_dot_product_depends_only_on_distance(rng):
+  kq, kk = jax.random.split(rng)
+  q = jnp.broadcast_to(jax.random.normal(kq, (32,)), (1, 20, 1, 32))
+  k = jnp.broadcast_to(jax.random.normal(kk, (32,)), (1, 20, 1, 32))
+  positions = jnp.arange(20)[None]
+  rq, rk = layers.apply_rope(q, positions)[0, :, 0], layers.apply_rope(k, positions)[0, :, 0]
+  at_distance_2 = [rq[m] @ rk[m - 2] for m in (2, 9, 19)]
+  np.testing.assert_allclose(at_distance_2, at_distance_2[0], rtol=1e-5)
+  assert abs(rq[5] @ rk[0] - at_distance_2[0]) > 1e-3
+  np.testing.assert_allclose(rq[0], q[0, 0, 0], rtol=1e-6)  # position 0 is not rotated
+  np.testing.assert_allclose(jnp.linalg.norm(rq, axis=-1), jnp.linalg.norm(q[0, :, 0], axis=-1),
+                             rtol=1e-5)
+
+
+def test_rope_matches_seed_formula(rng):
+  # The seed's apply_rope: freqs = base^(-i/half), angles = p * freqs, half-split rotation.
+  x = np.asarray(jax.random.normal(rng, (1, 7, 2, 8)))
+  half, pos = 4, np.arange(7)
+  angles = pos[:, None] * 10000.0 ** (-np.arange(half) / half)
+  cos, sin = np.cos(angles)[:, None], np.sin(angles)[:, None]
+  x1, x2 = x[0, ..., :half], x[0, ..., half:]
+  expected = np.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)
+  np.testing.assert_allclose(layers.apply_rope(jnp.asarray(x), jnp.arange(7)[None])[0],
+                             expected, rtol=1e-5, atol=1e-6)
+
+
+def test_sinusoidal_matches_vaswani():
+  pe = layers.sinusoidal(jnp.arange(50)[None], 16)[0]
+  p, i = 37, 3
+  np.testing.assert_allclose(pe[p, 2 * i], np.sin(p / 10000 ** (2 * i / 16)), rtol=1e-5)
+  np.testing.assert_allclose(pe[p, 2 * i + 1], np.cos(p / 10000 ** (2 * i / 16)), rtol=1e-5)
+
+
+def test_patch_embedding_is_reshape_and_matmul(rng):
+  # Seed 000's theorem, with images laid out (B, H, W, C): a patch flattens in (row, column,
+  # channel) order, the order of the convolution kernel (P, P, C, D).
+  images = jax.random.normal(rng, (1, 224, 224, 3))
+  embed = PatchEmbed(16, 768)
+  params = embed.init(rng, images)
+  params = jax.tree.map(lambda p: jax.random.normal(jax.random.key(1), p.shape) * 0.1,
+                        nn.meta.unbox(params))
+  tokens = embed.apply(params, images)
+  patches = images.reshape(14, 16, 14, 16, 3).transpose(0, 2, 1, 3, 4).reshape(196, 768)
+  conv = params['params']['conv']
+  by_hand = patches @ conv['kernel'].reshape(768, 768) + conv['bias'][None]
+  assert tokens.shape == (1, 196, 768)
+  np.testing.assert_allclose(tokens[0], by_hand, atol=2e-4, rtol=1e-4)
+
+
+def test_position_grid_resize_keeps_cls_row(rng):
+  pos = jax.random.normal(rng, (197, 768))
+  new = resize_position_grid(pos, 24)
+  assert new.shape == (577, 768)
+  np.testing.assert_array_equal(new[0], pos[0])
+  np.testing.assert_allclose(resize_position_grid(pos, 14), pos, atol=1e-5)  # same grid
+  constant = jnp.ones((1 + 14 * 14, 4))
+  np.testing.assert_allclose(resize_position_grid(constant, 24), 1.0, atol=1e-5)
+  # A grid that varies linearly stays linear away from the border, so the interpolation reads
+  # the rows in the right order.
+  rows = jnp.repeat(jnp.arange(14.0), 14)[:, None]
+  resized = resize_position_grid(jnp.concatenate([jnp.zeros((1, 1)), rows]), 28)[1:].reshape(28, 28)
+  np.testing.assert_allclose(np.diff(resized[4:24, 10]), 0.5, atol=1e-4)
+
+
+def test_gqa_equals_mha_with_repeated_kv_heads(rng):
+  gqa_cfg = tiny('decoder', num_kv_heads=2, use_bias=True)
+  mha_cfg = tiny('decoder', num_kv_heads=4, use_bias=True)
+  x = jax.random.normal(rng, (2, 6, 32))
+  positions = jnp.broadcast_to(jnp.arange(6), (2, 6))
+  mask = causal_mask(jnp.arange(6), positions, 6)
+  gqa = Attention(gqa_cfg)
+  params = nn.meta.unbox(gqa.init(rng, x, mask=mask, positions=positions))['params']
+  params = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(rng, p.shape), params)
+  repeated = dict(params)
+  for name in ('key', 'value'):
+    repeated[name] = {'kernel': jnp.repeat(params[name]['kernel'], 2, axis=1),
+                      'bias': jnp.repeat(params[name]['bias'], 2, axis=0)}
+  out_gqa = gqa.apply({'params': params}, x, mask=mask, positions=positions)
+  out_mha = Attention(mha_cfg).apply({'params': repeated}, x, mask=mask, positions=positions)
+  np.testing.assert_allclose(out_gqa, out_mha, atol=1e-5)
+
+
+@pytest.mark.parametrize('kv_heads', [4, 2, 1])
+def test_kernel_matches_einsum_reference(rng, kv_heads):
+  q = jax.random.normal(rng, (2, 5, 4, 8))
+  k, v = jax.random.normal(jax.random.key(1), (2, 2, 7, kv_heads, 8))
+  mask = jax.random.bernoulli(jax.random.key(2), 0.7, (2, 1, 5, 7)).at[..., 0].set(True)
+  expected, weights = layers.reference_attention(q, k, v, mask, 8 ** -0.5)
+  got = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=8 ** -0.5)
+  np.testing.assert_allclose(got, expected, atol=1e-5)
+  np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
+  assert float(jnp.where(mask[:, 0], 0.0, weights[:, 0]).max()) == 0.0
+
+
+def test_norms_match_their_formulas(rng):
+  x = jax.random.normal(rng, (3, 10)) * 3 + 1
+  ln = layers.LayerNorm(eps=1e-5)
+  y = ln.apply(ln.init(rng, x), x)
+  expected = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
+  np.testing.assert_allclose(y, expected, atol=1e-5)
+  rms = layers.RMSNorm(eps=1e-6)
+  y = rms.apply(rms.init(rng, x), x)
+  np.testing.assert_allclose(y, x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 1e-6), atol=1e-5)
+
+
+def test_bfloat16_compute_keeps_float32_norms_and_logits(rng):
+  cfg = tiny('decoder', dtype='bfloat16')
+  from transformer_jax import models
+  model = models.build(cfg)
+  tokens = jnp.zeros((2, 8), jnp.int32)
+  params = model.init(rng, tokens)
+  assert {p.dtype for p in jax.tree.leaves(nn.meta.unbox(params))} == {jnp.dtype('float32')}
+  logits = model.apply(params, tokens)
+  assert logits.dtype == jnp.float32
+  x = jnp.linspace(-3, 3, 32, dtype=jnp.bfloat16)[None]
+  ln = layers.LayerNorm(dtype=jnp.bfloat16)
+  assert ln.apply(ln.init(rng, x), x).dtype == jnp.bfloat16

@@ -1,0 +1,98 @@
+"""Multi-head attention (MHA, GQA, MQA; self and cross) with its KV cache, and mask helpers."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer_jax.layers.embeddings import apply_rope
+from transformer_jax.layers.linear import Linear
+
+
+def causal_mask(query_slots: jax.Array, positions: jax.Array, kv_len: int) -> jax.Array:
+  """(B, 1, T, kv_len): a query sees the keys from its row's first token up to itself.
+
+  `query_slots` (T,) are the key slots the queries occupy (0..T-1 without a cache; the cache index
+  onwards with one); `positions` (B, T) their token positions. A row whose prompt is left-padded by
+  k slots has positions starting at -k, so its first real token sits at slot k and the padding
+  slots before it are never seen.
+  """
+  first_slot = query_slots[None, :] - positions  # (B, T)
+  key_slots = jnp.arange(kv_len)
+  visible = ((key_slots[None, None, :] <= query_slots[None, :, None]) &
+             (key_slots[None, None, :] >= first_slot[:, :, None]))
+  return visible[:, None]
+
+
+def padding_mask(valid: jax.Array, num_queries: int) -> jax.Array:
+  """(B, 1, T, S) from the keys' validity (B, S): every query sees every valid key."""
+  return jnp.broadcast_to(valid[:, None, None, :], (valid.shape[0], 1, num_queries, valid.shape[1]))
+
+
+def reference_attention(q, k, v, mask, scale):
+  """Plain einsum attention with a float32 softmax, the check on `jax.nn.dot_product_attention`.
+
+  Returns the output (B, T, heads, head_dim) and the attention weights (B, heads, T, S).
+  """
+  b, t, h, d = q.shape
+  kv_heads = k.shape[2]
+  q = q.reshape(b, t, kv_heads, h // kv_heads, d)
+  logits = jnp.einsum('btkgd,bskd->bkgts', q, k, preferred_element_type=jnp.float32) * scale
+  if mask is not None:
+    logits = jnp.where(mask[:, :, None], logits, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+  out = jnp.einsum('bkgts,bskd->btkgd', probs, v).reshape(b, t, h, d)
+  return out, probs.reshape(b, h, t, -1)
+
+
+class Attention(nn.Module):
+  """softmax(Q K^T / sqrt(d_k) + mask) V over `num_heads` query and `kv_heads` key-value heads.
+
+  Self-attention takes keys from its own input; cross-attention (`is_cross`) from `kv_inputs`.
+  With `cache_index` set, the 'cache' collection holds the keys and values (B, S, kv_heads,
+  head_dim): self-attention writes its new ones at slots cache_index.. and attends over all S
+  slots (the caller's mask hides slots not yet written); cross-attention stores them when given
+  `kv_inputs` and reads them back when called without.
+  """
+  cfg: 'ModelConfig'
+  is_cross: bool = False
+
+  @nn.compact
+  def __call__(self, x, kv_inputs=None, *, mask=None, positions=None, cache_index=None):
+    cfg = self.cfg
+    dense = lambda heads, name: Linear(
+        (heads, cfg.head_dim), ('embed', 'heads', 'head_dim'), use_bias=cfg.use_bias,
+        dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype, init_std=cfg.init_std, name=name)
+    q = dense(cfg.num_heads, 'query')(x)
+    source = x if not self.is_cross else kv_inputs
+    k = v = None
+    if source is not None:
+      k, v = dense(cfg.kv_heads, 'key')(source), dense(cfg.kv_heads, 'value')(source)
+    if cfg.positions == 'rope' and not self.is_cross:
+      q = apply_rope(q, positions, cfg.rope_base)
+      k = apply_rope(k, positions, cfg.rope_base)
+    if cache_index is not None:
+      k, v = self._cached(k, v, cache_index)
+    scale = cfg.head_dim ** -0.5
+    if cfg.attention_kernel == 'einsum':
+      out, weights = reference_attention(q, k, v, mask, scale)
+      self.sow('intermediates', 'attention_weights', weights)
+    else:
+      out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale)
+    return Linear((cfg.width,), ('heads', 'head_dim', 'embed'), use_bias=cfg.use_bias,
+                  dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype, init_std=cfg.init_std,
+                  name='out')(out)
+
+  def _cached(self, k, v, cache_index):
+    if k is None:  # a cross-attention step: the keys and values stored at the prefill
+      if not self.has_variable('cache', 'cached_key'):
+        raise ValueError('Cross-attention has no encoder outputs and no cached keys: run the '
+                         'prefill with the encoder outputs first.')
+      return self.get_variable('cache', 'cached_key'), self.get_variable('cache', 'cached_value')
+    key = self.variable('cache', 'cached_key', jnp.zeros, k.shape, k.dtype)
+    value = self.variable('cache', 'cached_value', jnp.zeros, v.shape, v.dtype)
+    if self.is_cross:
+      key.value, value.value = k, v
+    else:
+      start = (0, cache_index, 0, 0)
+      key.value = jax.lax.dynamic_update_slice(key.value, k.astype(key.value.dtype), start)
+      value.value = jax.lax.dynamic_update_slice(value.value, v.astype(value.value.dtype), start)
+    return key.value, value.value

@@ -1,0 +1,105 @@
+"""Inputs into vectors: tokens, positions (learned, sinusoidal, RoPE), image patches, [CLS]."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class TextEmbed(nn.Module):
+  """Token rows E[s] plus the position rows (learned or sinusoidal) and token-type rows.
+
+  `attend` is the tied unembedding x E^T, in float32. Learned positions clip negative positions
+  (the left padding of a decoding batch, never seen by a real token) to row 0.
+  """
+  cfg: 'ModelConfig'
+
+  def setup(self):
+    cfg = self.cfg
+    table = lambda name, rows, axis: self.param(
+        name, nn.with_logical_partitioning(nn.initializers.normal(cfg.embed_init_std),
+                                           (axis, 'embed')), (rows, cfg.width), cfg.weight_dtype)
+    self.tokens = table('tokens', cfg.vocab_size, 'vocab')
+    if cfg.positions == 'learned':
+      self.position_table = table('positions', cfg.max_len, 'positions')
+    if cfg.type_vocab_size:
+      self.types = table('types', cfg.type_vocab_size, 'types')
+
+  def __call__(self, ids, positions, token_types=None):
+    cfg = self.cfg
+    x = jnp.take(self.tokens, ids, axis=0).astype(jnp.float32)
+    if cfg.positions == 'learned':
+      x = x + jnp.take(self.position_table, jnp.maximum(positions, 0), axis=0)
+    elif cfg.positions == 'sinusoidal':
+      x = x + sinusoidal(positions, cfg.width)
+    if cfg.type_vocab_size:
+      types = jnp.zeros_like(ids) if token_types is None else token_types
+      x = x + jnp.take(self.types, types, axis=0)
+    return x.astype(cfg.compute_dtype)
+
+  def attend(self, x):
+    flat = x.reshape(-1, x.shape[-1]).astype(self.cfg.compute_dtype)
+    logits = jnp.dot(flat, self.tokens.astype(flat.dtype).T, preferred_element_type=jnp.float32)
+    return logits.reshape(x.shape[:-1] + (self.cfg.vocab_size,))
+
+
+def sinusoidal(positions: jax.Array, width: int, base: float = 10000.0) -> jax.Array:
+  """Vaswani et al.: PE[p, 2i] = sin(p / base^(2i/D)), PE[p, 2i+1] = cos(p / base^(2i/D))."""
+  inv_freq = base ** (-np.arange(0, width, 2, dtype=np.float32) / width)
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq.reshape((1,) * positions.ndim + (-1,))
+  interleaved = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+  return interleaved.reshape(positions.shape + (-1,))[..., :width]
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, base: float = 10000.0) -> jax.Array:
+  """Rotary positions, half-split convention: rotate (x[:h], x[h:]) pairwise by p * base^(-i/h).
+
+  x: (B, T, heads, head_dim); positions: (B, T). Computed in float32.
+  """
+  half = x.shape[-1] // 2
+  inv_freq = base ** (-np.arange(half, dtype=np.float32) / half)
+  angles = positions.astype(jnp.float32)[:, :, None, None] * inv_freq.reshape(1, 1, 1, -1)
+  cos, sin = jnp.cos(angles), jnp.sin(angles)
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
+
+
+class PatchEmbed(nn.Module):
+  """Non-overlapping P x P patches, each mapped by one shared matrix plus bias.
+
+  A convolution with kernel = stride = P and no padding (seed 000, section 3.6): its (P, P, C, D)
+  kernel flattened in (row, column, channel) order is the (P*P*C, D) patch matrix. The grid is
+  read row by row into (B, num_patches, D).
+  """
+  patch_size: int
+  features: int
+  dtype: jnp.dtype = jnp.float32
+  param_dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, images: jax.Array) -> jax.Array:
+    p = self.patch_size
+    conv = nn.Conv(
+        self.features, (p, p), strides=(p, p), padding='VALID', dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(),
+                                                 (None, None, 'channels', 'embed')),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ('embed',)), name='conv')
+    grid = conv(images.astype(self.dtype))  # (B, H/P, W/P, D)
+    return grid.reshape(grid.shape[0], -1, grid.shape[-1])
+
+
+def resize_position_grid(posemb: jax.Array, new_grid: int, num_prefix_tokens: int = 1) -> jax.Array:
+  """Bicubically resizes a ViT's (prefix + g*g, D) position table to (prefix + new_grid**2, D).
+
+  The prefix rows ([CLS]) are kept as they are; the patch rows are reshaped to their 2-D grid,
+  interpolated, and read back row by row (seed 000, section 3.6, "A new resolution").
+  """
+  prefix, grid = posemb[:num_prefix_tokens], posemb[num_prefix_tokens:]
+  old = int(round(grid.shape[0] ** 0.5))
+  if old * old != grid.shape[0]:
+    raise ValueError(f'{grid.shape[0]} position rows after {num_prefix_tokens} prefix row(s) do not '
+                     'form a square grid: pass the right num_prefix_tokens.')
+  grid = grid.reshape(old, old, -1).astype(jnp.float32)
+  resized = jax.image.resize(grid, (new_grid, new_grid, grid.shape[-1]), method='bicubic')
+  resized = resized.reshape(new_grid * new_grid, -1).astype(posemb.dtype)
+  return jnp.concatenate([prefix, resized], axis=0)

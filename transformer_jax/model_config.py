@@ -1,0 +1,179 @@
+"""The model description shared by every family: a frozen, validated dataclass.
+
+Configs under `configs/` hold the model as an `ml_collections.ConfigDict`; `ModelConfig.from_dict`
+turns it into this dataclass (unknown keys fail with the list of known ones) and `validate` checks
+every combination before anything is built or compiled, with a message that names the fix.
+"""
+import dataclasses
+from typing import Any, Mapping
+
+import jax.numpy as jnp
+
+FAMILIES = ('vit', 'decoder', 'encoder', 'encoder_decoder')
+NORMS = ('layernorm', 'rmsnorm')
+NORM_POSITIONS = ('pre', 'post')
+MLPS = ('gelu', 'gelu_tanh', 'relu', 'swiglu')
+POSITIONS = ('learned', 'sinusoidal', 'rope', 'none')
+POOLS = ('cls', 'mean')
+ATTENTION_KERNELS = ('dot_product_attention', 'einsum')
+REMAT_POLICIES = ('none', 'full', 'dots', 'dots_no_batch')
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Every option of every family. Fields a family does not use are ignored by it."""
+  family: str = 'decoder'
+  # Sizes.
+  width: int = 512
+  num_layers: int = 6  # encoder layers for 'encoder_decoder'
+  num_decoder_layers: int | None = None  # 'encoder_decoder' only; None: num_layers
+  num_heads: int = 8
+  num_kv_heads: int | None = None  # None: num_heads (MHA); 1: MQA; in between: GQA
+  d_ff: int | None = None  # None: 4 * width, or int(8 * width / 3) for SwiGLU
+  vocab_size: int = 0
+  max_len: int = 1024  # rows of a learned position table; longest sequence
+  # Block.
+  norm: str = 'layernorm'
+  norm_eps: float = 1e-5
+  norm_bias: bool = True  # the LayerNorm shift; RMSNorm has none
+  norm_position: str = 'pre'
+  mlp: str = 'gelu'
+  use_bias: bool = True  # biases of every dense layer inside the blocks
+  positions: str = 'learned'
+  rope_base: float = 10000.0
+  # Ablation switches (seed 002): a removed sublayer writes nothing into the residual stream.
+  use_attention: bool = True
+  use_mlp: bool = True
+  use_norm: bool = True
+  use_residual: bool = True
+  dropout_rate: float = 0.0
+  # Ends.
+  tie_embeddings: bool = True
+  embed_norm: bool = False  # a norm right after the embeddings (BERT)
+  type_vocab_size: int = 0  # token-type (segment) embeddings (BERT); 0: none
+  image_size: int = 32
+  patch_size: int = 4
+  num_channels: int = 3
+  num_classes: int = 10
+  pool: str = 'cls'  # 'cls' prepends a [CLS] token; 'mean' averages the patch tokens
+  # Initialization: dense kernels and embeddings ~ N(0, std); None means LeCun normal (fan-in).
+  init_std: float | None = 0.02
+  embed_init_std: float = 0.02
+  # Execution.
+  attention_kernel: str = 'dot_product_attention'
+  scan_layers: bool = False
+  remat_policy: str = 'none'
+  dtype: str = 'float32'
+  param_dtype: str = 'float32'
+
+  @classmethod
+  def from_dict(cls, values: Mapping[str, Any]) -> 'ModelConfig':
+    values = dict(values)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+      raise ValueError(f'Unknown model config key(s) {unknown}. Known keys: {sorted(known)}.')
+    return cls(**values)
+
+  # Derived sizes.
+  @property
+  def kv_heads(self) -> int:
+    return self.num_kv_heads or self.num_heads
+
+  @property
+  def head_dim(self) -> int:
+    return self.width // self.num_heads
+
+  @property
+  def hidden_dim(self) -> int:
+    if self.d_ff:
+      return self.d_ff
+    return int(8 * self.width / 3) if self.mlp == 'swiglu' else 4 * self.width
+
+  @property
+  def decoder_layers(self) -> int:
+    return self.num_decoder_layers or self.num_layers
+
+  @property
+  def num_patches(self) -> int:
+    return (self.image_size // self.patch_size) ** 2
+
+  @property
+  def compute_dtype(self):
+    return jnp.dtype(self.dtype)
+
+  @property
+  def weight_dtype(self):
+    return jnp.dtype(self.param_dtype)
+
+  @property
+  def final_norm(self) -> bool:
+    """A pre-LN stack never normalizes its residual stream, so it ends with a norm."""
+    return self.use_norm and self.norm_position == 'pre'
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]):
+  if value not in allowed:
+    raise ValueError(f'Unknown {name} {value!r}: set model.{name} to one of {list(allowed)}.')
+
+
+def validate(cfg: ModelConfig) -> ModelConfig:
+  """Fails on any inconsistent option, naming the setting to change."""
+  _choice('family', cfg.family, FAMILIES)
+  _choice('norm', cfg.norm, NORMS)
+  _choice('norm_position', cfg.norm_position, NORM_POSITIONS)
+  _choice('mlp', cfg.mlp, MLPS)
+  _choice('positions', cfg.positions, POSITIONS)
+  _choice('pool', cfg.pool, POOLS)
+  _choice('attention_kernel', cfg.attention_kernel, ATTENTION_KERNELS)
+  _choice('remat_policy', cfg.remat_policy, REMAT_POLICIES)
+  for name in ('dtype', 'param_dtype'):
+    try:
+      jnp.dtype(getattr(cfg, name))
+    except TypeError:
+      raise ValueError(f'model.{name}={getattr(cfg, name)!r} is not a dtype: use "float32" or "bfloat16".')
+  if cfg.width <= 0 or cfg.num_layers <= 0 or cfg.num_heads <= 0:
+    raise ValueError('model.width, model.num_layers and model.num_heads must be positive.')
+  if cfg.width % cfg.num_heads:
+    raise ValueError(f'model.num_heads={cfg.num_heads} does not divide model.width={cfg.width}: '
+                     f'choose a head count that divides the width (for example '
+                     f'{_divisors_near(cfg.width, cfg.num_heads)}).')
+  if cfg.kv_heads <= 0 or cfg.num_heads % cfg.kv_heads:
+    raise ValueError(f'model.num_kv_heads={cfg.num_kv_heads} does not divide '
+                     f'model.num_heads={cfg.num_heads}: each group of query heads shares one '
+                     f'key-value head, so choose a divisor of {cfg.num_heads} '
+                     f'({_divisors(cfg.num_heads)}).')
+  if cfg.positions == 'rope' and cfg.head_dim % 2:
+    raise ValueError(f'RoPE rotates pairs of channels, but the head width {cfg.head_dim} is odd: '
+                     'choose model.width / model.num_heads even, or another model.positions.')
+  if cfg.family == 'vit':
+    _validate_vit(cfg)
+  else:
+    if cfg.vocab_size <= 0:
+      raise ValueError(f'model.vocab_size must be set for family {cfg.family!r} '
+                       '(the training issue sets it from the dataset).')
+    if cfg.positions in ('learned', 'sinusoidal') and cfg.max_len <= 0:
+      raise ValueError('model.max_len must be positive for learned or sinusoidal positions.')
+  if not 0.0 <= cfg.dropout_rate < 1.0:
+    raise ValueError(f'model.dropout_rate={cfg.dropout_rate} must be in [0, 1).')
+  return cfg
+
+
+def _validate_vit(cfg: ModelConfig):
+  if cfg.image_size % cfg.patch_size:
+    raise ValueError(f'model.patch_size={cfg.patch_size} does not divide '
+                     f'model.image_size={cfg.image_size}: choose a patch size from '
+                     f'{_divisors(cfg.image_size)} or resize the images.')
+  if cfg.positions not in ('learned', 'none'):
+    raise ValueError(f'A ViT takes learned 1-D positions or none, not {cfg.positions!r}: '
+                     'set model.positions to "learned" or "none".')
+  if cfg.num_classes <= 0:
+    raise ValueError('model.num_classes must be positive for a ViT.')
+
+
+def _divisors(n: int) -> list[int]:
+  return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _divisors_near(n: int, target: int) -> list[int]:
+  return sorted(_divisors(n), key=lambda d: abs(d - target))[:3]

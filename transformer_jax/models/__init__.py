@@ -1,0 +1,75 @@
+"""The families, built from a config: `build(config.model)`."""
+from typing import Any, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_jax.model_config import ModelConfig, validate
+from transformer_jax.models.decoder import DecoderLM
+from transformer_jax.models.encoder import EncoderMLM
+from transformer_jax.models.encoder_decoder import EncoderDecoder
+from transformer_jax.models.vit import ViT
+
+FAMILIES = {'vit': ViT, 'decoder': DecoderLM, 'encoder': EncoderMLM,
+            'encoder_decoder': EncoderDecoder}
+
+
+def model_config(model: ModelConfig | Mapping[str, Any]) -> ModelConfig:
+  """The validated dataclass from a ConfigDict, a dict or a ModelConfig."""
+  if not isinstance(model, ModelConfig):
+    model = ModelConfig.from_dict(model.to_dict() if hasattr(model, 'to_dict') else model)
+  return validate(model)
+
+
+def build(model: ModelConfig | Mapping[str, Any]) -> nn.Module:
+  """The Flax module of `model.family`, after validating every option."""
+  cfg = model_config(model)
+  return FAMILIES[cfg.family](cfg)
+
+
+def example_inputs(cfg: ModelConfig, batch: int = 1, seq_len: int | None = None) -> tuple:
+  """Positional arguments of the family's __call__, with the right shapes (for init)."""
+  if cfg.family == 'vit':
+    return (jnp.zeros((batch, cfg.image_size, cfg.image_size, cfg.num_channels), jnp.float32),)
+  tokens = jnp.zeros((batch, seq_len or min(cfg.max_len, 8)), jnp.int32)
+  return (tokens, tokens) if cfg.family == 'encoder_decoder' else (tokens,)
+
+
+def abstract_variables(model: ModelConfig | Mapping[str, Any]):
+  """Shapes and dtypes of every variable, boxed with logical axis names; allocates nothing."""
+  cfg = model_config(model)
+  module = FAMILIES[cfg.family](cfg)
+  return jax.eval_shape(module.init, jax.random.key(0), *example_inputs(cfg))
+
+
+def init_params(model, rng, unbox: bool = True):
+  cfg = model_config(model)
+  variables = FAMILIES[cfg.family](cfg).init(rng, *example_inputs(cfg))
+  return nn.meta.unbox(variables['params']) if unbox else variables['params']
+
+
+def unstack_layers(tree):
+  """Scanned parameters ('layers', leading layer axis) -> unrolled ones (block_0, block_1, ...)."""
+  if not isinstance(tree, Mapping):
+    return tree
+  out = {}
+  for key, value in tree.items():
+    if key == 'layers':
+      num = jax.tree.leaves(value)[0].shape[0]
+      out.update({f'block_{i}': jax.tree.map(lambda a, i=i: a[i], value) for i in range(num)})
+    else:
+      out[key] = unstack_layers(value)
+  return out
+
+
+def stack_layers(tree):
+  """Unrolled parameters (block_0, block_1, ...) -> scanned ones ('layers', leading layer axis)."""
+  if not isinstance(tree, Mapping):
+    return tree
+  blocks = sorted((k for k in tree if k.startswith('block_')), key=lambda k: int(k[6:]))
+  out = {k: stack_layers(v) for k, v in tree.items() if not k.startswith('block_')}
+  if blocks:
+    out['layers'] = jax.tree.map(lambda *a: jnp.stack(a), *(tree[k] for k in blocks))
+  return out
