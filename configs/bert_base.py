@@ -1,0 +1,12 @@
+"""BERT-base (uncased) shape: |V| = 30,522, 512 positions, 2 token types, D = 768, 12 post-LN
+blocks, 12 heads, MLM head tied to the embedding."""
+from transformer_jax import config_lib
+
+
+def get_config(arg=None):
+  config = config_lib.base_config()
+  config.model.update(config_lib.STYLES['bert'])
+  config.model.update(family='encoder', vocab_size=30522, width=768, num_layers=12, num_heads=12,
+                      max_len=512)
+  config.data.seq_len = 512
+  return config

@@ -1,0 +1,10 @@
+"""ViT-B/16 at 224x224 with a 1000-class head: 86,567,656 parameters (seed 000, section 4d)."""
+from transformer_jax import config_lib
+
+
+def get_config(arg=None):
+  config = config_lib.base_config()
+  config.model.update(config_lib.STYLES['vit'])
+  config.model.update(family='vit', image_size=224, num_classes=1000,
+                      **config_lib.vit_variant('B/16'))
+  return config

@@ -1,0 +1,106 @@
+"""Parameter, FLOP and KV-cache counts against the seeds' worked examples."""
+import pytest
+
+from helpers import CONFIG_FILES, load_config
+from transformer_jax import accounting, config_lib
+
+GPT2_SMALL = dict(family='decoder', vocab_size=50257, max_len=1024, width=768, num_layers=12,
+                  num_heads=12, **config_lib.STYLES['gpt2'])
+SEED000_CHECK = dict(family='decoder', vocab_size=32000, max_len=1024, width=512, num_layers=8,
+                     num_heads=8, **config_lib.STYLES['gpt2'])
+LLAMA2_70B = dict(family='decoder', vocab_size=32000, width=8192, num_layers=80, num_heads=64,
+                  num_kv_heads=8, max_len=4096, **config_lib.STYLES['llama'])
+
+
+def both_counts(model):
+  analytic, counted = accounting.param_counts(model), accounting.counted_params(model)
+  assert analytic == counted
+  return analytic
+
+
+def test_one_block_at_768_has_12d2_plus_13d():
+  # An encoder with no embedding, positions or head to subtract: count one block's parts.
+  block = dict(family='decoder', vocab_size=1, max_len=1, width=768, num_layers=1, num_heads=12)
+  counts = both_counts(block)
+  assert counts['attention'] + counts['mlp'] + counts['norms'] - 2 * 768 == 7_087_872
+  assert 12 * 768 ** 2 + 13 * 768 == 7_087_872
+
+
+def test_gpt2_small():
+  counts = both_counts(GPT2_SMALL)
+  assert counts['total'] == 124_439_808
+  assert counts['embedding'] == 38_597_376 + 786_432
+  assert counts['attention'] + counts['mlp'] + counts['norms'] == 12 * 7_087_872 + 1_536
+
+
+def test_vit_b16():
+  counts = both_counts(load_config(CONFIG_FILES[0].parent / 'vit_b16.py').model)
+  assert counts['total'] == 86_567_656
+  assert counts['embedding'] == 590_592 + 768 + 151_296
+  assert counts['head'] == 769_000
+
+
+@pytest.mark.parametrize('tied,total', [(True, 42_128_384), (False, 58_512_384)])
+def test_seed000_check_yourself_model(tied, total):
+  assert both_counts(dict(SEED000_CHECK, tie_embeddings=tied))['total'] == total
+
+
+def test_seed002_models():
+  configs = CONFIG_FILES[0].parent
+  assert both_counts(load_config(configs / 'llama_shakespeare.py').model)['total'] == 803_712
+  vit = both_counts(load_config(configs / 'vit_seed.py').model)
+  assert vit['total'] == 802_826
+  assert vit['mlp'] == 4 * 3 * 128 * 341
+
+
+def test_cifar_vit_of_seed000_exercise4():
+  model = load_config(CONFIG_FILES[0].parent / 'vit_cifar.py', 'variant=Ti/4').model
+  counts = both_counts(model)
+  patch_embedding = 3 * 4 * 4 * 192 + 192
+  positions = 65 * 192
+  assert (patch_embedding, positions) == (9_408, 12_480)
+  assert counts['embedding'] == patch_embedding + positions + 192  # + the [CLS] token
+
+
+@pytest.mark.parametrize('path', CONFIG_FILES, ids=lambda p: p.stem)
+def test_every_config_counts_agree(path):
+  both_counts(load_config(path).model)
+
+
+def test_kv_cache_bytes():
+  assert accounting.kv_cache_bytes(GPT2_SMALL, 1024, dtype='float16') == 37_748_736
+  assert accounting.kv_cache_bytes(LLAMA2_70B, 4096, dtype='float16') == 1_342_177_280
+  mha = dict(LLAMA2_70B, num_kv_heads=64)
+  assert accounting.kv_cache_bytes(mha, 4096, dtype='float16') == 8 * 1_342_177_280
+  mqa = dict(LLAMA2_70B, num_kv_heads=1)
+  assert accounting.kv_cache_bytes(mqa, 4096, batch=3, dtype='bfloat16') == 3 * 1_342_177_280 // 8
+
+
+def test_no_kv_cache_without_causal_mask():
+  with pytest.raises(ValueError, match='no causal mask'):
+    accounting.kv_cache_bytes(dict(GPT2_SMALL, family='encoder'), 16)
+
+
+def test_gpt2_small_flops_per_token():
+  # Seed 000, section 4b: N = 84,934,656 + 38,597,376; forward 2N + 4LTD at T = 1024.
+  flops = accounting.flops_per_token(GPT2_SMALL, 1024)
+  attention = 4 * 12 * 1024 * 768
+  assert attention == 37_748_736
+  assert flops['forward'] == 2 * (84_934_656 + 38_597_376) + attention
+  assert flops['train'] == 3 * flops['forward']
+  assert round(flops['forward'] / 1e6) == 285 and round(flops['train'] / 1e6) == 854
+  assert f'{flops["train"] * 10e9:.1e}' == '8.5e+18'
+
+
+def test_attention_equals_weights_at_t_equal_6d():
+  model = dict(GPT2_SMALL, vocab_size=1)
+  dense_vs_attention = accounting.forward_flops(model, 6 * 768)
+  blocks = 2 * 6 * 768 * 12 * 12 * 768 ** 2
+  assert dense_vs_attention['attention'] == dense_vs_attention['dense'] - 2 * 6 * 768 * 768 == blocks
+
+
+def test_vit_flops_grow_16x_in_attention_when_patch_halves():
+  vit = load_config(CONFIG_FILES[0].parent / 'vit_b16.py').model
+  p16 = accounting.forward_flops(vit)
+  p8 = accounting.forward_flops(dict(vit.to_dict(), patch_size=8))
+  assert p8['attention'] / p16['attention'] == pytest.approx(785 ** 2 / 197 ** 2)
