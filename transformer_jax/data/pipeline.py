@@ -1,0 +1,151 @@
+"""make_data: config.data and a model family -> this process's share of every batch."""
+import logging
+import sys
+from typing import Iterator
+
+import grain
+import numpy as np
+
+from transformer_jax.config_lib import DATA_DEFAULTS
+from transformer_jax.data import builders, images, rng, seq2seq, sources, text
+
+log = logging.getLogger(__name__)
+
+TEXT = ('decoder', 'encoder')
+FAMILIES = {'cifar10': ('vit',), 'tiny_shakespeare': TEXT, 'text_file': TEXT,
+            'seq2seq_reverse': ('encoder_decoder',), 'seq2seq_sort': ('encoder_decoder',),
+            'synthetic': ('vit', *TEXT, 'encoder_decoder')}
+
+
+class Data:
+  """This process's share of a task's batches: rows [p * b, (p + 1) * b) of each global batch,
+  b = global batch / process count, so the shares of processes 0..P-1 concatenate to the
+  1-process batch. A training batch is a pure function of (seed, step)."""
+
+  def __init__(self, task, *, batch_size: int, eval_batch_size: int, eval_steps: int | None,
+               process_index: int, process_count: int, read_options: grain.ReadOptions):
+    _check_shares(batch_size, eval_batch_size, process_index, process_count)
+    self.task, self.vocab = task, task.vocab
+    self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
+    self.process_index, self.process_count = process_index, process_count
+    self.read_options = read_options
+    self.eval_steps = _eval_steps(eval_steps, task.num_eval_examples, eval_batch_size)
+    self.info = {**task.info, 'num_eval_examples': self.eval_steps * eval_batch_size}
+
+  def _rows(self, size: int) -> slice:
+    share = size // self.process_count
+    return slice(self.process_index * share, (self.process_index + 1) * share)
+
+  def train_batch(self, step: int) -> dict[str, np.ndarray]:
+    return self.task.train_batch(step, self.batch_size, self._rows(self.batch_size))
+
+  def train_iterator(self, start_step: int = 0) -> Iterator[dict[str, np.ndarray]]:
+    """train_batch of start_step, start_step + 1, ..., assembled by grain's threads while the
+    device runs the current step."""
+    steps = grain.MapDataset.range(start_step, sys.maxsize)
+    return iter(steps.map(self.train_batch).to_iter_dataset(self.read_options))
+
+  def eval_batches(self) -> Iterator[dict[str, np.ndarray]]:
+    """The same eval_steps batches of the held-out split at every call."""
+    share = np.arange(self.eval_batch_size)[self._rows(self.eval_batch_size)]
+    for index in range(self.eval_steps):
+      yield self.task.eval_examples(index * self.eval_batch_size + share)
+
+
+def _check_shares(batch_size: int, eval_batch_size: int, process_index: int,
+                  process_count: int) -> None:
+  for key, size in (('batch_size', batch_size), ('eval_batch_size', eval_batch_size)):
+    if size <= 0 or size % process_count:
+      raise ValueError(f'data.{key}={size} (global) must be a positive multiple of the '
+                       f'{process_count} processes: each reads an equal share of the rows.')
+  if not 0 <= process_index < process_count:
+    raise ValueError(f'process_index={process_index} is not in 0..{process_count - 1}.')
+
+
+def _eval_steps(requested: int | None, num_examples: int, batch_size: int) -> int:
+  available = num_examples // batch_size
+  if available == 0:
+    raise ValueError(f'The held-out split has {num_examples} examples, fewer than one eval batch '
+                     f'of data.eval_batch_size={batch_size}: lower it.')
+  if requested is None or requested < 0:
+    if num_examples % batch_size:
+      log.warning('Eval covers %d of the %d held-out examples (full batches of %d only); an '
+                  'eval_batch_size dividing %d covers them all.', available * batch_size,
+                  num_examples, batch_size, num_examples)
+    return available
+  if requested > available:
+    raise ValueError(f'data.eval_steps={requested}, but the held-out split has {available} '
+                     f'batches of data.eval_batch_size={batch_size} ({num_examples} examples).')
+  return requested
+
+
+def make_data(config, family: str, *, seed: int, process_index: int | None = None,
+              process_count: int | None = None) -> Data:
+  """The data of config.data (a ConfigDict or a dict; see config_lib.DATA_DEFAULTS) for a `family` model.
+
+  Reads, and where needed prepares, the dataset now, so that missing data fails before any
+  compile. process_index/process_count default to jax.process_index()/jax.process_count().
+  """
+  def option(key):
+    value = config.get(key, None)
+    return DATA_DEFAULTS[key] if value is None else value
+
+  if process_index is None or process_count is None:
+    import jax  # only here: the data package itself needs no accelerator
+    process_index, process_count = jax.process_index(), jax.process_count()
+  batch_size = option('batch_size')
+  eval_batch_size = option('eval_batch_size') or batch_size
+  _check_shares(batch_size, eval_batch_size, process_index, process_count)  # before any reading
+  return Data(_make_task(option, family, seed), batch_size=batch_size,
+              eval_batch_size=eval_batch_size, eval_steps=option('eval_steps'),
+              process_index=process_index, process_count=process_count,
+              read_options=grain.ReadOptions(num_threads=option('num_threads'),
+                                             prefetch_buffer_size=option('prefetch_buffer_size')))
+
+
+def _make_task(option, family: str, seed: int):
+  name = option('name')
+  if name not in FAMILIES:
+    raise ValueError(f'data.name={name!r} is not one of {sorted(FAMILIES)}.')
+  if family not in FAMILIES[name]:
+    raise ValueError(f'data.name={name!r} feeds {" and ".join(FAMILIES[name])} models, '
+                     f'not {family!r} ones.')
+  if family == 'vit':
+    return _image_task(option, name, seed)
+  if family == 'encoder_decoder':
+    seq_len = option('seq_len')
+    return seq2seq.Seq2SeqTask(
+        name, alphabet=option('alphabet'), seq_len=seq_len, min_len=option('seq2seq_min_len'),
+        max_len=option('seq2seq_max_len') or seq_len - 1, seed=seed,
+        num_eval=option('eval_examples'))
+  train, held_out = _texts(option, name)
+  if family == 'decoder':
+    return text.NextTokenTask(train, held_out, seq_len=option('seq_len'), seed=seed)
+  return text.MaskedTask(train, held_out, seq_len=option('seq_len'), seed=seed,
+                         probability=option('mlm_probability'))
+
+
+def _image_task(option, name: str, seed: int) -> images.ImageTask:
+  if name == 'cifar10':
+    splits = sources.load_cifar10(option('tfds_data_dir'), option('manual_dir'),
+                                  option('download'))
+    train, held_out, source = splits['train'], splits['test'], splits['source']
+    num_classes = len(builders.CIFAR10_CLASSES)
+  else:
+    size, num_classes, count = option('image_size'), option('num_classes'), option('eval_examples')
+    train = images.synthetic_images(9 * count, size, num_classes, (rng.GENERATE,))
+    held_out = images.synthetic_images(count, size, num_classes, (rng.HELD_OUT,))
+    source = name
+  task = images.ImageTask(train, held_out, num_classes=num_classes, seed=seed,
+                          augment=option('augment'))
+  task.info['source'] = source
+  return task
+
+
+def _texts(option, name: str) -> tuple[str, str]:
+  if name == 'tiny_shakespeare':
+    return sources.load_tiny_shakespeare(option('tfds_data_dir'), option('manual_dir'),
+                                         option('download'))
+  if name == 'text_file':
+    return sources.load_text_file(option('path'))
+  return text.synthetic_text(option('alphabet'), option('eval_examples'), option('seq_len'))

@@ -1,0 +1,15 @@
+"""numpy generators keyed by integers, so that every batch is a pure function of its key.
+
+A key starts with a stream (what the numbers are for), then the seed and the step or epoch:
+the same key gives the same numbers in any process, thread or order of calls, which is what
+makes a resumed run see the batches of an uninterrupted one.
+"""
+import numpy as np
+
+# Streams. The synthetic tasks and every held-out split are keyed without the seed: the data
+# is the same for every seed, which is what makes eval metrics comparable across seeds.
+SHUFFLE, AUGMENT, WINDOWS, GENERATE, HELD_OUT, TASK = range(6)
+
+
+def generator(*key: int) -> np.random.Generator:
+  return np.random.Generator(np.random.PCG64(np.random.SeedSequence(key)))
