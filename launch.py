@@ -10,12 +10,24 @@ _CONFIG = config_flags.DEFINE_config_file(
     lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Checkpoints, metrics and the resolved config.')
 _MODE = flags.DEFINE_enum('mode', 'train', ['train', 'eval', 'sample', 'describe'], 'What to do.')
+_COORDINATOR = flags.DEFINE_string('coordinator_address', None,
+                                   'host:port of process 0, for a multi-process run.')
+_NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Processes of a multi-process run.')
+_PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process, 0 .. num_processes - 1.')
+_DISTRIBUTED = flags.DEFINE_bool('distributed', False, 'Initialize jax.distributed from the '
+                                 'environment (Cloud TPU pods, SLURM).')
+_VERBOSE = flags.DEFINE_bool('verbose_libraries', False, "Show JAX's and Orbax's INFO logs.")
 flags.mark_flag_as_required('config')
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  run.configure_logging(_VERBOSE.value)
+  if _COORDINATOR.value:
+    jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  elif _DISTRIBUTED.value:
+    jax.distributed.initialize()
   run.run(_CONFIG.value, _WORKDIR.value, _MODE.value)
 
 

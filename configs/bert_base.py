@@ -1,5 +1,9 @@
 """BERT-base (uncased) shape: |V| = 30,522, 512 positions, 2 token types, D = 768, 12 post-LN
-blocks, 12 heads, MLM head tied to the embedding."""
+blocks, 12 heads, MLM head tied to the embedding: 109,514,298 parameters.
+
+Its WordPiece data pipeline is not part of this project: this config describes the model
+(--mode=describe) and receives converted weights; training it needs a data.name of your own.
+"""
 from transformer_jax import config_lib
 
 

@@ -1,12 +1,19 @@
 """A BERT-style masked character model of TinyShakespeare: post-LN, GELU, learned positions,
-embedding LayerNorm, token types, tied MLM head."""
+embedding LayerNorm, token types, tied MLM head; 15% of positions selected (80/10/10).
+The vocabulary is the 65 characters plus [MASK].
+  python launch.py --config configs/bert_shakespeare.py --workdir /tmp/bert \
+      --config.data.manual_dir=../shared/data/tinyshakespeare
+"""
 from transformer_jax import config_lib
 
 
 def get_config(arg=None):
+  arg = config_lib.parse_arg(arg, smoke=False)
   config = config_lib.base_config()
   config.model.update(config_lib.STYLES['bert'])
-  config.model.update(family='encoder', vocab_size=68, width=128, num_layers=4, num_heads=4,
-                      max_len=128)
-  config.data.seq_len = 128
-  return config
+  config.model.update(family='encoder', vocab_size=66, width=128, num_layers=4, num_heads=4,
+                      max_len=128, dropout_rate=0.1)
+  config.data.update(name='tiny_shakespeare', seq_len=128, batch_size=32)
+  config.optimizer.update(learning_rate=1e-3, warmup_steps=200, b2=0.999, weight_decay=0.01)
+  config.training.update(steps=3000, log_every=50, eval_every=500, checkpoint_every=500)
+  return config_lib.smoke(config) if arg.smoke else config

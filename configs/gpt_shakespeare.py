@@ -1,14 +1,18 @@
-"""A GPT-2 style character model of TinyShakespeare.
-
-LayerNorm, GELU MLP (4D), learned positions, biases, tied unembedding; 6 blocks of width 192.
+"""A GPT-2 style character model of TinyShakespeare (nanoGPT's shakespeare-char recipe, half as
+wide for a CPU): LayerNorm, GELU MLP (4D), learned positions, biases, tied unembedding, dropout.
+  python launch.py --config configs/gpt_shakespeare.py --workdir /tmp/gpt \
+      --config.data.manual_dir=../shared/data/tinyshakespeare
 """
 from transformer_jax import config_lib
 
 
 def get_config(arg=None):
+  arg = config_lib.parse_arg(arg, smoke=False)
   config = config_lib.base_config()
   config.model.update(config_lib.STYLES['gpt2'])
   config.model.update(family='decoder', vocab_size=65, width=192, num_layers=6, num_heads=6,
-                      max_len=256)
-  config.data.seq_len = 256
-  return config
+                      max_len=256, dropout_rate=0.2)
+  config.data.update(name='tiny_shakespeare', seq_len=256, batch_size=64)
+  config.optimizer.update(learning_rate=1e-3, warmup_steps=100, min_lr_ratio=0.1, b2=0.99)
+  config.training.update(steps=5000, log_every=50, eval_every=500, checkpoint_every=500)
+  return config_lib.smoke(config) if arg.smoke else config

@@ -1,13 +1,17 @@
-"""The original transformer (Vaswani et al. 2017) layout, small, on a synthetic string task:
+"""The original transformer (Vaswani et al. 2017) layout, small, on a synthetic string task
+(`task`: reverse or sort the input letters; PAD, BOS, EOS and 26 letters):
 post-LN, ReLU, sinusoidal positions, one shared tied embedding, cross-attention in every
 decoder block."""
 from transformer_jax import config_lib
 
 
 def get_config(arg=None):
+  arg = config_lib.parse_arg(arg, task='reverse', smoke=False)
   config = config_lib.base_config()
   config.model.update(config_lib.STYLES['transformer'])
-  config.model.update(family='encoder_decoder', vocab_size=32, width=128, num_layers=3,
+  config.model.update(family='encoder_decoder', vocab_size=29, width=128, num_layers=3,
                       num_decoder_layers=3, num_heads=4, max_len=64)
-  config.data.seq_len = 32
-  return config
+  config.data.update(name=f'seq2seq_{arg.task}', seq_len=32, batch_size=64)
+  config.optimizer.update(learning_rate=1e-3, warmup_steps=200, b2=0.98)
+  config.training.update(steps=2000, log_every=50, eval_every=500, checkpoint_every=500)
+  return config_lib.smoke(config) if arg.smoke else config

@@ -5,10 +5,17 @@ os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                            ' --xla_force_host_platform_device_count=8').strip()
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
+import tempfile  # noqa: E402
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update('jax_numpy_rank_promotion', 'raise')
+# XLA's CPU compiles dominate the suite's time, and many tests compile the same programs (the
+# same tiny train step, say): a compilation cache shared by the session's tests skips repeats.
+jax.config.update('jax_compilation_cache_dir', tempfile.mkdtemp(prefix='transformer_jax_xla_'))
+jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
+jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
 
 
 @pytest.fixture

@@ -1,22 +1,17 @@
 """Small shared helpers for the tests."""
-import importlib.util
 import pathlib
 
 import flax.linen as nn
 import jax
 
-from transformer_jax import models
+from transformer_jax import config_lib, models
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONFIG_FILES = sorted((ROOT / 'configs').glob('*.py'))
 
 
 def load_config(path, arg=None):
-  """get_config(arg) of a config file, as config_flags would load it."""
-  spec = importlib.util.spec_from_file_location(pathlib.Path(path).stem, path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
+  return config_lib.from_file(path, arg)
 
 
 def tiny(family, **overrides):

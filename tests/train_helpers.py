@@ -1,0 +1,48 @@
+"""Small training configs and readers of a run's metrics, for the training tests."""
+import json
+import os
+
+from transformer_jax import config_lib
+
+TINY_MODELS = {
+    'decoder': dict(family='decoder', vocab_size=32, max_len=16, **config_lib.STYLES['llama']),
+    'encoder': dict(family='encoder', vocab_size=32, max_len=16, **config_lib.STYLES['bert']),
+    'encoder_decoder': dict(family='encoder_decoder', vocab_size=32, max_len=16,
+                            **config_lib.STYLES['transformer']),
+    'vit': dict(family='vit', image_size=8, patch_size=4, num_classes=4, **config_lib.STYLES['vit']),
+}
+
+
+def small_config(family='decoder', steps=6, **overrides):
+  """A seconds-long run on the synthetic source: width 32, 2 blocks, global batch 16."""
+  config = config_lib.base_config()
+  config.model.update(width=32, num_layers=2, num_heads=4, **TINY_MODELS[family])
+  config.data.update(name='synthetic', seq_len=16, batch_size=16, eval_batch_size=16, eval_steps=2)
+  if family == 'vit':
+    config.data.update(image_size=8, num_classes=4)
+  config.optimizer.update(learning_rate=3e-3, warmup_steps=2)
+  config.training.update(steps=steps, log_every=1, eval_every=1000, checkpoint_every=1000)
+  for key, value in overrides.items():
+    section, _, name = key.rpartition('.')
+    (config[section] if section else config)[name] = value
+  return config
+
+
+def read_metrics(workdir):
+  """{step: metrics} of the training lines of workdir/metrics.jsonl (later lines win)."""
+  rows = {}
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    for line in f:
+      row = json.loads(line)
+      if 'loss' in row:
+        rows[row['step']] = row
+  return rows
+
+
+def losses(workdir):
+  return {step: row['loss'] for step, row in sorted(read_metrics(workdir).items())}
+
+
+def get_config(arg=None):
+  """So that launch.py can run these configs: --config tests/train_helpers.py:decoder."""
+  return small_config(arg or 'decoder')

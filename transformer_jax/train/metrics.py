@@ -1,0 +1,78 @@
+"""Metrics: a progress line with ETA, metrics.jsonl, TensorBoard events, and MFU."""
+import json
+import os
+import time
+
+import logging
+import jax
+
+log = logging.getLogger(__name__)
+
+# Dense bfloat16 peak FLOP/s per chip, from the vendors' data sheets; matched against
+# jax.devices()[0].device_kind. float32 compute on a GPU peaks far lower than these.
+PEAK_FLOPS = (
+    ('TPU v6', 918e12), ('TPU v5p', 459e12), ('TPU v5', 197e12), ('TPU v4', 275e12),
+    ('TPU v3', 123e12), ('TPU v2', 45e12),
+    ('H200', 989e12), ('H100', 989e12), ('A100', 312e12), ('L4', 121e12), ('A10', 125e12),
+    ('V100', 125e12), ('T4', 65e12),
+)
+
+
+def peak_flops_per_device(configured: float | None) -> tuple[float | None, str]:
+  """The peak and where it came from: the config, the table by device kind, or neither."""
+  kind = jax.devices()[0].device_kind
+  if configured:
+    return configured, f'config.training.peak_flops_per_device ({configured:.3g} FLOP/s)'
+  for name, peak in PEAK_FLOPS:
+    if name in kind:
+      return peak, f'table entry for {kind!r} ({peak:.3g} bf16 FLOP/s)'
+  return None, (f'unknown for {kind!r}: set config.training.peak_flops_per_device '
+                '(experiments/bench_train.py measures it) to report MFU')
+
+
+def _duration(seconds: float) -> str:
+  minutes, secs = divmod(int(seconds), 60)
+  hours, minutes = divmod(minutes, 60)
+  return f'{hours}h{minutes:02d}m' if hours else f'{minutes}m{secs:02d}s'
+
+
+class MetricWriter:
+  """Writes on process 0 only: workdir/metrics.jsonl, workdir/tensorboard/ and the console."""
+
+  def __init__(self, workdir: str, total_steps: int):
+    self.enabled = jax.process_index() == 0
+    self.total_steps = total_steps
+    self.start = time.time()
+    if self.enabled:
+      os.makedirs(workdir, exist_ok=True)
+      self.jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a')
+      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      self.tensorboard = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+
+  def write(self, step: int, metrics: dict) -> None:
+    if not self.enabled:
+      return
+    self.jsonl.write(json.dumps({'step': step, **metrics}) + '\n')
+    self.jsonl.flush()
+    for name, value in metrics.items():
+      if isinstance(value, (int, float)):
+        self.tensorboard.add_scalar(name, value, step)
+
+  def progress(self, step: int, first_step: int, metrics: dict) -> None:
+    if not self.enabled:
+      return
+    elapsed = time.time() - self.start
+    remaining = elapsed / max(step - first_step, 1) * (self.total_steps - step)
+    shown = ' | '.join(f'{k} {_format(v)}' for k, v in metrics.items())
+    log.info('step %d/%d | %s | ETA %s', step, self.total_steps, shown, _duration(remaining))
+
+  def close(self) -> None:
+    if self.enabled:
+      self.jsonl.close()
+      self.tensorboard.close()
+
+
+def _format(value) -> str:
+  if isinstance(value, float):
+    return f'{value:.4g}' if abs(value) < 1e4 else f'{value:,.0f}'
+  return str(value)

@@ -1,0 +1,61 @@
+"""The device mesh, logical-axis rules and the shardings of the state and the batch."""
+import logging
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+log = logging.getLogger(__name__)
+
+DATA_AXIS = 'data'
+
+
+def make_mesh(mesh_config) -> jax.sharding.Mesh:
+  """A mesh over every device of every process, with Auto axes (GSPMD-style jit shardings).
+
+  In a single process a shape may use fewer devices than there are (the first ones), which is
+  how a test compares one device with eight.
+  """
+  axes, shape = tuple(mesh_config.axes), list(mesh_config.shape)
+  if DATA_AXIS not in axes:
+    raise ValueError(f'config.mesh.axes={axes} must include {DATA_AXIS!r}: the batch is sharded on it.')
+  devices = jax.device_count()
+  if shape.count(-1) > 1:
+    raise ValueError('At most one config.mesh.shape entry may be -1.')
+  if -1 in shape:
+    rest = int(np.prod([s for s in shape if s != -1]))
+    shape[shape.index(-1)] = devices // rest
+  used = int(np.prod(shape))
+  if used > devices or (used < devices and jax.process_count() > 1):
+    raise ValueError(f'config.mesh.shape={tuple(mesh_config.shape)} needs {used} devices but '
+                     f'there are {devices}: make the product equal the device count, or use -1 '
+                     'for one axis.')
+  if used < devices:
+    log.warning('The mesh uses %d of the %d devices.', used, devices)
+  return jax.make_mesh(tuple(shape), axes, axis_types=(jax.sharding.AxisType.Auto,) * len(axes),
+                       devices=jax.devices()[:used])
+
+
+def state_shardings(abstract_boxed_state, mesh, rules):
+  """NamedShardings for every leaf, from the logical axis names the modules attach."""
+  specs = nn.get_partition_spec(abstract_boxed_state)
+  return nn.logical_to_mesh_sharding(specs, mesh, [tuple(r) for r in rules])
+
+
+def batch_sharding(mesh) -> NamedSharding:
+  return NamedSharding(mesh, P(DATA_AXIS))
+
+
+def global_batch(local_batch: dict, mesh) -> dict:
+  """One global array per key from each process's share of the rows."""
+  sharding = batch_sharding(mesh)
+  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+          for k, v in local_batch.items()}
+
+
+def check_batch_divides(batch_size: int, mesh, grad_accum_steps: int):
+  data = mesh.shape[DATA_AXIS]
+  if batch_size % (data * grad_accum_steps):
+    raise ValueError(f'config.data.batch_size={batch_size} must be a multiple of the data-parallel '
+                     f'devices ({data}) times training.grad_accum_steps ({grad_accum_steps}).')
