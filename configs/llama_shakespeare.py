@@ -2,7 +2,9 @@
 
 4 pre-norm blocks, width 128, 4 heads, RMSNorm, SwiGLU (341 hidden), RoPE, no biases, untied
 head: 803,712 parameters. AdamW (0.9, 0.95), weight decay 0.1 on every parameter, constant
-learning rate 3e-3, batch 32 of 64 characters, 600 steps.
+learning rate 3e-3, batch 32 of 64 characters, 600 steps. Initialized like the seed's PyTorch
+model: embedding rows N(0, 1), dense kernels N(0, 0.05^2) (PyTorch's U(+-1/sqrt(128)) has
+standard deviation 0.051).
   python launch.py --config configs/llama_shakespeare.py --workdir /tmp/llama \
       --config.data.manual_dir=../shared/data/tinyshakespeare
 """
@@ -14,7 +16,7 @@ def get_config(arg=None):
   config = config_lib.base_config()
   config.model.update(config_lib.STYLES['llama'])
   config.model.update(family='decoder', vocab_size=65, width=128, num_layers=4, num_heads=4,
-                      max_len=1024)
+                      max_len=1024, init_std=0.05, embed_init_std=1.0)
   config.data.update(name='tiny_shakespeare', seq_len=64, batch_size=32)
   config.optimizer.update(learning_rate=3e-3, schedule='constant', warmup_steps=0,
                           weight_decay=0.1, decay_norms_and_biases=True, decay_embeddings=True,
