@@ -43,14 +43,41 @@ def reference_attention(q, k, v, mask, scale):
   return out, probs.reshape(b, h, t, -1)
 
 
+def cached_attention(q, k, v, mask, scale):
+  """Queries (B, T, heads, head_dim) over a cache of keys and values (B * kv_heads, S, head_dim),
+  with a float32 softmax; returns (B, T, heads, head_dim).
+
+  Each group's query heads are folded into the query axis, so that both products are batched
+  matmuls over the cache's leading axis that read it in the order it is stored.
+  """
+  b, t, h, d = q.shape
+  kv_heads = k.shape[0] // b
+  q = jnp.swapaxes(q, 1, 2).reshape(b * kv_heads, h // kv_heads * t, d)
+  logits = jnp.einsum('nqd,nsd->nqs', q, k, preferred_element_type=jnp.float32) * scale
+  if mask is not None:
+    grouped = logits.reshape(b, kv_heads, h // kv_heads, t, -1)
+    logits = jnp.where(mask[:, :, None], grouped, jnp.finfo(jnp.float32).min).reshape(logits.shape)
+  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+  out = jnp.einsum('nqs,nsd->nqd', probs, v)
+  return jnp.swapaxes(out.reshape(b, h, t, d), 1, 2)
+
+
 class Attention(nn.Module):
   """softmax(Q K^T / sqrt(d_k) + mask) V over `num_heads` query and `kv_heads` key-value heads.
 
   Self-attention takes keys from its own input; cross-attention (`is_cross`) from `kv_inputs`.
-  With `cache_index` set, the 'cache' collection holds the keys and values (B, S, kv_heads,
+  With `cache_index` set, the 'cache' collection holds the keys and values (B * kv_heads, S,
   head_dim): self-attention writes its new ones at slots cache_index.. and attends over all S
   slots (the caller's mask hides slots not yet written); cross-attention stores them when given
-  `kv_inputs` and reads them back when called without.
+  `kv_inputs` and reads them back when called without. Attention over the cache is
+  `cached_attention`, whatever `attention_kernel` says.
+
+  The layout is for XLA:CPU, where a decoding step is bound by reading the cache. With slots
+  before heads (B, S, kv_heads, head_dim), each step copied and transposed the whole cache
+  (6x slower at batch 32 and 1,030 slots, through jax.nn.dot_product_attention or an einsum);
+  with heads before slots but batch and heads apart, XLA still copied the cache several times
+  per step at batch 1 (its size-1 batch axis is reshaped away between the in-place update and
+  the product). One leading axis lets the update and both products use the cache as stored.
   """
   cfg: 'ModelConfig'
   is_cross: bool = False
@@ -69,10 +96,10 @@ class Attention(nn.Module):
     if cfg.positions == 'rope' and not self.is_cross:
       q = apply_rope(q, positions, cfg.rope_base)
       k = apply_rope(k, positions, cfg.rope_base)
-    if cache_index is not None:
-      k, v = self._cached(k, v, cache_index)
     scale = cfg.head_dim ** -0.5
-    if cfg.attention_kernel == 'einsum':
+    if cache_index is not None:
+      out = cached_attention(q, *self._cached(k, v, cache_index), mask, scale)
+    elif cfg.attention_kernel == 'einsum':
       out, weights = reference_attention(q, k, v, mask, scale)
       self.sow('intermediates', 'attention_weights', weights)
     else:
@@ -82,17 +109,20 @@ class Attention(nn.Module):
                   name='out')(out)
 
   def _cached(self, k, v, cache_index):
+    """The cached keys and values (B * kv_heads, S, head_dim), with the new ones written in."""
     if k is None:  # a cross-attention step: the keys and values stored at the prefill
       if not self.has_variable('cache', 'cached_key'):
         raise ValueError('Cross-attention has no encoder outputs and no cached keys: run the '
                          'prefill with the encoder outputs first.')
       return self.get_variable('cache', 'cached_key'), self.get_variable('cache', 'cached_value')
+    heads_first = lambda x: jnp.swapaxes(x, 1, 2).reshape(-1, x.shape[1], x.shape[3])
+    k, v = heads_first(k), heads_first(v)
     key = self.variable('cache', 'cached_key', jnp.zeros, k.shape, k.dtype)
     value = self.variable('cache', 'cached_value', jnp.zeros, v.shape, v.dtype)
     if self.is_cross:
       key.value, value.value = k, v
     else:
-      start = (0, cache_index, 0, 0)
+      start = (0, cache_index, 0)
       key.value = jax.lax.dynamic_update_slice(key.value, k.astype(key.value.dtype), start)
       value.value = jax.lax.dynamic_update_slice(value.value, v.astype(value.value.dtype), start)
     return key.value, value.value

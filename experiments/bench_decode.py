@@ -1,0 +1,211 @@
+"""Decoding speed: the cached loop against naive recomputation and the memory-bandwidth bound.
+
+  python experiments/bench_decode.py --quick     # seconds: seed model, 32 new tokens
+  python experiments/bench_decode.py --torch_python /work/torchref/bin/python   # the full table
+                                                   # (about 40 minutes on 2 shared cores)
+
+Cached: `transformer_jax.decode.generate` (greedy), one compiled program: the prefill, then a
+`lax.while_loop` of one token per step.
+Naive: what a JAX user without a cache writes: per new token, one jitted forward pass over a
+fixed buffer of prompt + N tokens (the causal mask keeps its unwritten tail out of the logits
+read). One compile, but every step pays for the whole buffer: about twice the work of a loop over
+the growing sequence when the prompt is short, a loop that would instead recompile at every
+length. Its steps all cost the same, so it is timed over a few steps and scaled to N.
+Bounds per step, from figures measured here: the bytes one step must read (every parameter,
+plus the keys and values cached so far, averaged over the run) over the copy bandwidth; and the
+step's model FLOPs (2 per weight per token, plus the attention over the cached keys) over the
+float32 matmul rate. At batch 1 the bytes bind; at batch 32 the FLOPs do.
+Models: the seed 002 language model (configs/llama_shakespeare.py) and GPT-2 small
+(configs/gpt2_small.py), random weights, float32 compute (--dtype), max_len raised to prompt + N
+where that is larger.
+Timings exclude compilation. Other processes share the cores: the load average is printed.
+"""
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_jax import accounting, config_lib, decode, models
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CONFIGS = {'seed': 'llama_shakespeare.py', 'gpt2_small': 'gpt2_small.py'}
+TORCH_REFERENCE = pathlib.Path('/work/shared/baselines/torch_reference.py')
+
+
+def model_config(name: str, max_len: int, dtype: str | None):
+  model = config_lib.from_file(ROOT / 'configs' / CONFIGS[name]).model
+  model.max_len = max(model.max_len, max_len)
+  model.dtype = dtype or model.dtype
+  return models.model_config(model)
+
+
+def load_average() -> str:
+  return ' '.join(pathlib.Path('/proc/loadavg').read_text().split()[:3])
+
+
+def best_seconds(fn, repeats: int, budget_s: float = float('inf')) -> float:
+  """The fastest of `repeats` runs, stopping early once `budget_s` is spent."""
+  times = []
+  while len(times) < repeats and sum(times) < budget_s:
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return min(times)
+
+
+def copy_bandwidth(num_bytes: int = 1 << 29) -> dict[str, float]:
+  """Bytes per second of a large array copy (read + write, as STREAM counts), numpy and XLA."""
+  src = np.ones(num_bytes // 4, np.float32)
+  dst = np.empty_like(src)
+  numpy_s = best_seconds(lambda: np.copyto(dst, src), 5)
+  # In place (donated), so that neither copy pays for faulting in fresh pages.
+  add_one = jax.jit(lambda x: x + 1, donate_argnums=0)
+  state = {'x': add_one(jnp.asarray(src))}
+
+  def xla_copy():
+    state['x'] = add_one(state['x'])  # one read and one write per element
+    return state['x']
+
+  xla_s = best_seconds(xla_copy, 5)
+  return {'numpy': 2 * num_bytes / numpy_s, 'xla': 2 * num_bytes / xla_s}
+
+
+def matmul_flops(n: int = 2048) -> float:
+  """FLOP/s of a jitted float32 n x n matmul, the best of 5."""
+  a = jnp.ones((n, n), jnp.float32)
+  matmul = jax.jit(jnp.dot).lower(a, a).compile()
+  return 2 * n ** 3 / best_seconds(lambda: matmul(a, a), 5)
+
+
+def cached_seconds(model, params, prompt, new_tokens: int, repeats: int) -> float:
+  run = jax.jit(lambda params, prompt: decode.generate(
+      model, params, prompt, max_new_tokens=new_tokens).tokens).lower(params, prompt).compile()
+  return best_seconds(lambda: run(params, prompt), repeats, budget_s=20.0)
+
+
+def naive_seconds(model, params, prompt, new_tokens: int, budget_s: float) -> tuple[float, int]:
+  """Seconds for `new_tokens` tokens by full recomputation, from the mean of the steps that fit
+  in `budget_s` (at least one), and the number of steps timed."""
+  batch, prompt_len = prompt.shape
+
+  def step(buffer, slot):
+    logits = model.apply({'params': params}, buffer)
+    token = jnp.argmax(jax.lax.dynamic_index_in_dim(logits, slot - 1, 1, keepdims=False), -1)
+    return jax.lax.dynamic_update_slice(buffer, token[:, None].astype(buffer.dtype), (0, slot))
+
+  buffer = jnp.zeros((batch, prompt_len + new_tokens), jnp.int32).at[:, :prompt_len].set(prompt)
+  step = jax.jit(step, donate_argnums=0).lower(buffer, prompt_len).compile()
+  start, steps = time.perf_counter(), 0
+  while steps < new_tokens and (steps == 0 or time.perf_counter() - start < budget_s):
+    buffer = jax.block_until_ready(step(buffer, prompt_len + steps))
+    steps += 1
+  return (time.perf_counter() - start) / steps * new_tokens, steps
+
+
+def bounds_per_step(cfg, params, batch: int, prompt_len: int, new_tokens: int,
+                    bandwidth: float, flops: float) -> tuple[float, float]:
+  """Seconds per step to read what a step needs, and to compute it, over the average context."""
+  context = prompt_len + new_tokens // 2
+  weights = sum(leaf.nbytes for leaf in jax.tree.leaves(params))
+  cache = accounting.kv_cache_bytes(cfg, context, batch)
+  step_flops = batch * accounting.flops_per_token(cfg, context)['forward']
+  return (weights + cache) / bandwidth, step_flops / flops
+
+
+def torch_reference(python: str, new_tokens: int, threads: int) -> dict:
+  """The PyTorch reference's naive generation (batch 1, after 11 training steps), tokens/s:
+  the whole growing context per token, and the context cropped to its 64 training tokens."""
+  out = subprocess.run([python, str(TORCH_REFERENCE), '--steps', '11', '--eval_at', '',
+                        '--gen', '--gen_tokens', str(new_tokens), '--threads', str(threads)],
+                       capture_output=True, text=True, check=True)
+  result = json.loads(next(line for line in out.stdout.splitlines()
+                           if line.startswith('RESULT '))[len('RESULT '):])
+  return {key: value['tokens_per_s'] for key, value in result['generation'].items()}
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--models', default='seed,gpt2_small')
+  parser.add_argument('--new_tokens', default='256,1024')
+  parser.add_argument('--batches', default='1,32')
+  parser.add_argument('--prompt_len', type=int, default=6, help="6: 'ROMEO:', as the reference")
+  parser.add_argument('--naive_budget_s', type=float, default=20.0,
+                      help='time the naive loop for about this long per row, then scale')
+  parser.add_argument('--repeats', type=int, default=2,
+                      help='cached runs per row, the best kept (no repeat after 20 s)')
+  parser.add_argument('--dtype', default='float32',
+                      help="compute dtype; '' keeps the config's (GPT-2 small says bfloat16, "
+                           'which a CPU runs through conversions)')
+  parser.add_argument('--torch_python', default=None,
+                      help='a Python with torch, to time the PyTorch reference (seed model)')
+  parser.add_argument('--torch_threads', type=int, default=1,
+                      help='its threads: its README used 2, but 2 threads collapse (to about 2%% '
+                           'of the speed) while other processes hold a core; 1 does not')
+  parser.add_argument('--json_out', default=None, help='also write the rows here as JSON')
+  parser.add_argument('--quick', action='store_true',
+                      help='seed model, 32 new tokens, batches 1 and 4: a check that it runs')
+  args = parser.parse_args()
+  if args.quick:
+    args.models, args.new_tokens, args.batches, args.naive_budget_s = 'seed', '32', '1,4', 2.0
+  names = [name for name in args.models.split(',') if name]  # '' times only the reference
+  token_counts = [int(n) for n in args.new_tokens.split(',')]
+  batches = [int(b) for b in args.batches.split(',')]
+
+  print(f'load average before: {load_average()} ({os.cpu_count()} cores), jax {jax.__version__} '
+        f'on {jax.devices()[0].platform}')
+  bandwidth = copy_bandwidth()
+  print('copy bandwidth: ' + ', '.join(f'{k} {v / 1e9:.1f} GB/s' for k, v in bandwidth.items()))
+  bandwidth, flops = max(bandwidth.values()), matmul_flops()
+  print(f'float32 matmul: {flops / 1e9:.0f} GFLOP/s')
+  rows = []
+  header = (f'{"model":<11} {"batch":>5} {"new":>5} {"cached tok/s":>12} {"naive tok/s":>11} '
+            f'{"speed-up":>8} {"ms/step":>8} {"bytes ms":>8} {"FLOPs ms":>8} {"x bound":>7}'
+            '  naive steps timed')
+  print(header)
+  for name in names:
+    cfg = model_config(name, args.prompt_len + max(token_counts), args.dtype)
+    model = models.build(cfg)
+    example = models.example_inputs(cfg)
+    params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), *example)['params'])
+    for batch in batches:
+      for new_tokens in token_counts:
+        prompt = jnp.asarray(np.random.default_rng(batch).integers(
+            0, cfg.vocab_size, (batch, args.prompt_len)), jnp.int32)
+        cached = cached_seconds(model, params, prompt, new_tokens, args.repeats)
+        naive, steps = naive_seconds(model, params, prompt, new_tokens, args.naive_budget_s)
+        read, compute = bounds_per_step(cfg, params, batch, args.prompt_len, new_tokens,
+                                        bandwidth, flops)
+        row = dict(model=name, dtype=cfg.dtype, batch=batch, new_tokens=new_tokens,
+                   cached_tokens_per_s=batch * new_tokens / cached,
+                   naive_tokens_per_s=batch * new_tokens / naive, speedup=naive / cached,
+                   cached_ms_per_step=1e3 * cached / new_tokens,
+                   bytes_bound_ms_per_step=1e3 * read, flops_bound_ms_per_step=1e3 * compute,
+                   times_bound=cached / new_tokens / max(read, compute), naive_steps_timed=steps)
+        rows.append(row)
+        print(f'{name:<11} {batch:>5} {new_tokens:>5} {row["cached_tokens_per_s"]:>12,.0f} '
+              f'{row["naive_tokens_per_s"]:>11,.1f} {row["speedup"]:>7,.0f}x '
+              f'{row["cached_ms_per_step"]:>8.2f} {1e3 * read:>8.2f} {1e3 * compute:>8.2f} '
+              f'{row["times_bound"]:>6.1f}x  {steps}', flush=True)
+  if args.torch_python:
+    for new_tokens in token_counts:
+      rates = torch_reference(args.torch_python, new_tokens, args.torch_threads)
+      rows.append(dict(model='seed', reference='pytorch', threads=args.torch_threads, batch=1,
+                       new_tokens=new_tokens, **rates))
+      print(f'PyTorch reference ({args.torch_threads} threads), seed model, batch 1, '
+            f'{new_tokens} new tokens: naive {rates["full_context_no_crop"]:.1f} tok/s over the '
+            f'whole context, {rates["crop_ctx_to_block_size"]:.1f} tok/s cropped to 64 tokens',
+            flush=True)
+  print(f'load average after: {load_average()}')
+  if args.json_out:
+    pathlib.Path(args.json_out).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == '__main__':
+  main()

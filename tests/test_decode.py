@@ -1,0 +1,261 @@
+"""Decoding: cached generation against the uncached forward pass, the samplers, the cache size."""
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import tiny
+from transformer_jax import accounting, config_lib, decode, layers, models
+
+# Three prompts of different lengths in one batch, start-aligned; the tail of a short row is
+# junk that must never be read.
+PROMPTS = jnp.array([[3, 7, 1, 9, 4, 2, 8], [6, 1, 39, 39, 39, 39, 39], [5, 2, 5, 11, 5, 0, 0]])
+LENGTHS = jnp.array([7, 2, 5])
+# Encoder inputs with their valid lengths (6, 3, 5), and decoder prompts of 1 to 3 tokens.
+INPUTS = jnp.array([[4, 8, 15, 16, 23, 12], [9, 9, 2, 0, 0, 0], [1, 3, 5, 7, 9, 0]])
+INPUT_VALID = jnp.arange(6)[None, :] < jnp.array([[6], [3], [5]])
+TARGET_PROMPTS, TARGET_LENGTHS = jnp.array([[1, 0, 0], [1, 7, 3], [1, 12, 0]]), jnp.array([1, 3, 2])
+NEW_TOKENS = 6
+
+CASES = {
+    'gpt2': dict(family='decoder', **config_lib.STYLES['gpt2']),
+    'llama-gqa-scanned': dict(family='decoder', num_kv_heads=2, scan_layers=True,
+                              **config_lib.STYLES['llama']),
+    'llama-mqa': dict(family='decoder', num_kv_heads=1, **config_lib.STYLES['llama']),
+    'seq2seq': dict(family='encoder_decoder', **config_lib.STYLES['transformer']),
+    'seq2seq-llama-gqa-scanned': dict(family='encoder_decoder', num_kv_heads=2, scan_layers=True,
+                                      **config_lib.STYLES['llama']),
+}
+
+
+def build(case, seed=0):
+  """The model of `case` with parameters drawn by numpy in the shapes of its init (compiling the
+  random init would take longer than the test): norm scales 1 + N(0, 0.1^2), the rest N(0, 0.1^2),
+  biases included, so that no term is trivially zero."""
+  cfg = tiny(**CASES[case])
+  shapes = nn.meta.unbox(models.abstract_variables(cfg)['params'])
+  noise = np.random.default_rng(seed)
+  draw = lambda path, leaf: jnp.asarray(
+      (path[-1].key == 'scale') + 0.1 * noise.standard_normal(leaf.shape), leaf.dtype)
+  return models.build(cfg), jax.tree_util.tree_map_with_path(draw, shapes)
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'steps'))
+def uncached_greedy(model, params, prompt, length, steps, inputs=None, input_valid=None):
+  """Argmax rollout of the full forward pass, no cache: one prompt (1, T) holding `length` real
+  tokens, each step re-running the model over the whole buffer and reading the logits at the
+  last real token (the causal mask keeps the unused tail out of them)."""
+  buffer = jnp.zeros((1, prompt.shape[1] + steps), jnp.int32).at[:, :prompt.shape[1]].set(prompt)
+
+  def step(i, carry):
+    buffer, logits = carry
+    args = (buffer,) if inputs is None else (inputs, buffer, input_valid)
+    new = model.apply({'params': params}, *args)[0, length - 1 + i]
+    return buffer.at[0, length + i].set(jnp.argmax(new)), logits.at[i].set(new)
+
+  logits = jnp.zeros((steps, model.cfg.vocab_size), jnp.float32)
+  buffer, logits = jax.lax.fori_loop(0, steps, step, (buffer, logits))
+  return jax.lax.dynamic_slice_in_dim(buffer[0], length, steps), logits
+
+
+@pytest.mark.parametrize('case', CASES)
+def test_greedy_cached_generation_equals_the_uncached_rollout(case):
+  model, params = build(case)
+  if model.cfg.family == 'encoder_decoder':
+    prompts, lengths = TARGET_PROMPTS, TARGET_LENGTHS
+    encoder = dict(inputs=INPUTS, input_valid=INPUT_VALID)
+  else:
+    prompts, lengths, encoder = PROMPTS, LENGTHS, {}
+  out = decode.generate(model, params, prompts, prompt_lengths=lengths,
+                        max_new_tokens=NEW_TOKENS, return_logits=True, **encoder)
+  for row in range(len(prompts)):
+    alone = {k: v[row:row + 1] for k, v in encoder.items()}
+    tokens, logits = uncached_greedy(model, params, prompts[row:row + 1], lengths[row],
+                                     NEW_TOKENS, **alone)
+    np.testing.assert_array_equal(out.tokens[row], tokens, err_msg=f'row {row}')
+    np.testing.assert_allclose(out.logits[row], logits, atol=1e-5, rtol=0, err_msg=f'row {row}')
+  np.testing.assert_array_equal(out.lengths, NEW_TOKENS)
+
+
+@pytest.mark.parametrize('tau,expected', [(1.0, (0.665, 0.245, 0.090)),
+                                          (0.5, (0.867, 0.117, 0.016)),
+                                          (2.0, (0.506, 0.307, 0.186))])
+def test_temperature_reproduces_seed000_example(tau, expected):
+  probs = decode.probabilities(jnp.array([2.0, 1.0, 0.0]), temperature=tau)
+  assert probs.dtype == jnp.float32
+  np.testing.assert_allclose(np.round(np.asarray(probs, np.float64), 3), expected, atol=1e-9)
+
+
+def test_temperature_zero_is_greedy_without_nan():
+  logits = jnp.array([[2.0, 5.0, 5.0, -1.0], [1e30, -1e30, 0.0, 3.0]])
+  probs = decode.probabilities(logits, temperature=0.0)
+  np.testing.assert_array_equal(probs, [[0, 1, 0, 0], [1, 0, 0, 0]])
+  np.testing.assert_array_equal(decode.sample(logits, None, temperature=0.0), [1, 0])
+  # A tiny positive temperature approaches greedy without overflowing to inf - inf.
+  near_zero = decode.probabilities(logits, temperature=1e-30)
+  assert np.isfinite(near_zero).all()
+  np.testing.assert_array_equal(near_zero[1], [1, 0, 0, 0])
+
+
+def kept(logits, **sampler):
+  return set(np.flatnonzero(decode.probabilities(jnp.array(logits), **sampler) > 0).tolist())
+
+
+def test_top_k_keeps_exactly_the_k_largest_lowest_id_first_among_ties():
+  logits = [1.0, 3.0, 3.0, 2.0, 3.0]
+  assert kept(logits, top_k=1) == {1}
+  assert kept(logits, top_k=2) == {1, 2}
+  assert kept(logits, top_k=3) == {1, 2, 4}
+  assert kept(logits, top_k=4) == {1, 2, 3, 4}
+  assert kept(logits, top_k=5) == kept(logits, top_k=0) == {0, 1, 2, 3, 4}
+  assert kept([3.0, 2.0, 2.0, 2.0], top_k=2) == {0, 1}  # one above the tie, room for one of it
+  probs = decode.probabilities(jnp.array(logits), top_k=2)
+  np.testing.assert_allclose(probs, [0, 0.5, 0.5, 0, 0], atol=1e-7)
+
+
+def test_top_p_keeps_the_smallest_set_that_reaches_p():
+  # Probabilities 1/4, 1/8, 1/2, 1/8 (exact in float32); ranked: token 2, 0, then 1 before 3.
+  logits = np.log([0.25, 0.125, 0.5, 0.125]).tolist()
+  assert kept(logits, top_p=0.3) == {2}
+  assert kept(logits, top_p=0.5) == {2}  # reached exactly by the first token
+  assert kept(logits, top_p=0.75) == {2, 0}  # reached exactly by the second
+  assert kept(logits, top_p=0.76) == {2, 0, 1}  # a tie at 1/8: the lower id comes first
+  assert kept(logits, top_p=1.0) == {0, 1, 2, 3}
+  np.testing.assert_allclose(decode.probabilities(jnp.array(logits), top_p=0.75),
+                             [1 / 3, 0, 2 / 3, 0], atol=1e-7)
+  # Four equal tokens: p = 1/2 is reached exactly by two of them.
+  assert kept([0.0] * 4, top_p=0.5) == {0, 1}
+  assert kept([0.0] * 4, top_p=0.51) == {0, 1, 2}
+
+
+def test_samplers_combine_as_temperature_then_top_k_then_top_p():
+  logits = [2.0, 1.0, 0.0]  # seed 000: (0.665, 0.245, 0.090) at tau = 1
+  assert kept(logits, top_p=0.8) == {0, 1}
+  assert kept(logits, top_p=0.8, temperature=0.5) == {0}  # nucleus of (0.867, 0.117, 0.016)
+  assert kept(logits, top_p=0.7) == {0, 1}
+  assert kept(logits, top_p=0.7, top_k=2) == {0}  # nucleus of the renormalized (0.731, 0.269)
+
+
+@pytest.mark.parametrize('settings,message', [
+    (dict(temperature=-1.0), 'temperature'), (dict(top_k=-2), 'top_k'), (dict(top_k=1.5), 'top_k'),
+    (dict(top_p=0.0), 'top_p'), (dict(top_p=1.5), 'top_p')])
+def test_meaningless_sampler_settings_fail(settings, message):
+  with pytest.raises(ValueError, match=message):
+    decode.probabilities(jnp.zeros(3), **settings)
+
+
+def test_sampling_is_reproducible_and_follows_the_distribution():
+  logits = jnp.broadcast_to(jnp.array([2.0, 1.0, 0.0, -1.0]), (20000, 4))
+  sample = jax.jit(functools.partial(decode.sample, top_k=3))
+  draws = sample(logits, jax.random.key(7))
+  np.testing.assert_array_equal(draws, sample(logits, jax.random.key(7)))
+  assert not np.array_equal(draws, sample(logits, jax.random.key(8)))
+  frequencies = np.bincount(draws, minlength=4) / len(draws)
+  expected = decode.probabilities(logits[0], top_k=3)
+  assert frequencies[3] == 0
+  np.testing.assert_allclose(frequencies, expected, atol=0.01)
+
+
+def test_generate_samples_reproducibly_from_its_rng():
+  model, params = build('llama-mqa')
+  draw = lambda seed: decode.generate(model, params, PROMPTS, prompt_lengths=LENGTHS,
+                                      max_new_tokens=NEW_TOKENS, rng=jax.random.key(seed),
+                                      temperature=1.0, top_p=0.9).tokens
+  first = draw(1)
+  np.testing.assert_array_equal(first, draw(1))
+  assert not np.array_equal(first, draw(2))
+  with pytest.raises(ValueError, match='needs an rng'):
+    decode.generate(model, params, PROMPTS, max_new_tokens=2, temperature=1.0)
+
+
+def test_eos_stops_a_row_and_pads_the_rest():
+  model, params = build('gpt2')
+  # return_logits as in the greedy test, so that both runs reuse its compiled program.
+  generate = functools.partial(decode.generate, model, params, PROMPTS, prompt_lengths=LENGTHS,
+                               max_new_tokens=NEW_TOKENS, return_logits=True)
+  free = np.asarray(generate().tokens)
+  eos = int(free[0, 2])
+  out = generate(eos_id=eos, pad_id=-1)
+  for row, tokens in enumerate(free):
+    stop = list(tokens).index(eos) + 1 if eos in tokens else NEW_TOKENS
+    expected = np.concatenate([tokens[:stop], np.full(NEW_TOKENS - stop, -1)])
+    np.testing.assert_array_equal(out.tokens[row], expected, err_msg=f'row {row}')
+    assert out.lengths[row] == stop
+  assert out.lengths[0] <= 3
+
+
+@pytest.mark.parametrize('case', ['gpt2', 'llama-gqa-scanned', 'llama-mqa',
+                                  'seq2seq-llama-gqa-scanned'])
+def test_cache_holds_kv_heads_and_matches_the_accounting(case):
+  cfg = tiny(**CASES[case])
+  batch, slots, source = 3, 10, 6
+  cache = decode.init_cache(models.build(cfg), batch, slots, source)
+  leaves = jax.tree.leaves(cache)
+  assert all(leaf.shape[-3:] in ((batch * cfg.kv_heads, slots, cfg.head_dim),
+                                 (batch * cfg.kv_heads, source, cfg.head_dim)) for leaf in leaves)
+  assert sum(leaf.nbytes for leaf in leaves) == accounting.kv_cache_bytes(
+      cfg, slots, batch, source_len=source)
+
+
+def test_cached_attention_over_the_folded_cache_matches_the_reference():
+  # The cache keeps (B * kv_heads, S, head_dim); query groups fold onto their key-value head.
+  @jax.jit
+  def both(q, k, v, mask):
+    folded = lambda x: jnp.swapaxes(x, 1, 2).reshape(-1, x.shape[1], x.shape[3])
+    return (layers.reference_attention(q, k, v, mask, 8 ** -0.5)[0],
+            layers.cached_attention(q, folded(k), folded(v), mask, 8 ** -0.5))
+
+  noise = np.random.default_rng(0)
+  q = noise.standard_normal((2, 3, 4, 8), np.float32)
+  mask = (noise.random((2, 1, 3, 7)) < 0.7) | (np.arange(7) == 0)
+  for kv_heads in (4, 2, 1):
+    k, v = noise.standard_normal((2, 2, 7, kv_heads, 8), np.float32)
+    expected, got = both(q, k, v, mask)
+    np.testing.assert_allclose(got, expected, atol=1e-6, err_msg=f'{kv_heads} kv heads')
+
+
+@pytest.mark.parametrize('family', ['encoder', 'vit'])
+def test_encoder_only_models_cannot_decode(family):
+  model = models.build(tiny(family))
+  with pytest.raises(ValueError, match='without a causal mask'):
+    decode.generate(model, {}, PROMPTS, max_new_tokens=2)
+  with pytest.raises(ValueError, match='without a causal mask'):
+    decode.init_cache(model, 1, 4)
+
+
+def test_learned_positions_past_max_len_fail():
+  model, params = build('gpt2')
+  with pytest.raises(ValueError, match='max_len=16'):
+    decode.generate(model, params, PROMPTS, max_new_tokens=11)
+  with pytest.raises(ValueError, match='prompt_lengths'):
+    decode.generate(model, params, PROMPTS, prompt_lengths=jnp.array([7, 0, 5]), max_new_tokens=2)
+
+
+class CharVocab:
+  """Characters a..z and space as ids 0..26 (within the tiny vocabulary of 40)."""
+  chars = 'abcdefghijklmnopqrstuvwxyz '
+
+  def __init__(self, eos_id=None):
+    self.eos_id = eos_id
+
+  def encode(self, text):
+    return [self.chars.index(c) for c in text]
+
+  def decode(self, ids):
+    return ''.join(self.chars[i] if i < len(self.chars) else '?' for i in ids)
+
+
+def test_sample_text_continues_the_prompt_and_cuts_at_eos():
+  model, params = build('llama-mqa')
+  vocab = CharVocab()
+  greedy = dict(max_new_tokens=NEW_TOKENS, temperature=0.0)
+  (text,) = decode.sample_text(model, params, vocab, 'to be', **greedy)
+  (tokens,) = decode.generate(model, params, jnp.array([vocab.encode('to be')]),
+                              max_new_tokens=NEW_TOKENS).tokens
+  assert text == vocab.decode(tokens.tolist())
+  last = max(i for i, c in enumerate(text) if c not in text[:i])  # a first occurrence
+  eos_vocab = CharVocab(eos_id=int(tokens[last]))
+  assert decode.sample_text(model, params, eos_vocab, 'to be', **greedy) == [text[:last]]

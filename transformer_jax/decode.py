@@ -1,0 +1,316 @@
+"""Samplers and `generate`: one parallel prefill of the prompt, then one cached token per step.
+
+Seed 000, section 3.5: with a causal mask the keys and values of token j never change when later
+tokens arrive, so each is computed once and kept in the 'cache' collection, and a step runs only
+the newest token. The whole generation (cache allocation, prefill, token loop) is one jitted
+program whose loop is a `lax.while_loop`; the host waits only for the finished tokens.
+
+A batch holds prompts of different lengths: `prompt_tokens` (B, P) are start-aligned with
+`prompt_lengths` (B,). Inside, every row is shifted right so that all prompts end at slot P - 1;
+a row padded by k slots has positions -k..-1 there, which `causal_mask` hides from every query,
+so each row decodes exactly as its prompt alone would. The new token i sits at slot P - 1 + i
+with its true position, prompt length + i.
+"""
+import functools
+from typing import Any, Protocol, Sequence
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_jax.layers import causal_mask
+
+CAUSAL_FAMILIES = ('decoder', 'encoder_decoder')
+
+
+# Samplers: pure float32 functions of the logits (..., V) and an explicit rng. Among equal
+# logits the lower token id ranks first, so top-k and top-p keep a definite set under ties.
+
+def check_sampler(temperature: float, top_k: int, top_p: float):
+  """Fails on settings that have no meaning, naming the allowed range."""
+  if not (np.isfinite(temperature) and temperature >= 0):
+    raise ValueError(f'temperature={temperature} must be finite and >= 0 (0 means greedy).')
+  if int(top_k) != top_k or top_k < 0:
+    raise ValueError(f'top_k={top_k} must be a whole number >= 0 (0 keeps every token).')
+  if not 0 < top_p <= 1:
+    raise ValueError(f'top_p={top_p} must be in (0, 1] (1 keeps every token).')
+
+
+def greedy(logits: jax.Array) -> jax.Array:
+  """The most likely token (the lowest id among ties), int32."""
+  return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+
+def top_k_mask(logits: jax.Array, k: int) -> jax.Array:
+  """True on exactly the k largest logits: all those above the k-th largest value, then as many
+  of those equal to it as there is room for, lowest id first."""
+  kth = jax.lax.top_k(logits, k)[0][..., -1:]
+  above, tied = logits > kth, logits == kth
+  room = k - above.sum(axis=-1, keepdims=True)
+  return above | (tied & (jnp.cumsum(tied, axis=-1) <= room))
+
+
+def top_p_mask(logits: jax.Array, p: float) -> jax.Array:
+  """True on the nucleus: the smallest set of most likely tokens whose probability reaches p.
+
+  A token is kept when the tokens ranked before it hold less than p, so the token at which the
+  cumulative probability first reaches p (exactly or beyond) is the last one kept.
+  """
+  probs = jax.nn.softmax(logits, axis=-1)
+  order = jnp.argsort(-probs, axis=-1, stable=True)
+  cumulative = jnp.cumsum(jnp.take_along_axis(probs, order, axis=-1), axis=-1)
+  before = jnp.concatenate([jnp.zeros_like(cumulative[..., :1]), cumulative[..., :-1]], axis=-1)
+  return jnp.put_along_axis(jnp.zeros(probs.shape, bool), order, before < p, axis=-1,
+                            inplace=False)
+
+
+def filter_logits(logits: jax.Array, *, temperature: float = 1.0, top_k: int = 0,
+                  top_p: float = 1.0) -> jax.Array:
+  """Float32 log-weights of the distribution to sample from, built in this order:
+
+  1. temperature: z / tau (computed as (z - max z) / tau, which cannot overflow); tau = 0 is the
+     limit tau -> 0, all weight on the greedy token, and involves no division (top-k and top-p
+     then change nothing: they always keep the greedy token);
+  2. top-k (k > 0): -inf outside the k largest;
+  3. top-p (p < 1): -inf outside the nucleus of what steps 1 and 2 left, renormalized.
+  Softmax of the result is the sampled distribution: the kept tokens, renormalized.
+  """
+  check_sampler(temperature, top_k, top_p)
+  logits = logits.astype(jnp.float32)
+  if temperature == 0:
+    return jnp.where(jax.nn.one_hot(greedy(logits), logits.shape[-1], dtype=bool), 0.0, -jnp.inf)
+  z = (logits - logits.max(axis=-1, keepdims=True)) / temperature
+  if top_k and top_k < z.shape[-1]:
+    z = jnp.where(top_k_mask(z, top_k), z, -jnp.inf)
+  if top_p < 1:
+    z = jnp.where(top_p_mask(z, top_p), z, -jnp.inf)
+  return z
+
+
+def probabilities(logits: jax.Array, **sampler) -> jax.Array:
+  """The distribution `sample` draws from (float32, sums to 1); `sampler` as in filter_logits."""
+  return jax.nn.softmax(filter_logits(logits, **sampler), axis=-1)
+
+
+def sample(logits: jax.Array, rng: jax.Array | None, *, temperature: float = 1.0, top_k: int = 0,
+           top_p: float = 1.0) -> jax.Array:
+  """One int32 token per row of `logits` (..., V); temperature 0 is greedy and ignores `rng`."""
+  if temperature == 0:
+    check_sampler(temperature, top_k, top_p)
+    return greedy(logits)
+  weights = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+  return jax.random.categorical(rng, weights, axis=-1).astype(jnp.int32)
+
+
+# Generation.
+
+@flax.struct.dataclass
+class Generation:
+  """tokens (B, N): the new tokens, `pad_id` after a row's EOS; lengths (B,): new tokens up to and
+  including the first EOS (N without one); logits (B, N, V): the float32 logits each token was
+  drawn from, when asked for (rows past their EOS keep computing them: ignore those)."""
+  tokens: jax.Array
+  lengths: jax.Array
+  logits: jax.Array | None = None
+
+
+@flax.struct.dataclass
+class _Loop:
+  step: jax.Array  # index of the new token this iteration draws
+  token: jax.Array  # (B,) the previous new token, fed at this iteration
+  done: jax.Array  # (B,) rows that have produced EOS
+  tokens: jax.Array  # (B, N)
+  logits: jax.Array | None  # (B, N, V) or None
+  cache: Any
+
+
+def check_can_decode(model):
+  """A cache is only exact under a causal mask (seed 000, section 3.5): encoders cannot decode."""
+  family = model.cfg.family
+  if family not in CAUSAL_FAMILIES:
+    raise ValueError(
+        f'A {family!r} model cannot decode: without a causal mask a new token changes the keys '
+        f'and values of every earlier token, so there is nothing to cache and no next token to '
+        f'predict. Decode with a model of family {" or ".join(map(repr, CAUSAL_FAMILIES))}.')
+
+
+def init_cache(model, batch_size: int, cache_len: int, source_len: int | None = None):
+  """Zeros shaped like the 'cache' collection for `cache_len` decoder slots (and `source_len`
+  encoder outputs of an encoder-decoder).
+
+  The shapes come from jax.eval_shape of init with the decode signature, so init never runs;
+  each attention layer holds (B * num_kv_heads, slots, head_dim) keys and values.
+  """
+  check_can_decode(model)
+  tokens = jax.ShapeDtypeStruct((batch_size, cache_len), jnp.int32)
+  mask = jax.ShapeDtypeStruct((batch_size, 1, cache_len, cache_len), jnp.bool_)
+  if model.cfg.family == 'encoder_decoder':
+    if source_len is None:
+      raise ValueError('An encoder-decoder cache also holds the cross-attention keys and values: '
+                       'pass source_len, the length of the encoder input.')
+    inputs = jax.ShapeDtypeStruct((batch_size, source_len), jnp.int32)
+    init = lambda i, t, m: model.init(
+        jax.random.key(0), i, t, method=lambda self, i, t: self.decode(
+            t, self.encode(i), attention_mask=m, cache_index=0))
+    shapes = jax.eval_shape(init, inputs, tokens, mask)
+  else:
+    init = lambda t, m: model.init(jax.random.key(0), t, attention_mask=m, cache_index=0)
+    shapes = jax.eval_shape(init, tokens, mask)
+  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes['cache'])
+
+
+def generate(model, params, prompt_tokens, *, max_new_tokens: int, rng=None,
+             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+             eos_id: int | None = None, pad_id: int = 0, prompt_lengths=None, inputs=None,
+             input_valid=None, return_logits: bool = False) -> Generation:
+  """`max_new_tokens` new tokens after each prompt, drawn by `sample` (temperature 0: greedy).
+
+  model: a built 'decoder' or 'encoder_decoder' module; params its parameters (scanned or
+  unrolled to match model.scan_layers). prompt_tokens (B, P) int: start-aligned prompts, the
+  first prompt_lengths[b] (default P, at least 1) tokens of row b real. An encoder-decoder takes
+  the encoder input `inputs` (B, S) and `input_valid` (B, S) and starts its decoder from
+  prompt_tokens (typically one BOS per row); the encoder and the cross-attention keys and values
+  run once, at the prefill. A row stops at `eos_id` (kept in its tokens) and is padded with
+  `pad_id`; the loop ends when every row has stopped. Step i draws with
+  jax.random.fold_in(rng, i), so the result is a pure function of the rng. Learned positions
+  limit the prompt slots plus the new tokens to model.max_len; RoPE and sinusoidal positions go
+  past it (into lengths the model may never have been trained on).
+  """
+  check_can_decode(model)
+  check_sampler(temperature, top_k, top_p)
+  cfg = model.cfg
+  batch, prompt_len = np.shape(prompt_tokens)
+  if max_new_tokens < 1:
+    raise ValueError(f'max_new_tokens={max_new_tokens} must be at least 1.')
+  if temperature > 0 and rng is None:
+    raise ValueError(f'Sampling at temperature={temperature} needs an rng (a jax.random.key).')
+  if cfg.positions == 'learned' and prompt_len + max_new_tokens - 1 > cfg.max_len:
+    raise ValueError(
+        f'A prompt of {prompt_len} slots and {max_new_tokens} new tokens need positions up to '
+        f'{prompt_len + max_new_tokens - 2}, but the learned position table has model.max_len='
+        f'{cfg.max_len} rows: shorten the prompt or max_new_tokens.')
+  if (inputs is not None) != (cfg.family == 'encoder_decoder'):
+    raise ValueError('An encoder-decoder needs its encoder input `inputs`; a decoder-only model '
+                     'takes none (its whole context is prompt_tokens).')
+  if prompt_lengths is None:
+    prompt_lengths = np.full((batch,), prompt_len, np.int32)
+  elif not isinstance(prompt_lengths, jax.core.Tracer):
+    lengths = np.asarray(prompt_lengths)
+    if lengths.shape != (batch,) or lengths.min() < 1 or lengths.max() > prompt_len:
+      raise ValueError(f'prompt_lengths {lengths} must give each of the {batch} rows between 1 '
+                       f'and {prompt_len} tokens (an empty prompt has nothing to predict from: '
+                       'start it with a BOS token).')
+  return _generate(
+      model, params, jnp.asarray(prompt_tokens, jnp.int32), jnp.asarray(prompt_lengths, jnp.int32),
+      inputs, input_valid, jax.random.key(0) if rng is None else rng,  # greedy ignores the rng
+      jnp.int32(-1 if eos_id is None else eos_id),  # no token id is negative: never stops
+      jnp.int32(pad_id), max_new_tokens=max_new_tokens, temperature=float(temperature),
+      top_k=int(top_k), top_p=float(top_p), return_logits=return_logits)
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'max_new_tokens', 'temperature', 'top_k',
+                                             'top_p', 'return_logits'))
+def _generate(model, params, prompt_tokens, prompt_lengths, inputs, input_valid, rng, eos_id,
+              pad_id, *, max_new_tokens, temperature, top_k, top_p, return_logits):
+  batch, prompt_len = prompt_tokens.shape
+  cache_len = prompt_len + max_new_tokens - 1  # the last new token is never fed back
+  pad = prompt_len - prompt_lengths  # left padding of each row
+  slots = jnp.arange(prompt_len)
+  shifted = jnp.take_along_axis(prompt_tokens, (slots[None, :] - pad[:, None]) % prompt_len, 1)
+  # Padding slots hold token 0: never attended to, but their keys and values must be finite,
+  # since a masked weight of exactly 0 times NaN is still NaN.
+  prompt = jnp.where(slots[None, :] >= pad[:, None], shifted, 0)
+  draw = lambda logits, step: sample(logits, jax.random.fold_in(rng, step),
+                                     temperature=temperature, top_k=top_k, top_p=top_p)
+
+  encoder_decoder = model.cfg.family == 'encoder_decoder'
+  if encoder_decoder:
+    cache = init_cache(model, batch, cache_len, inputs.shape[1])
+    encoded = model.apply({'params': params}, inputs, input_valid, method='encode')
+  else:
+    cache, encoded = init_cache(model, batch, cache_len), None
+
+  def forward(cache, tokens, positions, query_slots, encoded=None):
+    """Logits of `tokens` at `query_slots`, and the cache with their keys and values added."""
+    args = (tokens, encoded, input_valid, positions) if encoder_decoder else (tokens, positions)
+    return model.apply({'params': params, 'cache': cache}, *args,
+                       attention_mask=causal_mask(query_slots, positions, cache_len),
+                       cache_index=query_slots[0], mutable=['cache'],
+                       method='decode' if encoder_decoder else None)
+
+  # Prefill: the whole prompt in one pass; its last slot predicts the first new token.
+  logits, variables = forward(cache, prompt, slots[None, :] - pad[:, None], slots, encoded)
+  first = draw(logits[:, -1], 0)
+  tokens = jnp.full((batch, max_new_tokens), pad_id, jnp.int32).at[:, 0].set(first)
+  kept = None
+  if return_logits:
+    kept = jnp.zeros((batch, max_new_tokens, logits.shape[-1]), jnp.float32).at[:, 0].set(
+        logits[:, -1])
+  state = _Loop(step=jnp.int32(1), token=first, done=first == eos_id, tokens=tokens, logits=kept,
+                cache=variables['cache'])
+
+  def not_finished(state):
+    return (state.step < max_new_tokens) & ~jnp.all(state.done)
+
+  def step(state):
+    slot = prompt_len - 1 + state.step  # where the previous new token goes
+    positions = (slot - pad)[:, None]
+    logits, variables = forward(state.cache, state.token[:, None], positions, slot[None])
+    token = draw(logits[:, 0], state.step)  # fed on in a stopped row too, but never written
+    written = jnp.where(state.done, pad_id, token)[:, None]
+    kept = state.logits
+    if kept is not None:
+      kept = jax.lax.dynamic_update_slice(kept, logits, (0, state.step, 0))
+    return _Loop(step=state.step + 1, token=token, done=state.done | (token == eos_id),
+                 tokens=jax.lax.dynamic_update_slice(state.tokens, written, (0, state.step)),
+                 logits=kept, cache=variables['cache'])
+
+  state = jax.lax.while_loop(not_finished, step, state)
+  ended = state.tokens == eos_id
+  lengths = jnp.where(ended.any(axis=1), jnp.argmax(ended, axis=1) + 1, max_new_tokens)
+  return Generation(tokens=state.tokens, lengths=lengths.astype(jnp.int32), logits=state.logits)
+
+
+# Text in, text out: what `launch.py --mode=sample` runs.
+
+class TextVocab(Protocol):
+  """What sample_text needs of a tokenizer; `eos_id` (stop there) and `bos_id` (the decoder
+  prompt of an encoder-decoder) are optional attributes."""
+
+  def encode(self, text: str) -> Sequence[int]: ...
+
+  def decode(self, ids: Sequence[int]) -> str: ...
+
+
+def sample_text(model, params, vocab: TextVocab, prompt: str = 'ROMEO:', *,
+                max_new_tokens: int = 256, temperature: float = 0.8, top_k: int = 0,
+                top_p: float = 1.0, seed: int = 0, num_samples: int = 1) -> list[str]:
+  """`num_samples` continuations of `prompt` (decoded, cut before EOS), drawn in one batch.
+
+  The keyword arguments are the keys of config.sample, so the sample mode calls
+  sample_text(model, params, vocab, **config.sample). A decoder-only model continues the prompt;
+  an encoder-decoder reads it as its encoder input and writes from `vocab.bos_id`.
+  """
+  check_can_decode(model)
+  ids = list(vocab.encode(prompt))
+  if not ids:
+    raise ValueError('The prompt encodes to no tokens: give at least one character.')
+  eos_id = getattr(vocab, 'eos_id', None)
+  extra = {}
+  if model.cfg.family == 'encoder_decoder':
+    bos_id = getattr(vocab, 'bos_id', None)
+    if bos_id is None:
+      raise ValueError('An encoder-decoder starts its output from a BOS token: the vocabulary '
+                       'needs a bos_id.')
+    extra['inputs'] = jnp.asarray([ids] * num_samples, jnp.int32)
+    ids = [bos_id]
+  out = generate(model, params, jnp.asarray([ids] * num_samples, jnp.int32),
+                 max_new_tokens=max_new_tokens, rng=jax.random.key(seed), temperature=temperature,
+                 top_k=top_k, top_p=top_p, eos_id=eos_id, **extra)
+  tokens, lengths = jax.device_get((out.tokens, out.lengths))
+  texts = []
+  for row, length in zip(tokens, lengths):
+    row = row[:length].tolist()
+    texts.append(vocab.decode(row[:-1] if row and row[-1] == eos_id else row))
+  return texts
