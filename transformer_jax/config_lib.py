@@ -137,6 +137,13 @@ def base_config() -> ml_collections.ConfigDict:
   # Logical parameter axes -> mesh axes; unlisted axes are replicated. Data parallel: none.
   # FSDP: [('embed', 'data')] shards every weight's model-width axis over the data axis.
   config.sharding_rules = ()
+  # A Hugging Face checkpoint directory to start from instead of a random init (see
+  # transformer_jax.convert); a checkpoint of the run's own, once there is one, wins.
+  config.init_from_hf = ''
+  # --mode=sample: the keyword arguments of decode.sample_text.
+  config.sample = ml_collections.ConfigDict(dict(
+      prompt='ROMEO:', max_new_tokens=256, temperature=0.8, top_k=0, top_p=1.0, seed=0,
+      num_samples=1))
   return config
 
 

@@ -12,6 +12,14 @@ import orbax.checkpoint as ocp
 log = logging.getLogger(__name__)
 
 
+def latest_step(workdir: str) -> int | None:
+  """The newest finished checkpoint's step in workdir, without opening a manager."""
+  directory = os.path.join(workdir, 'checkpoints')
+  steps = [int(name) for name in os.listdir(directory) if name.isdigit()] if os.path.isdir(
+      directory) else []
+  return max(steps, default=None)
+
+
 class Checkpoints:
   """The train state at chosen steps under workdir/checkpoints/<step>."""
 

@@ -11,7 +11,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from transformer_jax import accounting, data, models
+from transformer_jax import accounting, convert, data, models
 from transformer_jax.train import checkpoint, metrics as metrics_lib, optim, sharding, step as step_lib
 
 log = logging.getLogger(__name__)
@@ -28,6 +28,7 @@ class Run:
   tx: object
   schedule: object
   init_state: object  # rng -> unboxed TrainState
+  state_of: object  # params -> TrainState at step 0
   state_sharding: object
   checkpoints: checkpoint.Checkpoints
 
@@ -42,15 +43,17 @@ def build_run(config, workdir: str) -> Run:
   model = models.build(cfg)
   tx, schedule = optim.make_optimizer(config.optimizer, config.training.steps)
 
+  def state_of(params):
+    return step_lib.TrainState(step=jax.numpy.zeros((), jax.numpy.int32), params=params,
+                               opt_state=tx.init(params))
+
   def init_state(rng, unbox=True):
-    params = model.init(rng, *models.example_inputs(cfg))['params']
-    state = step_lib.TrainState(step=jax.numpy.zeros((), jax.numpy.int32), params=params,
-                                opt_state=tx.init(params))
+    state = state_of(model.init(rng, *models.example_inputs(cfg))['params'])
     return nn.meta.unbox(state) if unbox else state
 
   abstract = jax.eval_shape(functools.partial(init_state, unbox=False), jax.random.key(0))
   state_sharding = sharding.state_shardings(abstract, mesh, config.sharding_rules)
-  return Run(config, cfg, model, dataset, mesh, tx, schedule, init_state, state_sharding,
+  return Run(config, cfg, model, dataset, mesh, tx, schedule, init_state, state_of, state_sharding,
              checkpoint.Checkpoints(workdir, config.training.keep_checkpoints))
 
 
@@ -65,13 +68,18 @@ def _check_data_fits_model(info: dict, cfg) -> None:
 
 
 def restore_or_init(run: Run):
-  """The latest readable checkpoint, or a fresh state placed directly with its shardings."""
+  """The latest readable checkpoint, else the Hugging Face weights of config.init_from_hf, else
+  a fresh state; each placed directly with its shardings."""
   abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                           jax.eval_shape(run.init_state, jax.random.key(0)), run.state_sharding)
   state, step = run.checkpoints.restore_latest(abstract)
   if state is not None:
     log.info('Resumed from the checkpoint at step %d.', step)
     return state
+  if run.config.init_from_hf:
+    log.info('Starting from the Hugging Face checkpoint %s.', run.config.init_from_hf)
+    params = convert.load_params(run.config.init_from_hf, run.model_config)
+    return jax.jit(run.state_of, out_shardings=run.state_sharding)(params)
   init_rng = jax.random.fold_in(jax.random.key(run.config.seed), 0)
   return jax.jit(run.init_state, out_shardings=run.state_sharding)(init_rng)
 
@@ -214,13 +222,18 @@ def evaluate_params(run, eval_step, params) -> dict:
   return {'eval_loss': sums['loss'] / weight, 'eval_accuracy': sums['correct'] / weight}
 
 
-def evaluate(config, workdir: str) -> dict:
-  """--mode=eval: the latest checkpoint of the workdir on the held-out split."""
+def restore_trained(config, workdir: str) -> tuple[Run, object]:
+  """The run and the state of the workdir's latest checkpoint; an error if there is none."""
   run = build_run(config, workdir)
-  if run.checkpoints.latest_step() is None:
+  if run.checkpoints.latest_step() is None and not config.init_from_hf:
     raise FileNotFoundError(f'No checkpoint in {run.checkpoints.directory}: train first '
                             f'(python launch.py --config ... --workdir {workdir}).')
-  state = restore_or_init(run)
+  return run, restore_or_init(run)
+
+
+def evaluate(config, workdir: str) -> dict:
+  """--mode=eval: the latest checkpoint of the workdir on the held-out split."""
+  run, state = restore_trained(config, workdir)
   eval_step = step_lib.make_eval_step(run.model, run.model_config.family, run.mesh,
                                       run.state_sharding.params)
   results = evaluate_params(run, eval_step, state.params)

@@ -1,0 +1,33 @@
+"""A Hugging Face checkpoint directory (GPT-2, LLaMA, ViT or BERT): the model from its
+config.json, the parameters from its safetensors.
+
+  python launch.py --config configs/from_hf.py:path=/ckpt/gpt2 --mode=sample
+  python launch.py --config configs/from_hf.py:path=/ckpt/vit-cifar10 --mode=eval
+
+`config.init_from_hf` names the directory that run.py takes the parameters from
+(transformer_jax.convert.load_params(config.init_from_hf, config.model)) instead of a checkpoint
+of ours; a causal LM samples with the directory's tokenizer.json (transformer_jax.convert.
+Tokenizer) and the settings of config.sample. A ViT evaluates on CIFAR-10 when it is a 10-class
+model of 32x32 images; otherwise set --config.data.name to a dataset of its classes and size.
+Without a path the model is the shape of transformers' GPT2Config() defaults (GPT-2 small), so
+that --mode=describe has something to describe; sampling and evaluation need path=.
+"""
+from transformer_jax import config_lib, convert
+
+
+def get_config(arg=None):
+  arg = config_lib.parse_arg(arg, path='')
+  config = config_lib.base_config()
+  config.model.update(convert.load_model_config(arg.path) if arg.path else
+                      convert.model_config_of({'architectures': ['GPT2LMHeadModel']}))
+  config.init_from_hf = arg.path
+  model = config.model
+  if model.family == 'vit':
+    cifar = (model.num_classes, model.image_size, model.num_channels) == (10, 32, 3)
+    config.data.update(name='cifar10' if cifar else None, augment=False, batch_size=128,
+                       eval_batch_size=500)
+  else:
+    config.data.seq_len = model.max_len
+  if model.family == 'decoder':
+    config.sample.update(prompt='The meaning of life is', max_new_tokens=64)
+  return config

@@ -1,0 +1,70 @@
+"""What one of Hugging Face's model classes is in our terms: its config.json options as
+ModelConfig fields (and back), and its tensors as our parameters."""
+import dataclasses
+from typing import Any, Callable
+
+from transformer_jax.convert.tensors import Tensor
+from transformer_jax.model_config import ModelConfig
+
+# HF's activation names (transformers.activations.ACT2FN) -> our model.mlp, and back.
+ACTIVATIONS = {'gelu': 'gelu', 'gelu_new': 'gelu_tanh', 'gelu_pytorch_tanh': 'gelu_tanh',
+               'relu': 'relu'}
+HF_ACTIVATIONS = {'gelu': 'gelu', 'gelu_tanh': 'gelu_new', 'relu': 'relu'}
+# Every HF class here has every sublayer, norm and residual: none of our ablations.
+NO_ABLATIONS = dict(use_attention=True, use_mlp=True, use_norm=True, use_residual=True)
+
+
+class CheckpointError(ValueError):
+  """A checkpoint or config that does not convert exactly, with what to change."""
+
+
+class HfConfig:
+  """config.json's values, read as transformers reads them: a key that is absent or null takes
+  the default of HF's config class."""
+
+  def __init__(self, architecture: str, values: dict[str, Any]):
+    self.architecture, self.values = architecture, values
+
+  def get(self, key: str, default: Any) -> Any:
+    value = self.values.get(key)
+    return default if value is None else value
+
+  def require(self, key: str, default: Any, supported: tuple, what_we_do: str) -> Any:
+    """The value of `key`, failing where it is not one of `supported`."""
+    return self.check(key, self.get(key, default), supported, what_we_do)
+
+  def check(self, key: str, value: Any, supported: tuple, what_we_do: str) -> Any:
+    """Fails where `value` of option `key` is not one of `supported`: converting anyway would
+    give a model that computes something else."""
+    if value not in supported:
+      raise CheckpointError(
+          f'{self.architecture}: config.json sets {key}={value!r}, but transformer_jax '
+          f'{what_we_do} (supported: {list(supported)}); the converted model would compute '
+          'something else, so nothing was converted. Add the option to the shared layers first.')
+    return value
+
+  def activation(self, key: str, default: str) -> str:
+    """Our model.mlp for HF's activation name."""
+    name = self.require(key, default, tuple(ACTIVATIONS), 'implements only these activations')
+    return ACTIVATIONS[name]
+
+
+def hf_activation(cfg: ModelConfig, architecture: str) -> str:
+  if cfg.mlp not in HF_ACTIVATIONS:
+    raise CheckpointError(f'{architecture} has no {cfg.mlp!r} MLP: model.mlp must be one of '
+                          f'{list(HF_ACTIVATIONS)}.')
+  return HF_ACTIVATIONS[cfg.mlp]
+
+
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+  """One HF model class, as config.json's "architectures" names it."""
+  name: str
+  model_type: str
+  family: str
+  prefix: str  # HF's base_model_prefix, which checkpoints of the bare base model omit
+  model_fields: Callable[[HfConfig], dict]  # config.json -> ModelConfig fields
+  hf_config: Callable[[ModelConfig], dict]  # ModelConfig -> config.json
+  tensors: Callable[[ModelConfig], list[Tensor]]
+  tied: Callable[[ModelConfig], dict[str, str]]  # a tensor HF ties -> the one it is tied to
+  ignored: tuple[str, ...] = ()  # regexes: tensors a checkpoint may hold that are no weights here

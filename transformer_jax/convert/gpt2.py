@@ -1,0 +1,60 @@
+"""GPT2LMHeadModel: pre-LN LayerNorm blocks, learned positions, Conv1D layers ((in, out) kernels)
+with q, k and v fused into one c_attn, and the head tied to the token embedding (an lm_head of
+its own where tie_word_embeddings is false)."""
+from transformer_jax.convert.architecture import (NO_ABLATIONS, Architecture, HfConfig,
+                                                  hf_activation)
+from transformer_jax.convert.tensors import Tensor, linear, norm
+
+NAME = 'GPT2LMHeadModel'
+FIXED = dict(family='decoder', norm='layernorm', norm_bias=True, norm_position='pre',
+             positions='learned', use_bias=True, num_kv_heads=None, embed_norm=False,
+             type_vocab_size=0, **NO_ABLATIONS)
+
+
+def model_fields(c: HfConfig) -> dict:
+  c.require('scale_attn_weights', True, (True,), 'always scales attention logits by 1/sqrt(d_k)')
+  c.require('scale_attn_by_inverse_layer_idx', False, (False,),
+            'scales every layer\'s attention logits alike')
+  c.require('add_cross_attention', False, (False,), 'has no cross-attention in a decoder-only LM')
+  width = c.get('n_embd', 768)
+  return dict(FIXED, width=width, num_layers=c.get('n_layer', 12), num_heads=c.get('n_head', 12),
+              d_ff=c.get('n_inner', 4 * width), vocab_size=c.get('vocab_size', 50257),
+              max_len=c.get('n_positions', 1024), norm_eps=float(c.get('layer_norm_epsilon', 1e-5)),
+              mlp=c.activation('activation_function', 'gelu_new'),
+              tie_embeddings=c.get('tie_word_embeddings', True))
+
+
+def hf_config(cfg) -> dict:
+  return dict(n_embd=cfg.width, n_layer=cfg.num_layers, n_head=cfg.num_heads,
+              n_inner=cfg.hidden_dim, vocab_size=cfg.vocab_size, n_positions=cfg.max_len,
+              layer_norm_epsilon=cfg.norm_eps, activation_function=hf_activation(cfg, NAME),
+              tie_word_embeddings=cfg.tie_embeddings)
+
+
+def tensors(cfg) -> list[Tensor]:
+  specs = [Tensor('transformer.wte.weight', ('embed/tokens',)),
+           Tensor('transformer.wpe.weight', ('embed/positions',))]
+  for i in range(cfg.num_layers):
+    hf, ours = f'transformer.h.{i}', f'decoder/block_{i}'
+    conv1d = dict(bias=True, transposed=False)
+    specs += [*norm(f'{hf}.ln_1', f'{ours}/attn_norm'),
+              *linear(f'{hf}.attn.c_attn', [f'{ours}/attn/{p}' for p in ('query', 'key', 'value')],
+                      **conv1d),
+              *linear(f'{hf}.attn.c_proj', f'{ours}/attn/out', num_in=2, **conv1d),
+              *norm(f'{hf}.ln_2', f'{ours}/mlp_norm'),
+              *linear(f'{hf}.mlp.c_fc', f'{ours}/mlp/up', **conv1d),
+              *linear(f'{hf}.mlp.c_proj', f'{ours}/mlp/down', **conv1d)]
+  specs += norm('transformer.ln_f', 'final_norm')
+  if not cfg.tie_embeddings:
+    specs += linear('lm_head', 'head/unembed', bias=False)
+  return specs
+
+
+def tied(cfg) -> dict[str, str]:
+  return {'lm_head.weight': 'transformer.wte.weight'} if cfg.tie_embeddings else {}
+
+
+GPT2 = Architecture(
+    NAME, 'gpt2', 'decoder', 'transformer', model_fields, hf_config, tensors, tied,
+    # The causal-mask buffers that older GPT-2 checkpoints (the hub's gpt2) still hold.
+    ignored=(r'transformer\.h\.\d+\.attn\.(bias|masked_bias)',))
