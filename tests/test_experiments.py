@@ -1,0 +1,130 @@
+"""The sweep machinery, the scaling-law fit, and every experiment script and the notebook end to
+end in their quick settings (synthetic data, tiny models)."""
+import importlib.util
+import json
+import math
+
+import nbclient
+import nbformat
+import numpy as np
+import pytest
+import scipy.optimize
+
+from helpers import ROOT
+from train_helpers import small_config
+from transformer_jax import sweep, train
+
+# Each experiment's plots, by file name.
+FIGURES = {'ablations': ['ablations'], 'norm_order': ['norm_order'],
+           'patch_sweep': ['accuracy_vs_flops', 'accuracy_vs_patch', 'flops_vs_tokens', 'resize'],
+           'scaling': ['isoflop', 'loss_vs_params', 'loss_vs_tokens', 'surface']}
+
+
+def load_experiment(name):
+  spec = importlib.util.spec_from_file_location(name, ROOT / 'experiments' / f'{name}.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_product_crosses_named_runs_values_and_argument_strings():
+  runs = sweep.product(sweep.named({'no mlp': {'model.use_mlp': False}, 'full': {}}),
+                       sweep.values('seed', (0, 1)), sweep.args(['variant=S/4']))
+  assert [r.name for r in runs] == ['no mlp,seed=0,variant=S/4', 'no mlp,seed=1,variant=S/4',
+                                    'full,seed=0,variant=S/4', 'full,seed=1,variant=S/4']
+  assert runs[1].overrides == (('model.use_mlp', False), ('seed', 1))
+  assert runs[1].arg == 'variant=S/4'
+  assert runs[1].dirname == 'no_mlp,seed=1,variant=S_4'
+
+
+def test_product_refuses_runs_that_would_share_a_workdir():
+  with pytest.raises(ValueError, match='share the workdirs'):
+    sweep.product(sweep.named({'a/b': {}, 'a b': {}}))
+
+
+def test_config_for_applies_the_argument_base_and_run_in_order():
+  run = sweep.product(sweep.args(['variant=S/16']), sweep.values('model.num_layers', (3,)))[0]
+  config = sweep.config_for(run, ROOT / 'configs' / 'vit_cifar.py',
+                            {'model.num_layers': 1, 'model.width': 96})
+  assert (config.model.patch_size, config.model.width, config.model.num_layers) == (16, 96, 3)
+  with pytest.raises(KeyError, match='model.widht'):
+    sweep.override(config, {'model.widht': 8})
+
+
+def test_finished_runs_are_read_back_not_repeated(tmp_path, monkeypatch):
+  runs = sweep.values('seed', (0, 1))
+  make_config = lambda r: sweep.override(small_config(steps=2), dict(r.overrides))
+  first = sweep.run_all(runs, make_config, str(tmp_path))
+  assert [r['status'] for r in first] == ['finished', 'finished']
+  assert all(r['steps'] == 2 and math.isfinite(r['eval_loss']) for r in first)
+
+  def fail(*args):
+    raise AssertionError('a finished run was trained again')
+  monkeypatch.setattr(train, 'train', fail)
+  again = sweep.run_all(runs, make_config, str(tmp_path))
+  assert [r['eval_loss'] for r in again] == [r['eval_loss'] for r in first]
+  with pytest.raises(ValueError, match=r"another config \(differing keys: \['training.steps'\]"):
+    sweep.run_all(runs, lambda r: sweep.override(make_config(r), {'training.steps': 3}),
+                  str(tmp_path))
+
+
+def test_a_run_whose_loss_turns_non_finite_is_recorded_as_diverged(tmp_path):
+  config = small_config(steps=3, **{'optimizer.learning_rate': 1e30,
+                                    'optimizer.grad_clip_norm': 0.0, 'optimizer.warmup_steps': 0})
+  (result,) = sweep.run_all([sweep.Run('huge lr')], lambda r: config, str(tmp_path))
+  assert result['status'] == 'diverged'
+  assert 'Non-finite loss' in result['error']
+  assert result['eval_loss'] is None
+
+
+def test_scaling_fit_recovers_a_known_law_within_its_intervals():
+  scaling = load_experiment('scaling')
+  truth = {'E': 1.3, 'A': 30.0, 'alpha': 0.35, 'B': 400.0, 'beta': 0.4}
+  n = np.repeat(np.geomspace(1.2e4, 1e6, 5), 4)
+  d = np.tile(np.geomspace(2e5, 1.6e6, 4), 5)
+  noise = np.exp(np.random.default_rng(0).normal(0, 0.003, n.size))
+  loss = scaling.predict(truth, n, d) * noise
+  fitted = scaling.fit_with_intervals(np.log([n, d]), np.log(loss), bootstrap=50)
+  value = scaling.named_parameters(fitted['theta'])
+  low, high = (scaling.named_parameters(fitted[k]) for k in ('low', 'high'))
+  for key in ('E', 'alpha', 'beta'):
+    assert low[key] <= truth[key] <= high[key], key
+    assert value[key] == pytest.approx(truth[key], rel=0.15), key
+
+
+def test_compute_optimal_allocation_minimizes_the_loss_at_fixed_compute():
+  scaling = load_experiment('scaling')
+  law = {'E': 1.3, 'A': 30.0, 'alpha': 0.35, 'B': 400.0, 'beta': 0.4}
+  compute = 1e13
+  best = scipy.optimize.minimize_scalar(
+      lambda log_n: scaling.predict(law, math.exp(log_n), compute / (6 * math.exp(log_n))),
+      bounds=(0, 30), method='bounded', options={'xatol': 1e-9})
+  optimal = scaling.compute_optimal(law, compute)
+  assert optimal['N'] == pytest.approx(math.exp(best.x), rel=1e-4)
+  assert 6 * optimal['N'] * optimal['D'] == pytest.approx(compute)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', sorted(FIGURES))
+def test_quick_mode_writes_the_results_folder(tmp_path, name):
+  experiment = load_experiment(name)
+  experiment.main(['--quick', '--workdir', str(tmp_path)])
+  results = tmp_path / 'results'
+  payload = json.loads((results / 'results.json').read_text())
+  assert payload['command'] == f'python experiments/{name}.py --quick --workdir {tmp_path}'
+  assert all(r['status'] == 'finished' for r in payload['runs'])
+  assert payload['command'] in (results / 'README.md').read_text()
+  assert sorted(p.stem for p in results.glob('*.png')) == FIGURES[name]
+
+
+@pytest.mark.slow
+def test_notebook_runs_end_to_end_in_its_quick_setting(tmp_path, monkeypatch):
+  monkeypatch.setenv('TRANSFORMER_JAX_NOTEBOOK_QUICK', '1')
+  monkeypatch.setenv('TRANSFORMER_JAX_NOTEBOOK_WORKDIR', str(tmp_path))
+  notebook = nbformat.read(ROOT / 'experiments' / 'colab.ipynb', as_version=4)
+  nbclient.NotebookClient(notebook, timeout=600, kernel_name='python3', resources={
+      'metadata': {'path': str(ROOT / 'experiments')}}).execute()
+  images = [output for cell in notebook.cells if cell.cell_type == 'code'
+            for output in cell.get('outputs', []) if 'image/png' in output.get('data', {})]
+  assert len(images) == 5  # four patch-sweep plots and the ablation chart
+  assert (tmp_path / 'ablations' / 'results' / 'README.md').exists()

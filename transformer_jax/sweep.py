@@ -1,0 +1,237 @@
+"""Sweeps as data, run through the library: what the scripts under experiments/ share.
+
+A sweep is a list of `Run`s: a name, the config file's argument string and overrides of config
+keys. `values` (one key over values), `args` (config argument strings) and `named` (named sets of
+overrides) build axes; `product` crosses them, as big_vision's sweeps do. `run_all` trains each
+run in its own workdir with `train.train`: a finished run is read back instead of repeated, one
+that stopped midway resumes from its latest checkpoint. `summary` reads a run's metrics.jsonl, and
+`write_results` writes an experiment's results folder: results.json, README.md and PNG plots.
+"""
+import argparse
+import dataclasses
+import functools
+import itertools
+import json
+import logging
+import os
+import pathlib
+import re
+import shlex
+import statistics
+import sys
+import time
+from typing import Any, Callable, Iterable, Mapping
+
+import ml_collections
+
+from transformer_jax import config_lib, train
+
+log = logging.getLogger(__name__)
+
+# Keys that say where the data lies or how fast it is read, not what a run computes: a finished
+# run stays finished when they change.
+LOCATION_KEYS = ('data.manual_dir', 'data.tfds_data_dir', 'data.download', 'data.num_threads',
+                 'data.prefetch_buffer_size')
+STATUS_FILE = 'sweep.json'
+CURVE_KEYS = ('step', 'loss', 'accuracy', 'grad_norm', 'learning_rate')  # of each training row
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One point of a sweep: get_config(arg) of the experiment's config file, then overrides."""
+  name: str
+  arg: str = ''
+  overrides: tuple[tuple[str, Any], ...] = ()
+
+  @property
+  def dirname(self) -> str:
+    """The name with every character a path or a shell would trip on replaced by '_'."""
+    return re.sub(r'[^A-Za-z0-9_.,=+-]', '_', self.name)
+
+
+def values(key: str, options: Iterable, label: str | None = None) -> list[Run]:
+  """One config key over `options`: runs named 'label=value' (label: the key's last part)."""
+  label = label or key.rpartition('.')[2]
+  return [Run(f'{label}={value}', overrides=((key, value),)) for value in options]
+
+
+def args(strings: Iterable[str]) -> list[Run]:
+  """Config argument strings ('variant=S/4'), each a run named by its string."""
+  return [Run(string, arg=string) for string in strings]
+
+
+def named(runs: Mapping[str, Mapping[str, Any]]) -> list[Run]:
+  """{name: {dotted key: value}} as runs."""
+  return [Run(name, overrides=tuple(overrides.items())) for name, overrides in runs.items()]
+
+
+def product(*axes: list[Run]) -> list[Run]:
+  """Every combination of one run per axis, the first axis varying slowest; names join with ','
+  and so do argument strings (the syntax of config_lib.parse_arg)."""
+  runs = []
+  for combination in itertools.product(*axes):
+    runs.append(Run(','.join(r.name for r in combination if r.name),
+                    ','.join(r.arg for r in combination if r.arg),
+                    sum((r.overrides for r in combination), ())))
+  dirnames = [r.dirname for r in runs]
+  repeated = sorted({d for d in dirnames if dirnames.count(d) > 1})
+  if repeated:
+    raise ValueError(f'Runs would share the workdirs {repeated}: give the axes distinct names.')
+  return runs
+
+
+def override(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]):
+  """Sets dotted keys ('model.width') in place; a key the config lacks fails, as a flag would."""
+  for key, value in overrides.items():
+    *sections, name = key.split('.')
+    section = functools.reduce(lambda c, s: c[s], sections, config)
+    if name not in section:
+      raise KeyError(f'Unknown config key {key!r}: it is not among {sorted(section.keys())}.')
+    section[name] = value
+  return config
+
+
+def config_for(run: Run, config_file, *base: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """get_config(run.arg) of `config_file`, then each mapping of `base`, then the run's overrides."""
+  config = config_lib.from_file(config_file, run.arg or None)
+  for overrides in (*base, dict(run.overrides)):
+    override(config, overrides)
+  return config
+
+
+def run_all(runs: list[Run], make_config: Callable[[Run], ml_collections.ConfigDict],
+            workdir: str) -> list[dict]:
+  """Trains the runs one after another, each in workdir/<run.dirname>, skipping finished ones;
+  returns each run's name, argument, overrides and `summary`."""
+  results = []
+  for number, run in enumerate(runs, 1):
+    log.info('Run %d of %d: %s', number, len(runs), run.name)
+    run_dir = os.path.join(workdir, run.dirname)
+    train_once(make_config(run), run_dir)
+    results.append({'name': run.name, 'arg': run.arg, 'overrides': dict(run.overrides),
+                    **summary(run_dir)})
+  return results
+
+
+def train_once(config: ml_collections.ConfigDict, run_dir: str) -> None:
+  """train.train, unless run_dir already holds this config's finished (or diverged) run.
+
+  A loss that turns NaN or Inf ends the run as 'diverged': an outcome to report, not an error.
+  The status, the wall time of the call that finished it and the load average go to
+  run_dir/sweep.json.
+  """
+  _check_same_config(config, run_dir)
+  status_path = os.path.join(run_dir, STATUS_FILE)
+  if os.path.exists(status_path):
+    log.info('%s already %s; reading it back.', run_dir, _read_json(status_path)['status'])
+    return
+  start, load = time.time(), os.getloadavg()
+  status, error = 'finished', None
+  try:
+    train.train(config, run_dir)
+  except FloatingPointError as exception:
+    status, error = 'diverged', str(exception)
+    log.warning('%s diverged: %s', run_dir, error)
+  with open(status_path, 'w') as f:
+    json.dump({'status': status, 'error': error, 'train_seconds': time.time() - start,
+               'load_average_start': load[0], 'load_average_end': os.getloadavg()[0]}, f)
+
+
+def _check_same_config(config, run_dir: str) -> None:
+  path = os.path.join(run_dir, 'config.json')
+  if not os.path.exists(path):
+    return
+  saved = _flatten(_read_json(path))
+  wanted = _flatten(json.loads(config.to_json_best_effort()))
+  differing = sorted(k for k in saved.keys() | wanted.keys()
+                     if k not in LOCATION_KEYS and saved.get(k) != wanted.get(k))
+  if differing:
+    raise ValueError(f'{run_dir} holds a run of another config (differing keys: {differing}): '
+                     'delete that folder, or choose another --workdir.')
+
+
+def _flatten(tree: dict, prefix: str = '') -> dict:
+  flat = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      flat.update(_flatten(value, f'{prefix}{key}.'))
+    else:
+      flat[f'{prefix}{key}'] = value
+  return flat
+
+
+def _read_json(path: str):
+  with open(path) as f:
+    return json.load(f)
+
+
+def summary(run_dir: str) -> dict:
+  """A run's status and final metrics, its training and eval curves and its throughput.
+
+  metrics.jsonl is appended to, so a resumed run repeats the steps after its checkpoint: the
+  later row of a step wins. examples_per_sec is the median over the logged windows, leaving out
+  the first (it pays for warm-up) where there are others.
+  """
+  train_rows, eval_rows = {}, {}
+  with open(os.path.join(run_dir, 'metrics.jsonl')) as f:
+    for line in f:
+      row = json.loads(line)
+      (eval_rows if 'eval_loss' in row else train_rows)[row['step']] = row
+  train_curve = [train_rows[s] for s in sorted(train_rows)]
+  eval_curve = [eval_rows[s] for s in sorted(eval_rows)]
+  rates = [row['examples_per_sec'] for row in train_curve if 'examples_per_sec' in row]
+  status = _read_json(os.path.join(run_dir, STATUS_FILE))
+  last_eval = eval_curve[-1] if eval_curve and status['status'] == 'finished' else {}
+  return {
+      **status,
+      'steps': train_curve[-1]['step'] if train_curve else 0,
+      'final_loss': train_curve[-1]['loss'] if train_curve else None,
+      'eval_loss': last_eval.get('eval_loss'),
+      'eval_accuracy': last_eval.get('eval_accuracy'),
+      'examples_per_sec': statistics.median(rates[1:] or rates) if rates else None,
+      'train_curve': [{k: row[k] for k in CURVE_KEYS if k in row} for row in train_curve],
+      'eval_curve': eval_curve,
+  }
+
+
+def write_results(results_dir, payload: dict, markdown: str, figures: Mapping[str, Any]) -> None:
+  """results.json (payload), README.md (markdown) and each matplotlib Figure as <name>.png."""
+  results_dir = pathlib.Path(results_dir)
+  results_dir.mkdir(parents=True, exist_ok=True)
+  (results_dir / 'results.json').write_text(json.dumps(payload, indent=1) + '\n')
+  (results_dir / 'README.md').write_text(markdown)
+  for name, figure in figures.items():
+    figure.savefig(results_dir / f'{name}.png', dpi=120, bbox_inches='tight')
+  log.info('Results in %s', results_dir)
+
+
+def machine_seconds(results: list[dict]) -> float:
+  """Wall seconds the sweep's runs took to train (as recorded when each finished)."""
+  return sum(r['train_seconds'] for r in results)
+
+
+def parse_flags(name: str, description: str, argv=None) -> argparse.Namespace:
+  """The flags every experiment script takes; `.data` holds the data-location overrides and
+  `.command` the exact command line, as written into the results."""
+  root = pathlib.Path(__file__).resolve().parent.parent
+  parser = argparse.ArgumentParser(description=description,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument('--quick', action='store_true',
+                      help='The whole pipeline on tiny settings and synthetic data, in seconds.')
+  parser.add_argument('--workdir', help='Where the runs (checkpoints, metrics) go. Default: '
+                      f'/tmp/transformer_jax_experiments/{name}[-quick].')
+  parser.add_argument('--results', help=f'The results folder. Default: experiments/results/{name}, '
+                      'or WORKDIR/results with --quick.')
+  parser.add_argument('--manual_dir', help='config.data.manual_dir: local files to prepare the '
+                      'dataset from (for example /work/shared/data/tinyshakespeare).')
+  parser.add_argument('--tfds_data_dir', help='config.data.tfds_data_dir (outside the repository).')
+  argv = sys.argv[1:] if argv is None else list(argv)
+  flags = parser.parse_args(argv)
+  flags.workdir = flags.workdir or f'/tmp/transformer_jax_experiments/{name}' + '-quick' * flags.quick
+  flags.results = flags.results or (os.path.join(flags.workdir, 'results') if flags.quick
+                                    else str(root / 'experiments' / 'results' / name))
+  flags.data = {f'data.{key}': getattr(flags, key) for key in ('manual_dir', 'tfds_data_dir')
+                if getattr(flags, key)}
+  nice = 'nice -n 19 ' if os.nice(0) >= 19 else ''
+  flags.command = f'{nice}python experiments/{name}.py {shlex.join(argv)}'.strip()
+  return flags
