@@ -15,6 +15,7 @@ Writes experiments/results/ablations/: results.json, README.md (the table agains
 deviation per variant).
 """
 import logging
+import math
 import pathlib
 import statistics
 
@@ -141,9 +142,12 @@ def bar_chart(table: dict) -> Figure:
               xerr=[statistics.stdev(t) for t in theirs], fmt='D', color='black', ms=4,
               capsize=3, label='seed 002: mean ± sd')
   ax.axvline(table['full model']['mean'], color='#2563eb', lw=1, ls='--')
+  # Bars start near the best loss, so that the small differences stay visible.
+  lowest = min(min(row['mean'] for row in table.values()), *map(min, theirs))
+  ax.set_xlim(left=math.floor(10 * lowest) / 10 - 0.1)
   ax.set_xlabel('held-out loss after the same budget (nats per character, lower is better)')
   ax.set_title('Removing one block at a time (6 blocks, width 128)')
-  ax.legend(loc='lower right', fontsize=8, frameon=False)
+  ax.legend(loc='upper center', bbox_to_anchor=(0.5, -0.18), ncols=2, fontsize=8, frameon=False)
   return figure
 
 
