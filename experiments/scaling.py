@@ -329,8 +329,8 @@ def differences(results: list[dict]) -> list[str]:
       f'Scale: N spans {min(n):,} to {max(n):,} non-embedding parameters '
       f'({math.log10(max(n) / min(n)):.1f} decades) and C at most {max(r["C"] for r in results):.1e} '
       'FLOPs; the published fits span about 7 decades of N and reach 1e23 FLOPs, where the '
-      'power law is the only term left. Here E (the entropy of the text given this vocabulary '
-      'and context) is most of the loss and the fitted exponents trade off against it.',
+      'power law is the only term left. Over so short a range the irreducible loss E and the '
+      'exponents trade off against each other, which is why their intervals above are wide.',
       f'Data: {d_max:,} tokens at the longest budget against {TRAIN_CHARACTERS:,} training '
       f'characters, {d_max / TRAIN_CHARACTERS:.1f} epochs: repeated data, which both laws '
       'assume away (every token fresh).',
@@ -366,16 +366,19 @@ def plots(results: list[dict], fits: dict) -> dict[str, Figure]:
 
   figure = Figure(figsize=(6, 4.6))
   ax = figure.subplots()
-  grid_n, grid_d = np.meshgrid(np.geomspace(n.min() / 2, n.max() * 2, 120),
-                               np.geomspace(d.min() / 2, d.max() * 2, 120))
+  compute = np.geomspace(c.min() / 3, c.max() * 3, 50)
+  frontier = [compute_optimal(p, level) for level in compute]
+  # Wide enough for the runs and the compute-optimal frontier through their compute range.
+  frontier_n = [f['N'] for f in frontier if np.isfinite(f['N'])]
+  frontier_d = [f['D'] for f in frontier if np.isfinite(f['D'])]
+  grid_n, grid_d = np.meshgrid(np.geomspace(min(n.min() / 2, *frontier_n), n.max() * 2, 120),
+                               np.geomspace(d.min() / 2, max(d.max() * 2, *frontier_d), 120))
   levels = np.linspace(loss.min() - 0.1, loss.max() + 0.3, 21)  # the runs' range, not the extremes
   contours = ax.contourf(grid_n, grid_d, predict(p, grid_n, grid_d), levels=levels,
                          cmap='viridis', extend='both')
   figure.colorbar(contours, ax=ax, label='fitted loss')
   ax.scatter(n, d, c=loss, cmap='viridis', vmin=contours.levels[0], vmax=contours.levels[-1],
              edgecolors='white', s=50, label='runs (colour: observed loss)')
-  compute = np.geomspace(c.min() / 3, c.max() * 3, 50)
-  frontier = [compute_optimal(p, level) for level in compute]
   ax.plot([f['N'] for f in frontier], [f['D'] for f in frontier], 'w--', label='compute-optimal N*, D*')
   ax.set(xscale='log', yscale='log', xlabel='non-embedding parameters N', ylabel='tokens D',
          title='Fitted loss surface', xlim=(grid_n.min(), grid_n.max()),
