@@ -14,14 +14,13 @@ Writes experiments/results/ablations/: results.json, README.md (the table agains
 "Across three seeds" table, with the ranking check) and ablations.png (mean and standard
 deviation per variant).
 """
-import logging
 import math
 import pathlib
 import statistics
 
 from matplotlib.figure import Figure
 
-from transformer_jax import run as run_lib, sweep
+from transformer_jax import sweep
 
 NAME = 'ablations'
 CONFIG = pathlib.Path(__file__).resolve().parent.parent / 'configs' / 'llama_shakespeare.py'
@@ -152,10 +151,7 @@ def bar_chart(table: dict) -> Figure:
 
 
 def main(argv=None):
-  flags = sweep.parse_flags(NAME, __doc__, argv)
-  run_lib.configure_logging()
-  logging.basicConfig(level=logging.INFO, format='%(asctime)s %(message)s')
-  run(flags.quick, flags.workdir, flags.results, flags.data, flags.command)
+  sweep.main(NAME, __doc__, run, argv)
 
 
 if __name__ == '__main__':

@@ -12,15 +12,13 @@ import os
 import pathlib
 import statistics
 import subprocess
-import sys
 import time
 
 from absl import app, flags
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from transformer_jax import accounting, config_lib, train
+from transformer_jax import accounting, config_lib
 from transformer_jax.train import loop, sharding, step as step_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

@@ -16,12 +16,11 @@ learning rate (an axis of LEARNING_RATES) differ.
 Writes experiments/results/norm_order/: results.json, README.md (final losses) and
 norm_order.png (training loss and gradient norm against the step).
 """
-import logging
 import pathlib
 
 from matplotlib.figure import Figure
 
-from transformer_jax import run as run_lib, sweep
+from transformer_jax import sweep
 
 NAME = 'norm_order'
 CONFIG = pathlib.Path(__file__).resolve().parent.parent / 'configs' / 'gpt_shakespeare.py'
@@ -120,10 +119,7 @@ def curves(results: list[dict]) -> Figure:
 
 
 def main(argv=None):
-  flags = sweep.parse_flags(NAME, __doc__, argv)
-  run_lib.configure_logging()
-  logging.basicConfig(level=logging.INFO, format='%(asctime)s %(message)s')
-  run(flags.quick, flags.workdir, flags.results, flags.data, flags.command)
+  sweep.main(NAME, __doc__, run, argv)
 
 
 if __name__ == '__main__':

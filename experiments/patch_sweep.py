@@ -24,7 +24,6 @@ the original images.
 Writes experiments/results/patch_sweep/: results.json, README.md and the plots accuracy against
 patch size, FLOPs against tokens, accuracy against FLOPs, and the resize.
 """
-import logging
 import os
 import pathlib
 
@@ -34,7 +33,7 @@ import matplotlib.ticker
 import numpy as np
 from matplotlib.figure import Figure
 
-from transformer_jax import accounting, models, run as run_lib, sweep, train
+from transformer_jax import accounting, models, sweep, train
 from transformer_jax.models import vit
 from transformer_jax.train import loop, sharding, step as step_lib
 
@@ -240,10 +239,7 @@ def plots(results: list[dict], resize: dict) -> dict[str, Figure]:
 
 
 def main(argv=None):
-  flags = sweep.parse_flags(NAME, __doc__, argv)
-  run_lib.configure_logging()
-  logging.basicConfig(level=logging.INFO, format='%(asctime)s %(message)s')
-  run(flags.quick, flags.workdir, flags.results, flags.data, flags.command)
+  sweep.main(NAME, __doc__, run, argv)
 
 
 if __name__ == '__main__':

@@ -26,7 +26,6 @@ D*(C) follow from the joint fit with C = 6ND.
       --manual_dir /work/shared/data/tinyshakespeare --tfds_data_dir /tmp/tfds
 """
 import itertools
-import logging
 import math
 import pathlib
 
@@ -35,7 +34,7 @@ import scipy.optimize
 import scipy.stats
 from matplotlib.figure import Figure
 
-from transformer_jax import accounting, models, run as run_lib, sweep
+from transformer_jax import accounting, models, sweep
 
 NAME = 'scaling'
 CONFIG = pathlib.Path(__file__).resolve().parent.parent / 'configs' / 'llama_shakespeare.py'
@@ -424,10 +423,7 @@ def plots(results: list[dict], fits: dict) -> dict[str, Figure]:
 
 
 def main(argv=None):
-  flags = sweep.parse_flags(NAME, __doc__, argv)
-  run_lib.configure_logging()
-  logging.basicConfig(level=logging.INFO, format='%(asctime)s %(message)s')
-  run(flags.quick, flags.workdir, flags.results, flags.data, flags.command)
+  sweep.main(NAME, __doc__, run, argv)
 
 
 if __name__ == '__main__':

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import ml_collections
 
-from transformer_jax import config_lib, train
+from transformer_jax import config_lib, run as run_lib, train
 
 log = logging.getLogger(__name__)
 
@@ -235,3 +235,12 @@ def parse_flags(name: str, description: str, argv=None) -> argparse.Namespace:
   nice = 'nice -n 19 ' if os.nice(0) >= 19 else ''
   flags.command = f'{nice}python experiments/{name}.py {shlex.join(argv)}'.strip()
   return flags
+
+
+def main(name: str, description: str, run: Callable, argv=None) -> None:
+  """An experiment script's entry point: its flags, logging, then run(quick, workdir, results,
+  data, command)."""
+  flags = parse_flags(name, description, argv)
+  run_lib.configure_logging()
+  logging.basicConfig(level=logging.INFO, format='%(asctime)s %(message)s')
+  run(flags.quick, flags.workdir, flags.results, flags.data, flags.command)
