@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax import accounting, config_lib, decode, models
+from transformer_jax.train import metrics
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONFIGS = {'seed': 'llama_shakespeare.py', 'gpt2_small': 'gpt2_small.py'}
@@ -75,13 +76,6 @@ def copy_bandwidth(num_bytes: int = 1 << 29) -> dict[str, float]:
 
   xla_s = best_seconds(xla_copy, 5)
   return {'numpy': 2 * num_bytes / numpy_s, 'xla': 2 * num_bytes / xla_s}
-
-
-def matmul_flops(n: int = 2048) -> float:
-  """FLOP/s of a jitted float32 n x n matmul, the best of 5."""
-  a = jnp.ones((n, n), jnp.float32)
-  matmul = jax.jit(jnp.dot).lower(a, a).compile()
-  return 2 * n ** 3 / best_seconds(lambda: matmul(a, a), 5)
 
 
 def cached_seconds(model, params, prompt, new_tokens: int, repeats: int) -> float:
@@ -162,7 +156,7 @@ def main():
         f'on {jax.devices()[0].platform}')
   bandwidth = copy_bandwidth()
   print('copy bandwidth: ' + ', '.join(f'{k} {v / 1e9:.1f} GB/s' for k, v in bandwidth.items()))
-  bandwidth, flops = max(bandwidth.values()), matmul_flops()
+  bandwidth, flops = max(bandwidth.values()), metrics.measured_matmul_flops()
   print(f'float32 matmul: {flops / 1e9:.0f} GFLOP/s')
   rows = []
   header = (f'{"model":<11} {"batch":>5} {"new":>5} {"cached tok/s":>12} {"naive tok/s":>11} '

@@ -16,10 +16,9 @@ import time
 
 from absl import app, flags
 import jax
-import jax.numpy as jnp
 
 from transformer_jax import accounting, config_lib
-from transformer_jax.train import loop, sharding, step as step_lib
+from transformer_jax.train import loop, metrics, sharding, step as step_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 REFERENCE = ROOT.parent / 'shared' / 'baselines' / 'torch_reference.py'
@@ -29,21 +28,6 @@ _WIDTHS = flags.DEFINE_list('widths', ['128', '512'], 'Model widths: 128 is the 
 _TORCH = flags.DEFINE_string('torch_python', None, 'Python of a venv with torch, to run the '
                              'PyTorch reference (torch_reference.py) beside the JAX step.')
 _REPEATS = flags.DEFINE_integer('repeats', 2, 'Interleaved JAX / PyTorch measurements.')
-
-
-def matmul_peak(threads_note: str) -> float:
-  """Best float32 FLOP/s of a jitted square matmul over a few sizes (XLA's own peak here)."""
-  best = 0.0
-  for n in (512, 1024, 2048):
-    a = jnp.ones((n, n), jnp.float32)
-    dot = jax.jit(lambda x: x @ x)
-    dot(a).block_until_ready()
-    for _ in range(3):
-      start = time.perf_counter()
-      dot(a).block_until_ready()
-      best = max(best, 2 * n ** 3 / (time.perf_counter() - start))
-  print(f'float32 matmul peak ({threads_note}): {best / 1e9:.1f} GFLOP/s')
-  return best
 
 
 def seed_lm_config(width: int):
@@ -87,7 +71,8 @@ def main(argv):
   del argv
   print(f'jax {jax.__version__}, {jax.devices()[0].device_kind}, {os.cpu_count()} CPUs, '
         f'load average {os.getloadavg()[0]:.2f}')
-  peak = matmul_peak('XLA, all threads')
+  peak = metrics.measured_matmul_flops()
+  print(f'float32 matmul peak (best jitted square matmul): {peak / 1e9:.1f} GFLOP/s')
   for width in map(int, _WIDTHS.value):
     config = seed_lm_config(width)
     tokens = config.data.batch_size * config.data.seq_len

@@ -18,6 +18,21 @@ PEAK_FLOPS = (
 )
 
 
+def measured_matmul_flops(sizes=(512, 1024, 2048), repeats: int = 5) -> float:
+  """The best float32 FLOP/s of a jitted square matmul over `sizes`: a device's peak where the
+  table has none (a CPU), for config.training.peak_flops_per_device and the benchmarks."""
+  best = 0.0
+  for n in sizes:
+    a = jax.numpy.ones((n, n), jax.numpy.float32)
+    matmul = jax.jit(jax.numpy.dot).lower(a, a).compile()
+    matmul(a, a).block_until_ready()
+    for _ in range(repeats):
+      start = time.perf_counter()
+      matmul(a, a).block_until_ready()
+      best = max(best, 2 * n ** 3 / (time.perf_counter() - start))
+  return best
+
+
 def peak_flops_per_device(configured: float | None) -> tuple[float | None, str]:
   """The peak and where it came from: the config, the table by device kind, or neither."""
   kind = jax.devices()[0].device_kind
