@@ -17,7 +17,18 @@ _PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process, 0 .. num_p
 _DISTRIBUTED = flags.DEFINE_bool('distributed', False, 'Initialize jax.distributed from the '
                                  'environment (Cloud TPU pods, SLURM).')
 _VERBOSE = flags.DEFINE_bool('verbose_libraries', False, "Show JAX's and Orbax's INFO logs.")
+_TRACEBACK = flags.DEFINE_bool('traceback', False, 'Show the traceback of an error in the config, '
+                               'the data or a checkpoint, not just its message.')
 flags.mark_flag_as_required('config')
+
+
+def parse_flags(argv):
+  try:
+    return flags.FLAGS(argv)
+  except Exception as error:  # pylint: disable=broad-except  (any failure to parse the command)
+    if '--traceback' in argv:
+      raise
+    run.exit_with(run.flag_error_message(error, argv))
 
 
 def main(argv):
@@ -28,8 +39,11 @@ def main(argv):
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   elif _DISTRIBUTED.value:
     jax.distributed.initialize()
-  run.run(_CONFIG.value, _WORKDIR.value, _MODE.value)
+  with run.errors_as_messages(_TRACEBACK.value):
+    overrides = config_flags.get_override_values(flags.FLAGS['config'])
+    config = run.resolve_config(_CONFIG.value, overrides, _WORKDIR.value)
+    run.run(config, _WORKDIR.value, _MODE.value)
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 from transformer_jax import sweep
 
 NAME = 'ablations'
+TITLE = 'Ablations: remove one block at a time'
 CONFIG = pathlib.Path(__file__).resolve().parent.parent / 'configs' / 'llama_shakespeare.py'
 VARIANTS = {
     'full model': {},
@@ -65,9 +66,11 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
   results = sweep.run_all(sweep_runs(quick), lambda r: sweep.config_for(r, CONFIG, *base), workdir)
   table = variant_table(results)
   figures = {NAME: bar_chart(table)}
-  markdown = report(table, results, command, quick)
+  markdown = (sweep.smoke_report(TITLE, results, command) if quick
+              else report(table, results, command))
   sweep.write_results(results_dir or f'{workdir}/results',
-                      {'command': command, 'table': table, 'runs': results}, markdown, figures)
+                      {'command': command, 'table': table, 'runs': results}, markdown, figures,
+                      smoke=quick)
   return {'table': table, 'markdown': markdown, 'figures': figures}
 
 
@@ -101,8 +104,8 @@ def ranking_checks(table: dict) -> dict[str, str]:
   }
 
 
-def report(table: dict, results: list[dict], command: str, quick: bool) -> str:
-  lines = [f'# Ablations: remove one block at a time{" (quick mode, synthetic data)" * quick}', '',
+def report(table: dict, results: list[dict], command: str) -> str:
+  lines = [f'# {TITLE}', '',
            'Seed 002\'s 6-block, width-128 language model (configs/llama_shakespeare.py with '
            'model.num_layers=6), 400 steps of batch 32 x 64 characters at a constant learning '
            'rate of 3e-3, for each variant and seed. Loss: held-out TinyShakespeare (last 10%, '

@@ -39,7 +39,7 @@ def seed_lm_config(width: int):
 
 def jax_step_times(config, steps: int) -> list[float]:
   """Seconds per train step of the library's own jitted step (synthetic batches, no I/O)."""
-  run = loop.build_run(config, '/tmp/bench_train_unused')
+  run = loop.build_run(config)
   state = jax.jit(run.init_state, out_shardings=run.state_sharding)(jax.random.key(0))
   train_step = step_lib.make_train_step(run.model, 'decoder', run.tx, run.schedule, config,
                                         run.mesh, run.state_sharding)

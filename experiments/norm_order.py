@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 from transformer_jax import sweep
 
 NAME = 'norm_order'
+TITLE = 'Pre-LN against post-LN, with and without warmup'
 CONFIG = pathlib.Path(__file__).resolve().parent.parent / 'configs' / 'gpt_shakespeare.py'
 STEPS = 300
 LEARNING_RATES = (1e-3,)
@@ -55,9 +56,9 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
   base = [FULL, QUICK if quick else {}, data or {}]
   results = sweep.run_all(sweep_runs(quick), lambda r: sweep.config_for(r, CONFIG, *base), workdir)
   figures = {NAME: curves(results)}
-  markdown = report(results, command, quick)
+  markdown = sweep.smoke_report(TITLE, results, command) if quick else report(results, command)
   sweep.write_results(results_dir or f'{workdir}/results', {'command': command, 'runs': results},
-                      markdown, figures)
+                      markdown, figures, smoke=quick)
   return {'runs': results, 'markdown': markdown, 'figures': figures}
 
 
@@ -65,8 +66,8 @@ def setting(result: dict, key: str):
   return result['overrides'][key]
 
 
-def report(results: list[dict], command: str, quick: bool) -> str:
-  lines = [f'# Pre-LN against post-LN, with and without warmup{" (quick mode)" * quick}', '',
+def report(results: list[dict], command: str) -> str:
+  lines = [f'# {TITLE}', '',
            'GPT-2 style blocks (configs/gpt_shakespeare.py) at width 64, 4 heads, contexts of 64 '
            f'characters, batch 32, no dropout; {STEPS} steps at a peak learning rate of '
            f'{" or ".join(f"{lr:g}" for lr in LEARNING_RATES)} with cosine decay to 10%, '

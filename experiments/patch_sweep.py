@@ -38,6 +38,7 @@ from transformer_jax.models import vit
 from transformer_jax.train import loop, sharding, step as step_lib
 
 NAME = 'patch_sweep'
+TITLE = 'Patch-size sweep: ViT on CIFAR-10'
 CONFIG = pathlib.Path(__file__).resolve().parent.parent / 'configs' / 'vit_cifar.py'
 PATCHES = (2, 4, 8, 16)
 STEPS = 200  # of batch 128: 25,600 training images, about half an epoch
@@ -70,15 +71,17 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
   results = sweep.run_all(runs, make_config, workdir)
   for r, spec in zip(results, runs):
     config = make_config(spec)
-    r.update(costs(config), step_memory_bytes=step_memory(config, f'{workdir}/{spec.dirname}'))
+    r.update(costs(config), step_memory_bytes=step_memory(config))
   resize_run = next(s for s in runs if dict(s.overrides)['model.patch_size'] == RESIZE_PATCH)
   config = make_config(resize_run)
   resize = resize_accuracies(config, f'{workdir}/{resize_run.dirname}',
                              2 * config.model.image_size)
   figures = plots(results, resize)
-  markdown = report(results, resize, command, quick)
+  markdown = (sweep.smoke_report(TITLE, results, command) if quick
+              else report(results, resize, command))
   sweep.write_results(results_dir or f'{workdir}/results',
-                      {'command': command, 'runs': results, 'resize': resize}, markdown, figures)
+                      {'command': command, 'runs': results, 'resize': resize}, markdown, figures,
+                      smoke=quick)
   return {'runs': results, 'resize': resize, 'markdown': markdown, 'figures': figures}
 
 
@@ -94,15 +97,14 @@ def costs(config) -> dict:
           'training_images': config.training.steps * config.data.batch_size}
 
 
-def step_memory(config, workdir: str) -> int:
+def step_memory(config) -> int:
   """Bytes the compiled train step needs: arguments + outputs + temporaries, less the donated
   (aliased) state, from XLA's memory analysis of the step the training loop compiles."""
-  run, state = train.restore_trained(config, workdir)
-  run.checkpoints.close()
+  run = loop.build_run(config)
   step = step_lib.make_train_step(run.model, run.model_config.family, run.tx, run.schedule,
                                   config, run.mesh, run.state_sharding)
   batch = sharding.global_batch(run.data.train_batch(0), run.mesh)
-  stats = step.lower(state, batch).compile().memory_analysis()
+  stats = step.lower(run.abstract_state, batch).compile().memory_analysis()
   return int(stats.argument_size_in_bytes + stats.output_size_in_bytes
              + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
 
@@ -123,11 +125,10 @@ def position_variants(params, cfg, image_size: int) -> dict[str, dict]:
 
 def resize_accuracies(config, workdir: str, image_size: int) -> dict:
   """Test accuracy at the training resolution and, on upsampled images, per position table."""
-  run, state = train.restore_trained(config, workdir)
-  run.checkpoints.close()
+  run, trained, _ = train.restore_trained(config, workdir)
   family = run.model_config.family
   native = loop.evaluate_params(run, step_lib.make_eval_step(
-      run.model, family, run.mesh, run.state_sharding.params), state.params)
+      run.model, family, run.mesh, run.state_sharding.params), trained)
   larger = config.model.copy_and_resolve_references()
   larger.image_size = image_size
   eval_step = step_lib.make_eval_step(models.build(larger), family, run.mesh,
@@ -140,16 +141,16 @@ def resize_accuracies(config, workdir: str, image_size: int) -> dict:
          'data_source': run.data.info['source'],
          'accuracy': {f'{config.model.image_size}x{config.model.image_size} (as trained)':
                       native['eval_accuracy']}}
-  for name, params in position_variants(state.params, run.model_config, image_size).items():
+  for name, params in position_variants(trained, run.model_config, image_size).items():
     params = jax.device_put(params, run.state_sharding.params)
     metrics = loop.evaluate_params(run, upsampled_step, params)
     out['accuracy'][f'{image_size}x{image_size}, {name}'] = metrics['eval_accuracy']
   return out
 
 
-def report(results: list[dict], resize: dict, command: str, quick: bool) -> str:
+def report(results: list[dict], resize: dict, command: str) -> str:
   r0 = results[0]
-  lines = [f'# Patch-size sweep: ViT on CIFAR-10{" (quick mode, synthetic images)" * quick}', '',
+  lines = [f'# {TITLE}', '',
            f'Width {r0["width"]}, {r0["blocks"]} blocks, {r0["heads"]} heads, [CLS] token, pre-LN; '
            f'{r0["steps"]} steps of batch {r0["batch_size"]} ({r0["training_images"]:,} training '
            'images, the same for every patch size).', '',

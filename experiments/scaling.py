@@ -37,6 +37,7 @@ from matplotlib.figure import Figure
 from transformer_jax import accounting, models, sweep
 
 NAME = 'scaling'
+TITLE = 'A mini scaling law on TinyShakespeare characters'
 CONFIG = pathlib.Path(__file__).resolve().parent.parent / 'configs' / 'llama_shakespeare.py'
 HEAD_WIDTH = 16
 SIZES = ((32, 1), (48, 2), (64, 3), (96, 4), (128, 5))  # (width, blocks)
@@ -96,9 +97,11 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
   fits = (fit_all(results, bootstrap=10, num_starts=QUICK_FIT_STARTS) if quick
           else fit_all(results, bootstrap))
   figures = plots(results, fits)
-  markdown = report(results, fits, command, quick)
+  markdown = (sweep.smoke_report(TITLE, results, command) if quick
+              else report(results, fits, command))
   sweep.write_results(results_dir or f'{workdir}/results',
-                      {'command': command, 'runs': results, 'fits': fits}, markdown, figures)
+                      {'command': command, 'runs': results, 'fits': fits}, markdown, figures,
+                      smoke=quick)
   return {'runs': results, 'fits': fits, 'markdown': markdown, 'figures': figures}
 
 
@@ -264,7 +267,7 @@ def predict(p: dict, n, d=None):
   return loss + p['B'] / np.asarray(d, float) ** p['beta'] if d is not None else loss
 
 
-def report(results: list[dict], fits: dict, command: str, quick: bool) -> str:
+def report(results: list[dict], fits: dict, command: str) -> str:
   joint, by_size = fits['L(N,D)'], fits['L(N)']
   ns = sorted({r['N'] for r in results})
   ds = sorted({r['D'] for r in results})
@@ -274,7 +277,7 @@ def report(results: list[dict], fits: dict, command: str, quick: bool) -> str:
     low, high = f['interval'][key]
     return f'{f["value"][key]:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]'
 
-  lines = [f'# A mini scaling law on TinyShakespeare characters{" (quick mode)" * quick}', '',
+  lines = [f'# {TITLE}', '',
            f'{len(ns)} sizes x {len(ds)} token budgets = {len(results)} runs; each budget its own '
            'run with a cosine schedule ending at that budget. Loss: held-out TinyShakespeare, '
            'nats per character. N: non-embedding parameters; C = 6ND + attention (accounting '

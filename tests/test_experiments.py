@@ -73,7 +73,7 @@ def test_a_run_whose_loss_turns_non_finite_is_recorded_as_diverged(tmp_path):
                                     'optimizer.grad_clip_norm': 0.0, 'optimizer.warmup_steps': 0})
   (result,) = sweep.run_all([sweep.Run('huge lr')], lambda r: config, str(tmp_path))
   assert result['status'] == 'diverged'
-  assert 'Non-finite loss' in result['error']
+  assert 'Non-finite' in result['error']
   assert result['eval_loss'] is None
 
 

@@ -1,15 +1,20 @@
 """Training in-process on 8 simulated devices: loss goes down, 1 device = 8 devices for every
-parallelism, checkpoints resume and fall back, non-finite losses stop the run."""
+parallelism, checkpoints resume and fall back, non-finite steps stop the run before they are
+saved, a resumed run makes up a missing evaluation, and the console shows progress."""
 import glob
 import json
+import logging
 import os
 
 import jax
+import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
 from train_helpers import losses, read_metrics, small_config
 from transformer_jax import train
+from transformer_jax.train import checkpoint, loop, metrics, optim, step as step_lib
 
 
 @pytest.mark.parametrize('family', ['decoder', 'encoder', 'encoder_decoder', 'vit'])
@@ -20,14 +25,15 @@ def test_a_few_steps_lower_the_loss(tmp_path, family):
   assert np.mean(run[-5:]) < np.mean(run[:5]) - 0.1
 
 
-@pytest.mark.parametrize('parallelism,rules', [('jit', ()), ('shard_map', ()),
-                                               ('jit', (('embed', 'data'),))],
-                         ids=['jit', 'shard_map', 'fsdp'])
-def test_one_device_equals_eight(tmp_path, parallelism, rules):
+@pytest.mark.parametrize('parallelism,rules,accum', [('jit', (), 1), ('shard_map', (), 1),
+                                                     ('jit', (('embed', 'data'),), 1),
+                                                     ('shard_map', (), 2)],
+                         ids=['jit', 'shard_map', 'fsdp', 'shard_map_accumulated'])
+def test_one_device_equals_eight(tmp_path, parallelism, rules, accum):
   results = {}
   for devices in (1, 8):
     config = small_config(steps=5, parallelism=parallelism, sharding_rules=rules,
-                          **{'mesh.shape': (devices,)})
+                          **{'mesh.shape': (devices,), 'training.grad_accum_steps': accum})
     train.train(config, str(tmp_path / str(devices)))
     results[devices] = losses(tmp_path / str(devices))
   assert list(results[1]) == [1, 2, 3, 4, 5]
@@ -77,8 +83,10 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):
 def test_non_finite_loss_names_the_step_and_last_checkpoint(tmp_path):
   config = small_config(steps=6, **{'optimizer.learning_rate': 1e30, 'optimizer.grad_clip_norm': 0.0,
                                     'optimizer.warmup_steps': 0, 'training.checkpoint_every': 1})
-  with pytest.raises(FloatingPointError, match=r'Non-finite loss at step \d; the last good '
-                                               r'checkpoint is step \d'):
+  # The first step whose loss, gradient or update is not finite stops the run (here the gradient
+  # of step 2, while its loss is still finite).
+  with pytest.raises(FloatingPointError, match=r'Non-finite .* at step \d .* the last good '
+                                               r'checkpoint \(finite parameters\) is step \d'):
     train.train(config, str(tmp_path))
 
 
@@ -97,3 +105,110 @@ def test_metrics_and_config_are_written(tmp_path):
   assert {'loss', 'accuracy', 'learning_rate', 'grad_norm', 'tokens_per_sec'} <= set(row)
   assert os.path.exists(tmp_path / 'config.json')
   assert glob.glob(str(tmp_path / 'tensorboard' / 'events.out.tfevents.*'))
+
+
+def eval_rows(workdir):
+  rows = [json.loads(line) for line in open(os.path.join(workdir, 'metrics.jsonl'))]
+  return {r['step']: r['eval_loss'] for r in rows if 'eval_loss' in r}
+
+
+def drop_eval_rows(workdir, step):
+  """metrics.jsonl as a run killed before finishing its evaluation at `step` left it."""
+  path = os.path.join(workdir, 'metrics.jsonl')
+  rows = [line for line in open(path) if not ('eval_loss' in line and
+                                               json.loads(line)['step'] == step)]
+  with open(path, 'w') as f:
+    f.writelines(rows)
+
+
+def test_a_run_stopped_before_its_final_evaluation_evaluates_on_resume(tmp_path):
+  config = small_config(steps=4, **{'training.checkpoint_every': 2, 'training.eval_every': 1000})
+  train.train(config, str(tmp_path))
+  final = eval_rows(tmp_path)
+  assert list(final) == [4]
+  drop_eval_rows(tmp_path, 4)
+  train.train(config, str(tmp_path))
+  assert eval_rows(tmp_path) == pytest.approx(final, abs=1e-6)
+
+
+def test_an_evaluation_interrupted_mid_run_runs_first_on_resume(tmp_path):
+  settings = {'training.checkpoint_every': 2, 'training.eval_every': 2}
+  train.train(small_config(steps=4, **settings), str(tmp_path / 'whole'))
+  train.train(small_config(steps=2, **settings), str(tmp_path / 'resumed'))
+  drop_eval_rows(tmp_path / 'resumed', 2)
+  train.train(small_config(steps=4, **settings), str(tmp_path / 'resumed'))
+  assert eval_rows(tmp_path / 'resumed') == pytest.approx(eval_rows(tmp_path / 'whole'), abs=1e-6)
+
+
+def test_non_finite_gradients_with_a_finite_loss_are_never_saved(tmp_path, monkeypatch):
+  """From step 3 on the gradients turn NaN while the loss stays finite (as a bfloat16 overflow
+  in the backward pass would): the run stops there, saves nothing after step 2, and the
+  checkpoint it names holds finite parameters."""
+  apply_update = step_lib._apply_update  # pylint: disable=protected-access
+
+  def nan_gradients_from_step_3(tx, schedule, state, grads, sums):
+    grads = jax.tree.map(lambda g: jnp.where(state.step >= 2, jnp.nan, g), grads)
+    return apply_update(tx, schedule, state, grads, sums)
+
+  monkeypatch.setattr(step_lib, '_apply_update', nan_gradients_from_step_3)
+  config = small_config(steps=6, **{'training.checkpoint_every': 1})
+  with pytest.raises(FloatingPointError, match=r'Non-finite gradient norm and parameters after '
+                                               r'the update at step 3 \(loss \d.*checkpoint '
+                                               r'\(finite parameters\) is step 2'):
+    train.train(config, str(tmp_path))
+  assert checkpoint.latest_step(str(tmp_path)) == 2
+  run = loop.build_run(config)
+  saved = checkpoint.Checkpoints(str(tmp_path / 'checkpoints'), read_only=True)
+  params, step = saved.restore_latest(run.abstract_state, params_only=True)
+  saved.close()
+  assert step == 2 and all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(params))
+
+
+def test_warmup_takes_a_real_first_step():
+  opt = ml_collections.ConfigDict(dict(learning_rate=1e-3, warmup_steps=4, schedule='cosine',
+                                       min_lr_ratio=0.0))
+  schedule = optim.learning_rate_schedule(opt, total_steps=10)
+  rates = [float(schedule(step)) for step in range(6)]
+  np.testing.assert_allclose(rates[:5], [2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3], rtol=1e-6)
+  assert rates[5] == pytest.approx(1e-3 * 0.5 * (1 + np.cos(np.pi / 6)), rel=1e-6)
+
+
+def test_train_closes_what_it_opened_when_there_is_nothing_to_do(tmp_path, monkeypatch):
+  config = small_config(steps=2)
+  train.train(config, str(tmp_path))
+  closed = []
+  for cls in (checkpoint.Checkpoints, metrics.MetricWriter):
+    close = cls.close
+    monkeypatch.setattr(cls, 'close', lambda self, close=close, cls=cls: (closed.append(cls),
+                                                                        close(self)))
+  train.train(config, str(tmp_path))  # the checkpoint is at the last step
+  assert sorted(c.__name__ for c in closed) == ['Checkpoints', 'MetricWriter']
+
+
+def progress_steps(caplog):
+  return [int(r.getMessage().split()[1].split('/')[0]) for r in caplog.records
+          if r.getMessage().startswith('step ') and '/' in r.getMessage().split()[1]]
+
+
+def test_the_console_shows_the_first_step_at_once_and_the_held_out_results(tmp_path, caplog):
+  caplog.set_level(logging.INFO, logger='transformer_jax')
+  config = small_config(steps=4, **{'training.log_every': 1000, 'training.eval_every': 4})
+  train.train(config, str(tmp_path))
+  assert progress_steps(caplog) == [1, 4]  # step 1 at once, then the last (logged) step
+  assert list(read_metrics(tmp_path)) == [4]  # the jsonl keeps to log_every
+  assert 'step 4 | held-out loss' in caplog.text
+
+
+def test_a_progress_line_comes_at_least_every_progress_period(tmp_path, caplog, monkeypatch):
+  caplog.set_level(logging.INFO, logger='transformer_jax')
+  monkeypatch.setattr(loop, 'PROGRESS_SECONDS', 0.0)
+  train.train(small_config(steps=4, **{'training.log_every': 1000}), str(tmp_path))
+  assert progress_steps(caplog) == [1, 2, 3, 4]
+
+
+def test_the_mfu_source_is_logged_once_per_process(tmp_path, caplog):
+  caplog.set_level(logging.INFO, logger='transformer_jax')
+  loop._log_once.cache_clear()  # pylint: disable=protected-access
+  for name in ('a', 'b'):
+    train.train(small_config(steps=1), str(tmp_path / name))
+  assert caplog.text.count('MFU: model FLOPs') == 1

@@ -1,6 +1,8 @@
 """Helpers for the config files under configs/: the base config and argument strings."""
 import dataclasses
 import importlib.util
+import json
+import os
 import pathlib
 import types
 import typing
@@ -8,7 +10,10 @@ import typing
 import ml_collections
 from ml_collections import config_dict
 
+from transformer_jax.errors import ConfigError
+from transformer_jax import model_config
 from transformer_jax.model_config import ModelConfig
+from transformer_jax.ranges import COUNT, FRACTION, Range
 
 
 def model_defaults() -> ml_collections.ConfigDict:
@@ -33,7 +38,7 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
   for item in filter(None, (arg or '').split(',')):
     key, _, value = item.partition('=')
     if key not in defaults:
-      raise ValueError(f'Unknown config argument {key!r}; known: {sorted(defaults)}.')
+      raise ConfigError(f'Unknown config argument {key!r}; known: {sorted(defaults)}.')
     default = defaults[key]
     if isinstance(default, bool):
       values[key] = value.lower() in ('', '1', 'true', 'yes')
@@ -52,9 +57,11 @@ STYLES = {
                  tie_embeddings=True, norm_position='post', embed_norm=True, type_vocab_size=2),
     'vit': dict(norm='layernorm', norm_eps=1e-6, mlp='gelu', positions='learned', use_bias=True,
                 norm_position='pre', pool='cls'),
-    # Vaswani et al. 2017: post-LN, ReLU, sinusoidal positions, one shared and tied embedding.
+    # Vaswani et al. 2017: post-LN, ReLU, sinusoidal positions, one shared and tied embedding
+    # whose rows are scaled by sqrt(d_model) on the way in.
     'transformer': dict(norm='layernorm', norm_eps=1e-6, mlp='relu', positions='sinusoidal',
-                        use_bias=True, tie_embeddings=True, norm_position='post'),
+                        use_bias=True, tie_embeddings=True, scale_embeddings=True,
+                        norm_position='post'),
 }
 
 # ViT sizes by name: (width, depth, heads).
@@ -140,6 +147,10 @@ def base_config() -> ml_collections.ConfigDict:
   # A Hugging Face checkpoint directory to start from instead of a random init (see
   # transformer_jax.convert); a checkpoint of the run's own, once there is one, wins.
   config.init_from_hf = ''
+  # Another run's parameters to start from, with a fresh optimizer and step 0 (fine-tuning, a
+  # changed schedule): WORKDIR or WORKDIR:STEP (default: its latest checkpoint). A checkpoint of
+  # the run's own, once there is one, wins.
+  config.init_from_checkpoint = ''
   # --mode=sample: the keyword arguments of decode.sample_text.
   config.sample = ml_collections.ConfigDict(dict(
       prompt='ROMEO:', max_new_tokens=256, temperature=0.8, top_k=0, top_p=1.0, seed=0,
@@ -173,3 +184,161 @@ def from_file(path, arg: str | None = None) -> ml_collections.ConfigDict:
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config(arg)
+
+
+# Every numeric key outside config.model (ModelConfig checks its own), with its valid range.
+RANGES = {
+    'seed': Range(0, integer=True),
+    'data.seq_len': COUNT,
+    'data.batch_size': COUNT,
+    'data.eval_batch_size': Range(1, integer=True, optional=True),
+    'data.eval_steps': Range(1, integer=True, special=(-1,), optional=True),
+    'data.eval_examples': COUNT,
+    'data.mlm_probability': Range(0, 1, open_low=True),
+    'data.seq2seq_min_len': COUNT,
+    'data.seq2seq_max_len': Range(1, integer=True, optional=True),
+    'data.image_size': COUNT,
+    'data.num_classes': Range(2, integer=True),
+    'data.num_threads': Range(0, integer=True),
+    'data.prefetch_buffer_size': Range(0, integer=True),
+    'optimizer.learning_rate': Range(0, open_low=True),
+    'optimizer.warmup_steps': Range(0, integer=True),
+    'optimizer.min_lr_ratio': Range(0, 1),
+    'optimizer.b1': FRACTION,
+    'optimizer.b2': FRACTION,
+    'optimizer.eps': Range(0, open_low=True),  # 0 divides 0 by 0 for a never-used embedding row
+    'optimizer.weight_decay': Range(0),
+    'optimizer.grad_clip_norm': Range(0),  # 0: no clipping
+    'training.steps': COUNT,
+    'training.grad_accum_steps': COUNT,
+    'training.label_smoothing': FRACTION,
+    'training.log_every': COUNT,
+    'training.eval_every': COUNT,
+    'training.checkpoint_every': COUNT,
+    'training.keep_checkpoints': COUNT,
+    'training.peak_flops_per_device': Range(0, open_low=True, optional=True, example=1e12),
+    'sample.max_new_tokens': COUNT,
+    'sample.temperature': Range(0),  # 0: greedy
+    'sample.top_k': Range(0, integer=True),  # 0: every token
+    'sample.top_p': Range(0, 1, open_low=True),
+    'sample.seed': Range(0, integer=True),
+    'sample.num_samples': COUNT,
+}
+CHOICES = {'parallelism': ('jit', 'shard_map'), 'optimizer.schedule': ('cosine', 'constant')}
+
+
+def _get(config, key: str):
+  section, _, name = key.rpartition('.')
+  return (config[section] if section else config).get(name)
+
+
+def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Checks every key of a run's config before anything is read or compiled: each value in its
+  range, the model's options (ModelConfig), and the keys that constrain each other. Fails with
+  a ConfigError naming the key and a value that works."""
+  defaults = base_config()
+  for key, valid in RANGES.items():
+    value = _get(config, key)
+    valid.check(key, value, _get(defaults, key))
+  for key, allowed in CHOICES.items():
+    if _get(config, key) not in allowed:
+      raise ConfigError(f'{key}={_get(config, key)!r} must be one of {list(allowed)}.')
+  cfg = model_config.validate(ModelConfig.from_dict(config.model.to_dict()))
+  _validate_mesh(config)
+  _validate_lengths(config, cfg)
+  if config.init_from_hf and config.init_from_checkpoint:
+    raise ConfigError('Set one of init_from_hf and init_from_checkpoint, not both: a run starts '
+                      'from one set of parameters.')
+  return config
+
+
+def _validate_mesh(config) -> None:
+  axes, shape = tuple(config.mesh.axes), tuple(config.mesh.shape)
+  if len(axes) != len(shape) or len(set(axes)) != len(axes):
+    raise ConfigError(f'mesh.axes={axes} and mesh.shape={shape} must name distinct axes, one size '
+                      "each: for example --config.mesh.axes=\"('data',)\" "
+                      '--config.mesh.shape="(-1,)".')
+  if any(not isinstance(s, int) or (s < 1 and s != -1) for s in shape) or shape.count(-1) > 1:
+    raise ConfigError(f'mesh.shape={shape} must hold positive sizes and at most one -1 (all the '
+                      'remaining devices).')
+  for rule in config.sharding_rules:
+    if len(rule) != 2 or not isinstance(rule[0], str) or rule[1] not in (*axes, None):
+      raise ConfigError(f'sharding_rules entry {tuple(rule)} must be a pair (logical axis, mesh '
+                        f'axis) with the mesh axis one of {list(axes)} or None: for example '
+                        f'--config.sharding_rules="((\'embed\', \'{axes[0]}\'),)".')
+
+
+def _validate_lengths(config, cfg: ModelConfig) -> None:
+  """Sequences that the model's position table must cover."""
+  if cfg.family == 'vit' or cfg.positions != 'learned':
+    return
+  if config.data.seq_len > cfg.max_len:
+    raise ConfigError(f'data.seq_len={config.data.seq_len} is longer than the learned position '
+                      f'table (model.max_len={cfg.max_len}): set --config.model.max_len='
+                      f'{config.data.seq_len} or --config.data.seq_len={cfg.max_len}.')
+
+
+# Keys that say where the data lies or how fast it is read, not what a run computes.
+LOCATION_KEYS = ('data.manual_dir', 'data.tfds_data_dir', 'data.download', 'data.num_threads',
+                 'data.prefetch_buffer_size')
+SAVED_CONFIG = 'config.json'
+
+
+def saved_config(workdir: str | None) -> dict | None:
+  """The resolved config a run saved in its workdir (as JSON), or None."""
+  path = os.path.join(workdir, SAVED_CONFIG) if workdir else None
+  if not path or not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def flatten(tree: dict, prefix: str = '') -> dict:
+  """{'model': {'width': 128}} -> {'model.width': 128}."""
+  flat = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      flat.update(flatten(value, f'{prefix}{key}.'))
+    else:
+      flat[f'{prefix}{key}'] = value
+  return flat
+
+
+def differing_keys(saved: dict, config: ml_collections.ConfigDict) -> list[str]:
+  """The keys whose values differ between a saved config (as JSON) and `config`, model keys
+  first; the keys that say where the data lies are left out."""
+  old, new = flatten(saved), flatten(json.loads(config.to_json_best_effort()))
+  return sorted((k for k in old.keys() | new.keys()
+                 if k not in LOCATION_KEYS and old.get(k) != new.get(k)),
+                key=lambda k: (not k.startswith('model.'), k))
+
+
+def differences(saved: dict, config: ml_collections.ConfigDict) -> list[str]:
+  """'model.num_layers 4 -> 3' for each of the differing_keys."""
+  old, new = flatten(saved), flatten(json.loads(config.to_json_best_effort()))
+  return [f'{k} {_shown(old, k)} -> {_shown(new, k)}' for k in differing_keys(saved, config)]
+
+
+def _shown(flat: dict, key: str) -> str:
+  return json.dumps(flat[key]) if key in flat else '(absent)'
+
+
+def assign(config: ml_collections.ConfigDict, values: dict) -> list[str]:
+  """Sets each key of `values` (nested, as a saved config.json, or flat with dotted keys, as
+  --config flags) in `config`, lists as the tuples the config holds; returns the keys `config`
+  does not have, which are left out."""
+  unknown = []
+  for key, value in flatten(values).items():
+    *sections, name = key.split('.')
+    section = config
+    for part in sections:
+      section = section.get(part) if isinstance(section, ml_collections.ConfigDict) else None
+    if not isinstance(section, ml_collections.ConfigDict) or name not in section:
+      unknown.append(key)
+      continue
+    section[name] = _as_tuples(value) if isinstance(section[name], tuple) else value
+  return unknown
+
+
+def _as_tuples(value):
+  return tuple(map(_as_tuples, value)) if isinstance(value, list) else value

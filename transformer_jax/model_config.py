@@ -9,6 +9,9 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
+from transformer_jax.errors import ConfigError
+from transformer_jax.ranges import COUNT, FRACTION, Range
+
 FAMILIES = ('vit', 'decoder', 'encoder', 'encoder_decoder')
 NORMS = ('layernorm', 'rmsnorm')
 NORM_POSITIONS = ('pre', 'post')
@@ -17,6 +20,19 @@ POSITIONS = ('learned', 'sinusoidal', 'rope', 'none')
 POOLS = ('cls', 'mean')
 ATTENTION_KERNELS = ('dot_product_attention', 'einsum')
 REMAT_POLICIES = ('none', 'full', 'dots', 'dots_no_batch')
+# The valid range of every numeric field.
+RANGES = {
+    'width': COUNT, 'num_layers': COUNT, 'num_heads': COUNT,
+    'num_decoder_layers': Range(1, integer=True, optional=True),
+    'num_kv_heads': Range(1, integer=True, optional=True),
+    'd_ff': Range(1, integer=True, optional=True),
+    'vocab_size': Range(0, integer=True), 'max_len': COUNT, 'type_vocab_size': Range(0, integer=True),
+    'norm_eps': Range(0, open_low=True),
+    'rope_base': Range(1, open_low=True),  # frequencies base^(-i/h) must fall with i
+    'dropout_rate': FRACTION,
+    'image_size': COUNT, 'patch_size': COUNT, 'num_channels': COUNT, 'num_classes': COUNT,
+    'init_std': Range(0, optional=True), 'embed_init_std': Range(0),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +65,9 @@ class ModelConfig:
   dropout_rate: float = 0.0
   # Ends.
   tie_embeddings: bool = True
+  # Token rows times sqrt(width) before the positions are added (Vaswani et al. 2017, section
+  # 3.4): small embedding rows would otherwise be swamped by sinusoidal positions of amplitude 1.
+  scale_embeddings: bool = False
   embed_norm: bool = False  # a norm right after the embeddings (BERT)
   type_vocab_size: int = 0  # token-type (segment) embeddings (BERT); 0: none
   image_size: int = 32
@@ -72,7 +91,7 @@ class ModelConfig:
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
-      raise ValueError(f'Unknown model config key(s) {unknown}. Known keys: {sorted(known)}.')
+      raise ConfigError(f'Unknown model config key(s) {unknown}. Known keys: {sorted(known)}.')
     return cls(**values)
 
   # Derived sizes.
@@ -114,11 +133,19 @@ class ModelConfig:
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]):
   if value not in allowed:
-    raise ValueError(f'Unknown {name} {value!r}: set model.{name} to one of {list(allowed)}.')
+    raise ConfigError(f'Unknown {name} {value!r}: set model.{name} to one of {list(allowed)}.')
 
 
 def validate(cfg: ModelConfig) -> ModelConfig:
-  """Fails on any inconsistent option, naming the setting to change."""
+  """Fails on any out-of-range or inconsistent option with a ConfigError naming the setting to
+  change."""
+  if cfg.family != 'vit' and not COUNT.admits(cfg.vocab_size):
+    raise ConfigError(f'model.vocab_size must be set for family {cfg.family!r} to the number of '
+                      f"token ids of the data, not {cfg.vocab_size!r} (65 for TinyShakespeare's "
+                      'characters): for example --config.model.vocab_size=65.')
+  defaults = ModelConfig()
+  for name, valid in RANGES.items():
+    valid.check(f'model.{name}', getattr(cfg, name), getattr(defaults, name))
   _choice('family', cfg.family, FAMILIES)
   _choice('norm', cfg.norm, NORMS)
   _choice('norm_position', cfg.norm_position, NORM_POSITIONS)
@@ -131,44 +158,32 @@ def validate(cfg: ModelConfig) -> ModelConfig:
     try:
       jnp.dtype(getattr(cfg, name))
     except TypeError:
-      raise ValueError(f'model.{name}={getattr(cfg, name)!r} is not a dtype: use "float32" or "bfloat16".')
-  if cfg.width <= 0 or cfg.num_layers <= 0 or cfg.num_heads <= 0:
-    raise ValueError('model.width, model.num_layers and model.num_heads must be positive.')
+      raise ConfigError(f'model.{name}={getattr(cfg, name)!r} is not a dtype: use "float32" or "bfloat16".')
   if cfg.width % cfg.num_heads:
-    raise ValueError(f'model.num_heads={cfg.num_heads} does not divide model.width={cfg.width}: '
-                     f'choose a head count that divides the width (for example '
-                     f'{_divisors_near(cfg.width, cfg.num_heads)}).')
-  if cfg.kv_heads <= 0 or cfg.num_heads % cfg.kv_heads:
-    raise ValueError(f'model.num_kv_heads={cfg.num_kv_heads} does not divide '
-                     f'model.num_heads={cfg.num_heads}: each group of query heads shares one '
-                     f'key-value head, so choose a divisor of {cfg.num_heads} '
-                     f'({_divisors(cfg.num_heads)}).')
+    raise ConfigError(f'model.num_heads={cfg.num_heads} does not divide model.width={cfg.width}: '
+                      f'choose a head count that divides the width (for example '
+                      f'{_divisors_near(cfg.width, cfg.num_heads)}).')
+  if cfg.num_heads % cfg.kv_heads:
+    raise ConfigError(f'model.num_kv_heads={cfg.num_kv_heads} does not divide '
+                      f'model.num_heads={cfg.num_heads}: each group of query heads shares one '
+                      f'key-value head, so choose a divisor of {cfg.num_heads} '
+                      f'({_divisors(cfg.num_heads)}).')
   if cfg.positions == 'rope' and cfg.head_dim % 2:
-    raise ValueError(f'RoPE rotates pairs of channels, but the head width {cfg.head_dim} is odd: '
-                     'choose model.width / model.num_heads even, or another model.positions.')
+    raise ConfigError(f'RoPE rotates pairs of channels, but the head width {cfg.head_dim} is odd: '
+                      'choose model.width / model.num_heads even, or another model.positions.')
   if cfg.family == 'vit':
     _validate_vit(cfg)
-  else:
-    if cfg.vocab_size <= 0:
-      raise ValueError(f'model.vocab_size must be set for family {cfg.family!r} '
-                       '(the training issue sets it from the dataset).')
-    if cfg.positions in ('learned', 'sinusoidal') and cfg.max_len <= 0:
-      raise ValueError('model.max_len must be positive for learned or sinusoidal positions.')
-  if not 0.0 <= cfg.dropout_rate < 1.0:
-    raise ValueError(f'model.dropout_rate={cfg.dropout_rate} must be in [0, 1).')
   return cfg
 
 
 def _validate_vit(cfg: ModelConfig):
   if cfg.image_size % cfg.patch_size:
-    raise ValueError(f'model.patch_size={cfg.patch_size} does not divide '
-                     f'model.image_size={cfg.image_size}: choose a patch size from '
-                     f'{_divisors(cfg.image_size)} or resize the images.')
+    raise ConfigError(f'model.patch_size={cfg.patch_size} does not divide '
+                      f'model.image_size={cfg.image_size}: choose a patch size from '
+                      f'{_divisors(cfg.image_size)} or resize the images.')
   if cfg.positions not in ('learned', 'none'):
-    raise ValueError(f'A ViT takes learned 1-D positions or none, not {cfg.positions!r}: '
-                     'set model.positions to "learned" or "none".')
-  if cfg.num_classes <= 0:
-    raise ValueError('model.num_classes must be positive for a ViT.')
+    raise ConfigError(f'A ViT takes learned 1-D positions or none, not {cfg.positions!r}: '
+                      'set model.positions to "learned" or "none".')
 
 
 def _divisors(n: int) -> list[int]:

@@ -1,12 +1,17 @@
-"""What launch.py calls: one entry point per mode."""
+"""What launch.py calls: the config a command means, one entry point per mode, and the errors a
+user can fix printed as their message alone."""
 import contextlib
 import logging
-import tempfile
+import sys
+from typing import Any, Mapping
 
 from absl import logging as absl_logging
+import ml_collections
 
-from transformer_jax import convert, decode, describe, models, train
+from transformer_jax import config_lib, convert, decode, describe, errors, models, train
 from transformer_jax.train import checkpoint
+
+log = logging.getLogger(__name__)
 
 
 def configure_logging(verbose_libraries: bool = False):
@@ -16,40 +21,100 @@ def configure_logging(verbose_libraries: bool = False):
   logging.getLogger('transformer_jax').setLevel(logging.INFO)
 
 
+@contextlib.contextmanager
+def errors_as_messages(show_traceback: bool = False):
+  """A mistake in what the user asked for (a config value, missing data, a checkpoint that does
+  not fit, a run that diverged) ends the command with its message as the last line printed and
+  exit status 1; the traceback only with `show_traceback`."""
+  try:
+    yield
+  except (errors.UserError, FloatingPointError) as error:
+    if show_traceback:
+      raise
+    exit_with(str(error))
+
+
+def exit_with(message: str):
+  print(message, file=sys.stderr, flush=True)
+  sys.exit(1)
+
+
+def flag_error_message(error: Exception, argv: list[str]) -> str:
+  """One line for a command line that fails to parse. ml_collections reports an unknown key as
+  an AttributeError around a KeyError whose text holds its 'Did you mean' hint, and an error in
+  a config file with that file's traceback in the message."""
+  cause = error.args[0] if error.args else error
+  if isinstance(cause, KeyError):
+    key, _, hint = str(cause.args[0]).partition('\n')
+    given = [a.partition('=')[0] for a in argv if a.startswith('--config.') and
+             a.partition('=')[0].split('.')[-1] == key.strip("'")]
+    return (f'Unknown config key {key} in {given[0] if given else "a --config flag"}. '
+            f'{hint}'.strip())
+  text = str(error) or type(error).__name__
+  if 'Traceback (most recent call last)' in text:
+    lines = [line for line in text.splitlines() if line.strip()]
+    text = f'{lines[0]} {lines[-1]}'
+  return text
+
+
+def resolve_config(config: ml_collections.ConfigDict, overrides: Mapping[str, Any],
+                   workdir: str | None) -> ml_collections.ConfigDict:
+  """The config a command on `workdir` means: the config the workdir's run saved (its data
+  location included), with the --config.KEY=VALUE flags of the command line (`overrides`) on
+  top. A workdir without a saved config takes `config` (the --config file and its flags)."""
+  saved = config_lib.saved_config(workdir)
+  if saved is None:
+    return config
+  from_file = config.copy_and_resolve_references()
+  unknown = config_lib.assign(config, saved)
+  config_lib.assign(config, dict(overrides))
+  replaced = [k for k in config_lib.differing_keys(saved, from_file) if k not in overrides]
+  log.info('Using the config saved in %s/config.json%s; --config.KEY=VALUE flags override it.',
+           workdir, f' (the --config file differs in {", ".join(replaced)})' if replaced else '')
+  if unknown:
+    log.warning('Keys of the saved config that this version does not know were left out: %s.',
+                ', '.join(unknown))
+  return config
+
+
 def run(config, workdir: str | None, mode: str):
+  config_lib.validate(config)
   if mode == 'describe':
     print(describe.describe(config))
     return None
-  if not workdir and not (config.init_from_hf and mode in ('eval', 'sample')):
-    raise ValueError(f'--mode={mode} needs --workdir (checkpoints, metrics and the config go there).')
+  starts_elsewhere = config.init_from_hf or config.init_from_checkpoint
+  if not workdir and not (starts_elsewhere and mode in ('eval', 'sample')):
+    raise errors.ConfigError(f'--mode={mode} needs --workdir (checkpoints, metrics and the config '
+                             'go there).')
   if mode == 'train':
     return train.train(config, workdir)
   if mode == 'eval':
-    with _or_temporary(workdir) as directory:
-      return train.evaluate(config, directory)
+    return train.evaluate(config, workdir)
   if mode == 'sample':
     return sample(config, workdir)
-  raise ValueError(f'Unknown --mode={mode}: use train, eval, sample or describe.')
-
-
-def _or_temporary(workdir):
-  return contextlib.nullcontext(workdir) if workdir else tempfile.TemporaryDirectory()
+  raise errors.ConfigError(f'Unknown --mode={mode}: use train, eval, sample or describe.')
 
 
 def sample(config, workdir: str | None) -> list[str]:
-  """--mode=sample: text from the workdir's latest checkpoint, or from the Hugging Face weights of
-  config.init_from_hf (with their tokenizer), with the keys of config.sample."""
-  if workdir and checkpoint.latest_step(workdir) is not None or not config.init_from_hf:
-    run, state = train.restore_trained(config, workdir)
-    run.checkpoints.close()
-    model, params, vocab = run.model, state.params, run.data.vocab
-    origin = f'step {int(state.step)}'
+  """--mode=sample: text from the parameters of the workdir's latest checkpoint, or from the
+  Hugging Face weights of config.init_from_hf (with their tokenizer), with the keys of
+  config.sample. Writes nothing."""
+  trained = workdir and checkpoint.latest_step(workdir) is not None
+  if trained or not config.init_from_hf:
+    run_, params, step = train.restore_trained(config, workdir)
+    model, vocab = run_.model, run_.data.vocab
+    origin = f'step {step}' if trained else config.init_from_checkpoint
   else:
     model = models.build(config.model)
     params = convert.load_params(config.init_from_hf, config.model)
     vocab, origin = None, config.init_from_hf
   if config.init_from_hf:
     vocab = convert.Tokenizer(config.init_from_hf)
+  try:
+    vocab.encode(config.sample.prompt)
+  except ValueError as error:
+    raise errors.ConfigError(f'sample.prompt={config.sample.prompt!r}: {error} Write the prompt '
+                             'with the tokens the model was trained on.') from None
   texts = decode.sample_text(model, params, vocab, **config.sample)
   continues = model.cfg.family == 'decoder'  # an encoder-decoder maps input to output
   for number, text in enumerate(texts):

@@ -28,10 +28,6 @@ from transformer_jax import config_lib, run as run_lib, train
 
 log = logging.getLogger(__name__)
 
-# Keys that say where the data lies or how fast it is read, not what a run computes: a finished
-# run stays finished when they change.
-LOCATION_KEYS = ('data.manual_dir', 'data.tfds_data_dir', 'data.download', 'data.num_threads',
-                 'data.prefetch_buffer_size')
 STATUS_FILE = 'sweep.json'
 CURVE_KEYS = ('step', 'loss', 'accuracy', 'grad_norm', 'learning_rate')  # of each training row
 
@@ -138,26 +134,11 @@ def train_once(config: ml_collections.ConfigDict, run_dir: str) -> None:
 
 
 def _check_same_config(config, run_dir: str) -> None:
-  path = os.path.join(run_dir, 'config.json')
-  if not os.path.exists(path):
-    return
-  saved = _flatten(_read_json(path))
-  wanted = _flatten(json.loads(config.to_json_best_effort()))
-  differing = sorted(k for k in saved.keys() | wanted.keys()
-                     if k not in LOCATION_KEYS and saved.get(k) != wanted.get(k))
+  saved = config_lib.saved_config(run_dir)
+  differing = config_lib.differing_keys(saved, config) if saved else []
   if differing:
     raise ValueError(f'{run_dir} holds a run of another config (differing keys: {differing}): '
                      'delete that folder, or choose another --workdir.')
-
-
-def _flatten(tree: dict, prefix: str = '') -> dict:
-  flat = {}
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      flat.update(_flatten(value, f'{prefix}{key}.'))
-    else:
-      flat[f'{prefix}{key}'] = value
-  return flat
 
 
 def _read_json(path: str):
@@ -194,13 +175,36 @@ def summary(run_dir: str) -> dict:
   }
 
 
-def write_results(results_dir, payload: dict, markdown: str, figures: Mapping[str, Any]) -> None:
-  """results.json (payload), README.md (markdown) and each matplotlib Figure as <name>.png."""
+SMOKE_NOTE = ('A smoke run (--quick): a few steps of tiny models on synthetic data, which checks '
+              'that training, evaluation, the report and the plots work end to end. Its numbers '
+              'describe nothing, and no conclusion is drawn from them: run the script without '
+              '--quick for the experiment.')
+
+
+def smoke_report(title: str, results: list[dict], command: str) -> str:
+  """The README of a --quick run: what it is, the command and each run's outcome, nothing else."""
+  lines = [f'# {title}: smoke run', '', SMOKE_NOTE, '', f'Command: `{command}`', '',
+           '| run | status | steps | final training loss | held-out loss |',
+           '|---|---|---|---|---|']
+  for r in results:
+    held_out = '-' if r['eval_loss'] is None else f'{r["eval_loss"]:.3f}'
+    final = '-' if r['final_loss'] is None else f'{r["final_loss"]:.3f}'
+    lines.append(f'| {r["name"]} | {r["status"]} | {r["steps"]} | {final} | {held_out} |')
+  return '\n'.join(lines) + '\n'
+
+
+def write_results(results_dir, payload: dict, markdown: str, figures: Mapping[str, Any],
+                  smoke: bool = False) -> None:
+  """results.json (payload), README.md (markdown) and each matplotlib Figure as <name>.png;
+  a smoke run's figures say so across their top."""
   results_dir = pathlib.Path(results_dir)
   results_dir.mkdir(parents=True, exist_ok=True)
   (results_dir / 'results.json').write_text(json.dumps(payload, indent=1) + '\n')
   (results_dir / 'README.md').write_text(markdown)
   for name, figure in figures.items():
+    if smoke:
+      figure.suptitle('Smoke run (--quick): tiny models on synthetic data, no conclusions',
+                      color='#b91c1c')
     figure.savefig(results_dir / f'{name}.png', dpi=120, bbox_inches='tight')
   log.info('Results in %s', results_dir)
 

@@ -4,17 +4,20 @@ import dataclasses
 from typing import Any, Callable
 
 from transformer_jax.convert.tensors import Tensor
+from transformer_jax.errors import UserError
 from transformer_jax.model_config import ModelConfig
 
 # HF's activation names (transformers.activations.ACT2FN) -> our model.mlp, and back.
 ACTIVATIONS = {'gelu': 'gelu', 'gelu_new': 'gelu_tanh', 'gelu_pytorch_tanh': 'gelu_tanh',
                'relu': 'relu'}
 HF_ACTIVATIONS = {'gelu': 'gelu', 'gelu_tanh': 'gelu_new', 'relu': 'relu'}
-# Every HF class here has every sublayer, norm and residual: none of our ablations.
-NO_ABLATIONS = dict(use_attention=True, use_mlp=True, use_norm=True, use_residual=True)
+# Every HF class here has every sublayer, norm and residual (none of our ablations) and adds its
+# embedding rows unscaled.
+NO_ABLATIONS = dict(use_attention=True, use_mlp=True, use_norm=True, use_residual=True,
+                    scale_embeddings=False)
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
   """A checkpoint or config that does not convert exactly, with what to change."""
 
 

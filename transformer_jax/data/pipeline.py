@@ -7,6 +7,7 @@ import grain
 import numpy as np
 
 from transformer_jax.config_lib import DATA_DEFAULTS
+from transformer_jax.errors import ConfigError
 from transformer_jax.data import builders, images, rng, seq2seq, sources, text
 
 log = logging.getLogger(__name__)
@@ -56,8 +57,8 @@ def _check_shares(batch_size: int, eval_batch_size: int, process_index: int,
                   process_count: int) -> None:
   for key, size in (('batch_size', batch_size), ('eval_batch_size', eval_batch_size)):
     if size <= 0 or size % process_count:
-      raise ValueError(f'data.{key}={size} (global) must be a positive multiple of the '
-                       f'{process_count} processes: each reads an equal share of the rows.')
+      raise ConfigError(f'data.{key}={size} (global) must be a positive multiple of the '
+                        f'{process_count} processes: each reads an equal share of the rows.')
   if not 0 <= process_index < process_count:
     raise ValueError(f'process_index={process_index} is not in 0..{process_count - 1}.')
 
@@ -65,8 +66,8 @@ def _check_shares(batch_size: int, eval_batch_size: int, process_index: int,
 def _eval_steps(requested: int | None, num_examples: int, batch_size: int) -> int:
   available = num_examples // batch_size
   if available == 0:
-    raise ValueError(f'The held-out split has {num_examples} examples, fewer than one eval batch '
-                     f'of data.eval_batch_size={batch_size}: lower it.')
+    raise ConfigError(f'The held-out split has {num_examples} examples, fewer than one eval batch '
+                      f'of data.eval_batch_size={batch_size}: lower it.')
   if requested is None or requested < 0:
     if num_examples % batch_size:
       log.warning('Eval covers %d of the %d held-out examples (full batches of %d only); an '
@@ -74,8 +75,8 @@ def _eval_steps(requested: int | None, num_examples: int, batch_size: int) -> in
                   num_examples, batch_size, num_examples)
     return available
   if requested > available:
-    raise ValueError(f'data.eval_steps={requested}, but the held-out split has {available} '
-                     f'batches of data.eval_batch_size={batch_size} ({num_examples} examples).')
+    raise ConfigError(f'data.eval_steps={requested}, but the held-out split has {available} '
+                      f'batches of data.eval_batch_size={batch_size} ({num_examples} examples).')
   return requested
 
 
@@ -106,10 +107,10 @@ def make_data(config, family: str, *, seed: int, process_index: int | None = Non
 def _make_task(option, family: str, seed: int):
   name = option('name')
   if name not in FAMILIES:
-    raise ValueError(f'data.name={name!r} is not one of {sorted(FAMILIES)}.')
+    raise ConfigError(f'data.name={name!r} is not one of {sorted(FAMILIES)}.')
   if family not in FAMILIES[name]:
-    raise ValueError(f'data.name={name!r} feeds {" and ".join(FAMILIES[name])} models, '
-                     f'not {family!r} ones.')
+    raise ConfigError(f'data.name={name!r} feeds {" and ".join(FAMILIES[name])} models, '
+                      f'not {family!r} ones.')
   if family == 'vit':
     return _image_task(option, name, seed)
   if family == 'encoder_decoder':

@@ -3,6 +3,7 @@ import numpy as np
 
 from transformer_jax.data import rng
 from transformer_jax.data.vocab import Vocab
+from transformer_jax.errors import ConfigError
 
 
 def reverse(sources: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -38,9 +39,9 @@ class Seq2SeqTask:
   def __init__(self, name: str, *, alphabet: str, seq_len: int, min_len: int, max_len: int,
                seed: int, num_eval: int):
     if not 1 <= min_len <= max_len < seq_len:
-      raise ValueError(f'Sources of data.seq2seq_min_len={min_len} to data.seq2seq_max_len='
-                       f'{max_len} symbols need 1 <= min_len <= max_len < data.seq_len={seq_len} '
-                       '(the target needs room for EOS).')
+      raise ConfigError(f'Sources of data.seq2seq_min_len={min_len} to data.seq2seq_max_len='
+                        f'{max_len} symbols need 1 <= min_len <= max_len < data.seq_len={seq_len} '
+                        '(the target needs room for EOS).')
     self.transform = TASKS[name]
     self.vocab = Vocab.seq2seq(alphabet)
     self.seq_len, self.min_len, self.max_len, self.seed = seq_len, min_len, max_len, seed

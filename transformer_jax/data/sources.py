@@ -13,6 +13,7 @@ import requests
 import tensorflow_datasets as tfds
 
 from transformer_jax.data import builders
+from transformer_jax.errors import ConfigError, UserError
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ Provide it by one of:
   * or any UTF-8 file: --config.data.name=text_file --config.data.path=FILE."""
 
 
-class DataNotFoundError(FileNotFoundError):
+class DataNotFoundError(UserError, FileNotFoundError):
   """A dataset is neither prepared nor preparable; the message says how to provide it."""
 
 
@@ -75,7 +76,7 @@ def load_tiny_shakespeare(data_dir, manual_dir, download: bool) -> tuple[str, st
 def load_text_file(path) -> tuple[str, str]:
   """(first 90%, rest) of the characters of a UTF-8 file: seed 002's split."""
   if not path:
-    raise ValueError('data.name=text_file reads --config.data.path=FILE (any UTF-8 text file).')
+    raise ConfigError('data.name=text_file reads --config.data.path=FILE (any UTF-8 text file).')
   if not epath.Path(path).exists():
     raise DataNotFoundError(f'No file at --config.data.path={path}.')
   text = epath.Path(path).read_bytes().decode('utf-8')

@@ -3,6 +3,7 @@ import numpy as np
 
 from transformer_jax.data import rng
 from transformer_jax.data.vocab import Vocab
+from transformer_jax.errors import ConfigError
 
 
 class _CharText:
@@ -14,8 +15,8 @@ class _CharText:
     self.eval_ids = np.array(self.vocab.encode(eval_text), np.int32)
     for split, ids in (('train', self.train_ids), ('held-out', self.eval_ids)):
       if len(ids) <= seq_len:
-        raise ValueError(f'The {split} text has {len(ids)} characters, too few for windows of '
-                         f'data.seq_len={seq_len}: lower --config.data.seq_len.')
+        raise ConfigError(f'The {split} text has {len(ids)} characters, too few for windows of '
+                          f'data.seq_len={seq_len}: lower --config.data.seq_len.')
     self.seq_len, self.seed = seq_len, seed
     self.info = {'vocab_size': self.vocab.size, 'seq_len': seq_len,
                  'num_train_tokens': len(self.train_ids)}

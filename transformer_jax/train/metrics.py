@@ -8,6 +8,8 @@ import jax
 
 log = logging.getLogger(__name__)
 
+METRICS_FILE = 'metrics.jsonl'
+
 # Dense bfloat16 peak FLOP/s per chip, from the vendors' data sheets; matched against
 # jax.devices()[0].device_kind. float32 compute on a GPU peaks far lower than these.
 PEAK_FLOPS = (
@@ -45,6 +47,15 @@ def peak_flops_per_device(configured: float | None) -> tuple[float | None, str]:
                 '(experiments/bench_train.py measures it) to report MFU')
 
 
+def logged_eval_steps(workdir: str) -> set[int]:
+  """The steps with a held-out result in workdir/metrics.jsonl."""
+  path = os.path.join(workdir, METRICS_FILE)
+  if not os.path.exists(path):
+    return set()
+  with open(path) as f:
+    return {row['step'] for row in map(json.loads, f) if 'eval_loss' in row}
+
+
 def _duration(seconds: float) -> str:
   minutes, secs = divmod(int(seconds), 60)
   hours, minutes = divmod(minutes, 60)
@@ -60,7 +71,7 @@ class MetricWriter:
     self.start = time.time()
     if self.enabled:
       os.makedirs(workdir, exist_ok=True)
-      self.jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a')
+      self.jsonl = open(os.path.join(workdir, METRICS_FILE), 'a')
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
       self.tensorboard = SummaryWriter(os.path.join(workdir, 'tensorboard'))
 

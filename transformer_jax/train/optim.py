@@ -2,19 +2,23 @@
 import jax
 import optax
 
+from transformer_jax.errors import ConfigError
+
 EMBEDDING_NAMES = ('embed', 'patch_embed', 'pos_embed', 'cls_token')
 
 
 def learning_rate_schedule(opt, total_steps: int) -> optax.Schedule:
-  """Linear warmup from 0 to learning_rate, then cosine decay to min_lr_ratio (or constant)."""
-  warmup = optax.linear_schedule(0.0, opt.learning_rate, max(opt.warmup_steps, 1))
+  """Linear warmup, learning_rate * (step + 1) / warmup_steps at steps 0 .. warmup_steps - 1, so
+  that the first update is a real one (a warmup from 0 would waste it), then cosine decay to
+  min_lr_ratio * learning_rate (or constant) from step warmup_steps."""
+  warmup = lambda step: opt.learning_rate * (step + 1) / opt.warmup_steps
   if opt.schedule == 'constant':
     after = optax.constant_schedule(opt.learning_rate)
   elif opt.schedule == 'cosine':
     after = optax.cosine_decay_schedule(opt.learning_rate,
                                         max(total_steps - opt.warmup_steps, 1), opt.min_lr_ratio)
   else:
-    raise ValueError(f'Unknown optimizer.schedule {opt.schedule!r}: use "cosine" or "constant".')
+    raise ConfigError(f'Unknown optimizer.schedule {opt.schedule!r}: use "cosine" or "constant".')
   if not opt.warmup_steps:
     return after
   return optax.join_schedules([warmup, after], [opt.warmup_steps])

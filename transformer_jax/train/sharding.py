@@ -6,6 +6,8 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from transformer_jax.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 DATA_AXIS = 'data'
@@ -19,18 +21,21 @@ def make_mesh(mesh_config) -> jax.sharding.Mesh:
   """
   axes, shape = tuple(mesh_config.axes), list(mesh_config.shape)
   if DATA_AXIS not in axes:
-    raise ValueError(f'config.mesh.axes={axes} must include {DATA_AXIS!r}: the batch is sharded on it.')
+    raise ConfigError(f'mesh.axes={axes} must include {DATA_AXIS!r}: the batch is sharded on it.')
   devices = jax.device_count()
   if shape.count(-1) > 1:
-    raise ValueError('At most one config.mesh.shape entry may be -1.')
+    raise ConfigError('At most one mesh.shape entry may be -1.')
   if -1 in shape:
     rest = int(np.prod([s for s in shape if s != -1]))
+    if devices % rest:
+      raise ConfigError(f'mesh.shape={tuple(mesh_config.shape)}: the fixed axes take {rest} '
+                        f'devices, which does not divide the {devices} devices.')
     shape[shape.index(-1)] = devices // rest
   used = int(np.prod(shape))
   if used > devices or (used < devices and jax.process_count() > 1):
-    raise ValueError(f'config.mesh.shape={tuple(mesh_config.shape)} needs {used} devices but '
-                     f'there are {devices}: make the product equal the device count, or use -1 '
-                     'for one axis.')
+    raise ConfigError(f'mesh.shape={tuple(mesh_config.shape)} needs {used} devices but '
+                      f'there are {devices}: make the product equal the device count, or use -1 '
+                      'for one axis.')
   if used < devices:
     log.warning('The mesh uses %d of the %d devices.', used, devices)
   return jax.make_mesh(tuple(shape), axes, axis_types=(jax.sharding.AxisType.Auto,) * len(axes),
@@ -54,8 +59,20 @@ def global_batch(local_batch: dict, mesh) -> dict:
           for k, v in local_batch.items()}
 
 
-def check_batch_divides(batch_size: int, mesh, grad_accum_steps: int):
+def check_batches_divide(batch_size: int, eval_batch_size: int, mesh, grad_accum_steps: int):
+  """Every data-parallel device takes an equal share of each (micro)batch."""
   data = mesh.shape[DATA_AXIS]
   if batch_size % (data * grad_accum_steps):
-    raise ValueError(f'config.data.batch_size={batch_size} must be a multiple of the data-parallel '
-                     f'devices ({data}) times training.grad_accum_steps ({grad_accum_steps}).')
+    raise ConfigError(f'data.batch_size={batch_size} must be a multiple of the data-parallel '
+                      f'devices ({data}) times training.grad_accum_steps ({grad_accum_steps}): '
+                      f'for example --config.data.batch_size='
+                      f'{_multiple(batch_size, data * grad_accum_steps)}.')
+  if eval_batch_size % data:
+    raise ConfigError(f'data.eval_batch_size={eval_batch_size} must be a multiple of the '
+                      f'data-parallel devices ({data}): for example '
+                      f'--config.data.eval_batch_size={_multiple(eval_batch_size, data)}.')
+
+
+def _multiple(size: int, factor: int) -> int:
+  """The multiple of `factor` nearest to `size` (at least `factor`)."""
+  return max(factor, round(size / factor) * factor)

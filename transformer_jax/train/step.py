@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec as P
 
+from transformer_jax.errors import ConfigError
 from transformer_jax.train import losses
 from transformer_jax.train.sharding import DATA_AXIS
 
@@ -44,20 +45,26 @@ def _grads_and_sums(model, family, config, params, batch, rng, total_weight):
     (_, sums), grads = grad_fn(params, batch, rng)
     return grads, sums
 
-  def accumulate(carry, indexed):
+  # Only the gradients are carried: under shard_map a microbatch's sums vary over the data axis
+  # while a zero initial carry would not, so they leave the scan as outputs and are added after.
+  def accumulate(grads, indexed):
     index, micro = indexed
-    (_, sums), grads = grad_fn(params, micro, jax.random.fold_in(rng, index))
-    return jax.tree.map(jnp.add, carry, (grads, sums)), None
+    (_, sums), micro_grads = grad_fn(params, micro, jax.random.fold_in(rng, index))
+    return jax.tree.map(jnp.add, grads, micro_grads), sums
 
-  zeros = jax.tree.map(jnp.zeros_like, params), dict.fromkeys(('loss', 'correct', 'weight'), 0.0)
-  (grads, sums), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(accum), _microbatches(batch, accum)))
-  return grads, sums
+  grads, sums = jax.lax.scan(accumulate, jax.tree.map(jnp.zeros_like, params),
+                             (jnp.arange(accum), _microbatches(batch, accum)))
+  return grads, jax.tree.map(lambda s: s.sum(axis=0), sums)
 
 
 def _apply_update(tx, schedule, state, grads, sums):
+  """One optax update; the metrics say whether the new parameters are all finite, which the loop
+  checks before it can save them."""
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  metrics = dict(sums, grad_norm=optax.tree.norm(grads), learning_rate=schedule(state.step))
+  params_finite = jnp.all(jnp.stack([jnp.isfinite(p).all() for p in jax.tree.leaves(params)]))
+  metrics = dict(sums, grad_norm=optax.tree.norm(grads), learning_rate=schedule(state.step),
+                 params_finite=params_finite)
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
@@ -78,7 +85,7 @@ def make_train_step(model, family, tx, schedule, config, mesh, state_sharding):
   elif config.parallelism == 'shard_map':
     step = _shard_map_step(model, family, tx, schedule, config, mesh, state_sharding, rng_root)
   else:
-    raise ValueError(f'Unknown parallelism {config.parallelism!r}: use "jit" or "shard_map".')
+    raise ConfigError(f'Unknown parallelism {config.parallelism!r}: use "jit" or "shard_map".')
   return jax.jit(step, in_shardings=(state_sharding, batch_sharding),
                  out_shardings=(state_sharding, replicated), donate_argnums=0)
 
@@ -86,8 +93,8 @@ def make_train_step(model, family, tx, schedule, config, mesh, state_sharding):
 def _shard_map_step(model, family, tx, schedule, config, mesh, state_sharding, rng_root):
   """The same step written per device: local gradients, then an explicit pmean over 'data'."""
   if any(axis is not None for s in jax.tree.leaves(state_sharding) for axis in s.spec):
-    raise ValueError('parallelism="shard_map" runs data parallel with replicated parameters: '
-                     'clear config.sharding_rules, or use parallelism="jit" for FSDP rules.')
+    raise ConfigError('parallelism="shard_map" runs data parallel with replicated parameters: '
+                      'clear config.sharding_rules, or use parallelism="jit" for FSDP rules.')
 
   def local_step(state, batch):
     rng = jax.random.fold_in(jax.random.fold_in(rng_root, state.step),

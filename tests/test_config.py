@@ -1,0 +1,152 @@
+"""Every config value is checked before anything is read or compiled, with one message that names
+the key and a value that works; a workdir's saved config is the default for later commands."""
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import ml_collections
+import pytest
+
+from helpers import CONFIG_FILES, ROOT, load_config
+from train_helpers import small_config
+from transformer_jax import config_lib, model_config, run, train
+from transformer_jax.errors import ConfigError
+
+LLAMA = ROOT / 'configs' / 'llama_shakespeare.py'
+NAN = math.nan
+# (key, malformed value): zero, negative, NaN and infinite values where they have no meaning.
+MALFORMED = [
+    ('optimizer.learning_rate', 0.0), ('optimizer.learning_rate', -3e-3),
+    ('optimizer.learning_rate', NAN), ('optimizer.learning_rate', math.inf),
+    ('optimizer.b1', NAN), ('optimizer.b1', 1.0), ('optimizer.b2', -0.1), ('optimizer.eps', 0.0),
+    ('optimizer.eps', NAN), ('optimizer.weight_decay', -0.1), ('optimizer.weight_decay', NAN),
+    ('optimizer.grad_clip_norm', -1.0), ('optimizer.grad_clip_norm', NAN),
+    ('optimizer.warmup_steps', -1), ('optimizer.min_lr_ratio', 1.5),
+    ('optimizer.min_lr_ratio', NAN), ('training.steps', 0), ('training.steps', -5),
+    ('training.log_every', 0), ('training.eval_every', 0), ('training.checkpoint_every', 0),
+    ('training.checkpoint_every', -3), ('training.keep_checkpoints', 0),
+    ('training.keep_checkpoints', -3), ('training.grad_accum_steps', 0),
+    ('training.label_smoothing', 1.0), ('training.label_smoothing', NAN),
+    ('training.peak_flops_per_device', -1.0), ('data.seq_len', 0), ('data.batch_size', 0),
+    ('data.batch_size', -32), ('data.eval_batch_size', 0), ('data.eval_steps', 0),
+    ('data.eval_steps', -2), ('data.mlm_probability', 0.0), ('data.mlm_probability', NAN),
+    ('data.num_threads', -1), ('seed', -1), ('sample.temperature', -1.0),
+    ('sample.temperature', NAN), ('sample.top_k', -1), ('sample.top_p', 0.0),
+    ('sample.top_p', NAN), ('sample.max_new_tokens', 0), ('sample.num_samples', 0),
+    ('model.d_ff', -3), ('model.d_ff', 0), ('model.norm_eps', 0.0), ('model.norm_eps', NAN),
+    ('model.norm_eps', -1e-5), ('model.rope_base', NAN), ('model.rope_base', -10000.0),
+    ('model.rope_base', 1.0), ('model.init_std', NAN), ('model.init_std', -0.02),
+    ('model.embed_init_std', NAN), ('model.dropout_rate', 1.0), ('model.dropout_rate', NAN),
+    ('model.width', 0), ('model.num_layers', -1), ('model.num_heads', 0),
+    ('model.num_kv_heads', 0), ('model.max_len', 0), ('model.vocab_size', -65),
+]
+
+
+def set_key(config, key, value):
+  section, _, name = key.rpartition('.')
+  (config[section] if section else config)[name] = value
+
+
+@pytest.mark.parametrize('key,value', MALFORMED, ids=[f'{k}={v}' for k, v in MALFORMED])
+def test_a_malformed_value_fails_naming_the_key_and_a_value_that_works(key, value):
+  config = load_config(LLAMA)
+  set_key(config, key, value)
+  with pytest.raises(ConfigError) as error:
+    config_lib.validate(config)
+  message = str(error.value)
+  assert message.startswith(key) and f'--config.{key}=' in message
+  working = message.rpartition(f'--config.{key}=')[2].rstrip('.')
+  set_key(config, key, type(value)(working) if value is not None else working)
+  config_lib.validate(config)  # the value the message suggests is accepted
+
+
+def test_every_numeric_key_has_a_range():
+  config = config_lib.base_config()
+  numeric = {key for key, value in config_lib.flatten(config.to_dict()).items()
+             if key.startswith(('data.', 'optimizer.', 'training.', 'sample.', 'seed'))
+             and (isinstance(value, (int, float)) and not isinstance(value, bool)
+                  or config_lib.DATA_TYPES.get(key.partition('.')[2]) is int)}
+  numeric |= {'training.peak_flops_per_device'}
+  assert numeric <= set(config_lib.RANGES), sorted(numeric - set(config_lib.RANGES))
+  model_numeric = {name for name, value in vars(model_config.ModelConfig()).items()
+                   if isinstance(value, (int, float)) and not isinstance(value, bool)}
+  model_numeric |= {'num_decoder_layers', 'num_kv_heads', 'd_ff', 'init_std'}  # None by default
+  assert model_numeric <= set(model_config.RANGES), sorted(model_numeric - set(model_config.RANGES))
+
+
+@pytest.mark.parametrize('path', CONFIG_FILES, ids=[p.stem for p in CONFIG_FILES])
+def test_every_shipped_config_is_valid(path):
+  config_lib.validate(load_config(path))
+
+
+def test_bad_settings_stop_before_anything_is_written_or_compiled(tmp_path):
+  for overrides, key in [({'optimizer.grad_clip_norm': -1.0}, 'optimizer.grad_clip_norm'),
+                         ({'data.eval_batch_size': 12}, 'data.eval_batch_size'),
+                         ({'data.seq_len': 32, 'model.positions': 'learned'}, 'data.seq_len'),
+                         ({'data.eval_steps': 0}, 'data.eval_steps')]:
+    with pytest.raises(ConfigError, match=key):
+      train.train(small_config(**overrides), str(tmp_path))
+    assert not os.listdir(tmp_path)
+
+
+def test_sequences_longer_than_the_learned_position_table_are_refused():
+  config = load_config(ROOT / 'configs' / 'gpt_shakespeare.py')
+  config.data.seq_len = config.model.max_len + 1
+  with pytest.raises(ConfigError, match=rf'--config.model.max_len={config.data.seq_len}'):
+    config_lib.validate(config)
+  config.model.positions = 'rope'  # relative positions have no table to outgrow
+  config_lib.validate(config)
+
+
+def test_the_saved_config_is_the_default_and_flags_win(tmp_path):
+  trained = small_config(**{'data.name': 'text_file', 'data.path': '/some/text.txt'})
+  (tmp_path / 'config.json').write_text(trained.to_json_best_effort())
+  from_file = small_config()  # the --config file: synthetic data
+  resolved = run.resolve_config(from_file, {'training.steps': 9}, str(tmp_path))
+  assert (resolved.data.name, resolved.data.path) == ('text_file', '/some/text.txt')
+  assert resolved.training.steps == 9
+  assert resolved.mesh.shape == tuple(trained.mesh.shape)  # JSON lists become tuples again
+  fresh = run.resolve_config(small_config(), {}, str(tmp_path / 'new'))
+  assert fresh.data.name == 'synthetic'
+
+
+def launch(*flags, cwd=ROOT):
+  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='')
+  return subprocess.run([sys.executable, str(ROOT / 'launch.py'), *flags], capture_output=True,
+                        text=True, cwd=cwd, env=env, timeout=300)
+
+
+@pytest.mark.parametrize('flags,expected', [
+    (['--config.model.num_layer=6'],
+     'Unknown config key \'num_layer\' in --config.model.num_layer. Did you mean "num_layers"'),
+    (['--config.optimizer.learning_rate=nan'], 'optimizer.learning_rate=nan must be a finite'),
+    (['--config.training.steps=abc'], 'flag --config.training.steps=abc'),
+    (['--config.data.download=False', '--config.data.tfds_data_dir=/nonexistent',
+      '--workdir=/tmp/transformer_jax_no_data'], 'Provide it by one of'),
+], ids=['typo', 'nan', 'not a number', 'missing data'])
+def test_launch_prints_a_users_mistake_as_its_message_alone(flags, expected):
+  mode = [] if any(f.startswith('--workdir') for f in flags) else ['--mode=describe']
+  result = launch(f'--config={LLAMA}', *mode, *flags)
+  assert result.returncode == 1
+  assert 'Traceback' not in result.stderr
+  assert expected in result.stderr, result.stderr
+  if 'Provide' not in expected:  # the data's message is a list of ways to provide it
+    assert result.stderr.strip().splitlines()[-1].startswith(expected.split(' ')[0])
+
+
+def test_eval_on_a_workdir_reads_its_saved_data_location(tmp_path):
+  text = tmp_path / 'text.txt'
+  text.write_text('to be or not to be, that is the question. ' * 400)
+  workdir = tmp_path / 'run'
+  config = f'--config={ROOT / "tests" / "train_helpers.py"}:decoder'
+  trained = launch(config, f'--workdir={workdir}', '--config.data.name=text_file',
+                   f'--config.data.path={text}', '--config.training.steps=2',
+                   '--config.training.eval_every=2', '--config.mesh.shape=(1,)')
+  assert trained.returncode == 0, trained.stderr
+  logged = [json.loads(line) for line in open(workdir / 'metrics.jsonl') if 'eval_loss' in line]
+  evaluated = launch(config, f'--workdir={workdir}', '--mode=eval')  # no data flags
+  assert evaluated.returncode == 0, evaluated.stderr
+  assert f"'eval_loss': {logged[-1]['eval_loss']}" in evaluated.stderr
