@@ -259,3 +259,21 @@ def test_sample_text_continues_the_prompt_and_cuts_at_eos():
   last = max(i for i, c in enumerate(text) if c not in text[:i])  # a first occurrence
   eos_vocab = CharVocab(eos_id=int(tokens[last]))
   assert decode.sample_text(model, params, eos_vocab, 'to be', **greedy) == [text[:last]]
+
+
+class SizedCharVocab(CharVocab):
+  """CharVocab that says how many ids it decodes: the model's rows past 27 have no text."""
+  size = len(CharVocab.chars)
+
+  def decode(self, ids):
+    return ''.join(self.chars[i] for i in ids)  # an id past the characters would fail here
+
+
+def test_sample_text_draws_only_ids_the_vocabulary_decodes():
+  model, params = build('gpt2')
+  unrestricted = decode.generate(model, params, jnp.array([[0, 1]] * 64), max_new_tokens=8,
+                                 rng=jax.random.key(0), temperature=2.0)
+  assert (unrestricted.tokens >= SizedCharVocab.size).any()  # the model itself draws past 27
+  texts = decode.sample_text(model, params, SizedCharVocab(), 'ab', max_new_tokens=8,
+                             temperature=2.0, num_samples=64)
+  assert len(texts) == 64 and all(len(text) == 8 for text in texts)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from helpers import tiny
-from transformer_jax import layers
+from transformer_jax import config_lib, layers, models
 from transformer_jax.layers import Attention, Block, PatchEmbed, causal_mask, resize_position_grid
 
 EYE = np.eye(2, dtype=np.float32)
@@ -173,3 +173,45 @@ def test_bfloat16_compute_keeps_float32_norms_and_logits(rng):
   x = jnp.linspace(-3, 3, 32, dtype=jnp.bfloat16)[None]
   ln = layers.LayerNorm(dtype=jnp.bfloat16)
   assert ln.apply(ln.init(rng, x), x).dtype == jnp.bfloat16
+
+
+def intended_fan_in(path, shape):
+  """The inputs each output of a kernel sums over, by what the kernel does: queries, keys and
+  values (D, heads, head_dim) read D; the attention output (heads, head_dim, D) reads every head;
+  a patch convolution (P, P, C, D) a patch; any other (in, out) matrix its rows."""
+  if path[-2] in ('query', 'key', 'value'):
+    return shape[0]
+  if path[-2] == 'out':
+    return shape[0] * shape[1]
+  return int(np.prod(shape[:-1]))
+
+
+@pytest.mark.parametrize('family', ['decoder', 'encoder', 'encoder_decoder', 'vit'])
+def test_lecun_initialization_has_variance_one_over_the_fan_in(rng, family):
+  """init_std=None draws every dense kernel with std 1 / sqrt(fan-in) (LeCun normal)."""
+  cfg = tiny(family, width=128, num_heads=8, num_kv_heads=2, init_std=None, vocab_size=256,
+             image_size=16)
+  params = nn.meta.unbox(models.build(cfg).init(rng, *models.example_inputs(cfg, 2))['params'])
+  checked = 0
+  for path, kernel in jax.tree_util.tree_flatten_with_path(params)[0]:
+    names = tuple(k.key for k in path)
+    if names[-1] != 'kernel' or not np.any(kernel):  # the ViT head starts at zero on purpose
+      continue
+    expected = intended_fan_in(names, kernel.shape) ** -0.5
+    assert np.std(kernel) == pytest.approx(expected, rel=0.1), '/'.join(names)
+    checked += 1
+  assert checked >= 6
+
+
+def test_scaled_embeddings_follow_vaswani(rng):
+  """Token rows times sqrt(d_model), plus the sinusoidal positions (section 3.4)."""
+  cfg = tiny('decoder', positions='sinusoidal', scale_embeddings=True)
+  embed = layers.TextEmbed(cfg)
+  ids = jnp.array([[3, 1, 4, 1, 5]])
+  positions = jnp.arange(5)[None]
+  params = embed.init(rng, ids, positions)
+  out = embed.apply(params, ids, positions)
+  table = nn.meta.unbox(params)['params']['tokens']
+  expected = table[ids] * np.sqrt(cfg.width) + layers.sinusoidal(positions, cfg.width)
+  np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
+  assert config_lib.STYLES['transformer']['scale_embeddings']

@@ -163,7 +163,8 @@ def init_cache(model, batch_size: int, cache_len: int, source_len: int | None = 
 def generate(model, params, prompt_tokens, *, max_new_tokens: int, rng=None,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              eos_id: int | None = None, pad_id: int = 0, prompt_lengths=None, inputs=None,
-             input_valid=None, return_logits: bool = False) -> Generation:
+             input_valid=None, return_logits: bool = False,
+             token_limit: int | None = None) -> Generation:
   """`max_new_tokens` new tokens after each prompt, drawn by `sample` (temperature 0: greedy).
 
   model: a built 'decoder' or 'encoder_decoder' module; params its parameters (scanned or
@@ -175,7 +176,9 @@ def generate(model, params, prompt_tokens, *, max_new_tokens: int, rng=None,
   `pad_id`; the loop ends when every row has stopped. Step i draws with
   jax.random.fold_in(rng, i), so the result is a pure function of the rng. Learned positions
   limit the prompt slots plus the new tokens to model.max_len; RoPE and sinusoidal positions go
-  past it (into lengths the model may never have been trained on).
+  past it (into lengths the model may never have been trained on). `token_limit` restricts the
+  draws to the ids below it: for a model whose vocabulary rows are padded past its tokenizer's
+  ids, which have no text.
   """
   check_can_decode(model)
   check_sampler(temperature, top_k, top_p)
@@ -206,13 +209,14 @@ def generate(model, params, prompt_tokens, *, max_new_tokens: int, rng=None,
       inputs, input_valid, jax.random.key(0) if rng is None else rng,  # greedy ignores the rng
       jnp.int32(-1 if eos_id is None else eos_id),  # no token id is negative: never stops
       jnp.int32(pad_id), max_new_tokens=max_new_tokens, temperature=float(temperature),
-      top_k=int(top_k), top_p=float(top_p), return_logits=return_logits)
+      top_k=int(top_k), top_p=float(top_p), return_logits=return_logits,
+      token_limit=token_limit)
 
 
 @functools.partial(jax.jit, static_argnames=('model', 'max_new_tokens', 'temperature', 'top_k',
-                                             'top_p', 'return_logits'))
+                                             'top_p', 'return_logits', 'token_limit'))
 def _generate(model, params, prompt_tokens, prompt_lengths, inputs, input_valid, rng, eos_id,
-              pad_id, *, max_new_tokens, temperature, top_k, top_p, return_logits):
+              pad_id, *, max_new_tokens, temperature, top_k, top_p, return_logits, token_limit):
   batch, prompt_len = prompt_tokens.shape
   cache_len = prompt_len + max_new_tokens - 1  # the last new token is never fed back
   pad = prompt_len - prompt_lengths  # left padding of each row
@@ -221,8 +225,11 @@ def _generate(model, params, prompt_tokens, prompt_lengths, inputs, input_valid,
   # Padding slots hold token 0: never attended to, but their keys and values must be finite,
   # since a masked weight of exactly 0 times NaN is still NaN.
   prompt = jnp.where(slots[None, :] >= pad[:, None], shifted, 0)
-  draw = lambda logits, step: sample(logits, jax.random.fold_in(rng, step),
-                                     temperature=temperature, top_k=top_k, top_p=top_p)
+  def draw(logits, step):
+    if token_limit is not None:
+      logits = jnp.where(jnp.arange(logits.shape[-1]) < token_limit, logits, -jnp.inf)
+    return sample(logits, jax.random.fold_in(rng, step), temperature=temperature, top_k=top_k,
+                  top_p=top_p)
 
   encoder_decoder = model.cfg.family == 'encoder_decoder'
   if encoder_decoder:
@@ -275,8 +282,9 @@ def _generate(model, params, prompt_tokens, prompt_lengths, inputs, input_valid,
 # Text in, text out: what `launch.py --mode=sample` runs.
 
 class TextVocab(Protocol):
-  """What sample_text needs of a tokenizer; `eos_id` (stop there) and `bos_id` (the decoder
-  prompt of an encoder-decoder) are optional attributes."""
+  """What sample_text needs of a tokenizer; `eos_id` (stop there), `bos_id` (the decoder prompt
+  of an encoder-decoder) and `size` (the ids it decodes; a model's larger vocabulary is never
+  drawn from past it) are optional attributes."""
 
   def encode(self, text: str) -> Sequence[int]: ...
 
@@ -307,7 +315,8 @@ def sample_text(model, params, vocab: TextVocab, prompt: str = 'ROMEO:', *,
     ids = [bos_id]
   out = generate(model, params, jnp.asarray([ids] * num_samples, jnp.int32),
                  max_new_tokens=max_new_tokens, rng=jax.random.key(seed), temperature=temperature,
-                 top_k=top_k, top_p=top_p, eos_id=eos_id, **extra)
+                 top_k=top_k, top_p=top_p, eos_id=eos_id,
+                 token_limit=getattr(vocab, 'size', None), **extra)
   tokens, lengths = jax.device_get((out.tokens, out.lengths))
   texts = []
   for row, length in zip(tokens, lengths):

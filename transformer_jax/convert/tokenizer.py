@@ -20,6 +20,10 @@ class Tokenizer:
     eos = read_config(path).get('eos_token_id')
     self.eos_id = eos[0] if isinstance(eos, list) else eos
 
+  @property
+  def size(self) -> int:
+    return self._tokenizer.get_vocab_size()
+
   def encode(self, text: str) -> list[int]:
     return self._tokenizer.encode(text).ids
 

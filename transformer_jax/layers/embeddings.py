@@ -6,7 +6,8 @@ import numpy as np
 
 
 class TextEmbed(nn.Module):
-  """Token rows E[s] plus the position rows (learned or sinusoidal) and token-type rows.
+  """Token rows E[s] (times sqrt(width) with cfg.scale_embeddings) plus the position rows (learned
+  or sinusoidal) and token-type rows.
 
   `attend` is the tied unembedding x E^T, in float32. Learned positions clip negative positions
   (the left padding of a decoding batch, never seen by a real token) to row 0.
@@ -27,6 +28,8 @@ class TextEmbed(nn.Module):
   def __call__(self, ids, positions, token_types=None):
     cfg = self.cfg
     x = jnp.take(self.tokens, ids, axis=0).astype(jnp.float32)
+    if cfg.scale_embeddings:
+      x = x * np.sqrt(cfg.width).astype(np.float32)
     if cfg.positions == 'learned':
       x = x + jnp.take(self.position_table, jnp.maximum(positions, 0), axis=0)
     elif cfg.positions == 'sinusoidal':

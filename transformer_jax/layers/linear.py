@@ -7,12 +7,16 @@ import jax
 import jax.numpy as jnp
 
 
-def kernel_init(std: float | None, in_axes: int = 1):
-  """N(0, std), or LeCun normal over the `in_axes` leading (contracted) dimensions."""
+def kernel_init(std: float | None, in_axes: int = 1, out_axes: int = 1):
+  """N(0, std), or LeCun normal: variance 1 / fan-in, the fan-in being the product of the
+  `in_axes` leading (contracted) dimensions. Every trailing output dimension is named as one, so
+  that none of them (such as the heads of a (D, heads, head_dim) kernel) counts as a receptive
+  field, which would multiply the fan-in."""
   if std is not None:
     return nn.initializers.normal(std)
   return nn.initializers.variance_scaling(
-      1.0, 'fan_in', 'truncated_normal', in_axis=tuple(range(in_axes)), out_axis=-1)
+      1.0, 'fan_in', 'truncated_normal', in_axis=tuple(range(in_axes)),
+      out_axis=tuple(range(in_axes, in_axes + out_axes)))
 
 
 class Linear(nn.Module):
@@ -37,7 +41,8 @@ class Linear(nn.Module):
     num_in = len(self.axes) - len(features)
     in_shape = x.shape[x.ndim - num_in:]
     kernel = self.param(
-        'kernel', nn.with_logical_partitioning(kernel_init(self.init_std, num_in), tuple(self.axes)),
+        'kernel', nn.with_logical_partitioning(kernel_init(self.init_std, num_in, len(features)),
+                                               tuple(self.axes)),
         in_shape + features, self.param_dtype)
     lead = x.shape[:x.ndim - num_in]
     y = jnp.dot(x.reshape(-1, math.prod(in_shape)).astype(self.dtype),
