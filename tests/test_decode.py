@@ -371,3 +371,17 @@ def test_sample_text_continues_the_prompt_and_cuts_at_eos():
   last = max(i for i, c in enumerate(text) if c not in text[:i])  # a first occurrence
   eos_vocab = CharVocab(eos_id=int(tokens[last]))
   assert decode.sample_text(model, params, eos_vocab, 'to be', **greedy) == [text[:last]]
+  assert decode.sample_text(model, params, vocab, 'to be', window=0, **greedy) == [text]
+  (windowed,) = decode.generate(model, params, jnp.array([vocab.encode('to be')]), window=2,
+                                max_new_tokens=NEW_TOKENS).tokens
+  assert decode.sample_text(model, params, vocab, 'to be', window=2, **greedy) == [
+      vocab.decode(windowed.tolist())]
+
+
+def test_sample_mode_windows_to_the_training_context_unless_told():
+  config = config_lib.base_config()
+  config.data.seq_len = 48
+  assert decode.sample_settings(config) == dict(config.sample, window=48)
+  for window in (0, 100):  # 0: the whole context, for sample_text
+    config.sample.window = window
+    assert decode.sample_settings(config) == dict(config.sample)

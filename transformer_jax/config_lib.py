@@ -140,10 +140,11 @@ def base_config() -> ml_collections.ConfigDict:
   # A Hugging Face checkpoint directory to start from instead of a random init (see
   # transformer_jax.convert); a checkpoint of the run's own, once there is one, wins.
   config.init_from_hf = ''
-  # --mode=sample: the keyword arguments of decode.sample_text.
+  # --mode=sample: the keyword arguments of decode.sample_text. window: each new token attends
+  # to its last `window` tokens; unset: data.seq_len, the context the run trained on; 0: all.
   config.sample = ml_collections.ConfigDict(dict(
       prompt='ROMEO:', max_new_tokens=256, temperature=0.8, top_k=0, top_p=1.0, seed=0,
-      num_samples=1))
+      num_samples=1, window=config_dict.placeholder(int)))
   return config
 
 

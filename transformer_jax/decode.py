@@ -393,12 +393,14 @@ class TextVocab(Protocol):
 
 def sample_text(model, params, vocab: TextVocab, prompt: str = 'ROMEO:', *,
                 max_new_tokens: int = 256, temperature: float = 0.8, top_k: int = 0,
-                top_p: float = 1.0, seed: int = 0, num_samples: int = 1) -> list[str]:
+                top_p: float = 1.0, seed: int = 0, num_samples: int = 1,
+                window: int | None = None) -> list[str]:
   """`num_samples` continuations of `prompt` (decoded, cut before EOS), drawn in one batch.
 
   The keyword arguments are the keys of config.sample, so the sample mode calls
-  sample_text(model, params, vocab, **config.sample). A decoder-only model continues the prompt;
-  an encoder-decoder reads it as its encoder input and writes from `vocab.bos_id`.
+  sample_text(model, params, vocab, **sample_settings(config)). A decoder-only model continues
+  the prompt; an encoder-decoder reads it as its encoder input and writes from `vocab.bos_id`.
+  window: as in `generate` (0 or None: the whole context).
   """
   check_can_decode(model)
   ids = list(vocab.encode(prompt))
@@ -415,7 +417,7 @@ def sample_text(model, params, vocab: TextVocab, prompt: str = 'ROMEO:', *,
     ids = [bos_id]
   out = generate(model, params, jnp.asarray([ids] * num_samples, jnp.int32),
                  max_new_tokens=max_new_tokens, rng=jax.random.key(seed), temperature=temperature,
-                 top_k=top_k, top_p=top_p, eos_id=eos_id, **extra)
+                 top_k=top_k, top_p=top_p, eos_id=eos_id, window=window or None, **extra)
   tokens, lengths = jax.device_get((out.tokens, out.lengths))
   texts = []
   for row, length in zip(tokens, lengths):
@@ -423,3 +425,11 @@ def sample_text(model, params, vocab: TextVocab, prompt: str = 'ROMEO:', *,
     texts.append(vocab.decode(row[:-1] if row and row[-1] == eos_id else row))
   return texts
 
+
+def sample_settings(config) -> dict:
+  """The keyword arguments of sample_text from a run's config: config.sample, whose window
+  defaults to the context the run trained on, data.seq_len (0: the whole context)."""
+  settings = dict(config.sample)
+  if settings['window'] is None:
+    settings['window'] = config.data.seq_len
+  return settings

@@ -50,7 +50,7 @@ def sample(config, workdir: str | None) -> list[str]:
     vocab, origin = None, config.init_from_hf
   if config.init_from_hf:
     vocab = convert.Tokenizer(config.init_from_hf)
-  texts = decode.sample_text(model, params, vocab, **config.sample)
+  texts = decode.sample_text(model, params, vocab, **decode.sample_settings(config))
   continues = model.cfg.family == 'decoder'  # an encoder-decoder maps input to output
   for number, text in enumerate(texts):
     print(f'--- sample {number} ({origin}) ---\n'
