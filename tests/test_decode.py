@@ -5,10 +5,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from helpers import tiny
 from transformer_jax import accounting, config_lib, decode, layers, models
+from transformer_jax.train import losses
 
 # Three prompts of different lengths in one batch, start-aligned; the tail of a short row is
 # junk that must never be read.
@@ -150,6 +152,55 @@ def test_teacher_forcing_through_the_window_cache_equals_the_banded_forward_pass
   expected = model.apply({'params': params}, tokens, attention_mask=band)
   got = decode.forced_logits(model, params, tokens, prompt_len=prompt_len, window=4)
   np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+
+
+def word_text(num_chars: int, seed: int) -> np.ndarray:
+  """Ids of words drawn at random from one lexicon of 40 (2 to 5 of 15 letters, then a space,
+  id 0): text whose next letter depends on the few before it, learned in a few hundred steps."""
+  lexicon_draws = np.random.default_rng(0)
+  lexicon = [lexicon_draws.integers(1, 16, lexicon_draws.integers(2, 6)) for _ in range(40)]
+  draws = np.random.default_rng(seed)
+  words = [np.append(lexicon[i], 0) for i in draws.integers(0, 40, num_chars // 2)]
+  return np.concatenate(words)[:num_chars].astype(np.int32)
+
+
+def train_on(ids, context: int, steps: int):
+  """A 2-block RoPE model of width 32, trained by Adam on random windows of `context` tokens."""
+  cfg = tiny('decoder', vocab_size=16, **config_lib.STYLES['llama'])
+  model, optimizer = models.build(cfg), optax.adam(3e-3)
+  params = models.init_params(cfg, jax.random.key(0))
+
+  @jax.jit
+  def step(params, opt_state, window):
+    def loss(params):
+      logits = model.apply({'params': params}, window[:, :-1])
+      sums = losses.loss_sums(logits, window[:, 1:], jnp.ones(window[:, 1:].shape))
+      return sums['loss'] / sums['weight']
+    updates, opt_state = optimizer.update(jax.grad(loss)(params), opt_state)
+    return optax.apply_updates(params, updates), opt_state
+
+  opt_state = optimizer.init(params)
+  for starts in np.random.default_rng(1).integers(0, len(ids) - context, (steps, 32)):
+    params, opt_state = step(params, opt_state, ids[starts[:, None] + np.arange(context + 1)])
+  return model, params
+
+
+def test_a_window_keeps_the_loss_far_past_the_training_context_at_its_trained_level():
+  context = 16
+  model, params = train_on(word_text(50_000, seed=1), context, steps=200)
+  held_out = jnp.asarray(word_text(38 * (16 * context + 1), seed=2).reshape(38, -1))
+  inputs, targets = held_out[:, :-1], held_out[:, 1:]
+  loss = lambda logits: -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None],
+                                             axis=-1)[..., 0]
+  whole = loss(model.apply({'params': params}, inputs))
+  windowed = loss(decode.forced_logits(model, params, inputs, window=context))
+  np.testing.assert_allclose(windowed[:, :context], whole[:, :context], atol=1e-5)
+  trained = whole[:, :context].mean()
+  far = slice(8 * context, 16 * context)
+  # Far out every prediction has a full window of context, where the first positions of the
+  # trained one have less: a little lower is expected, much lower would be a leak of the target.
+  assert trained - 0.2 < windowed[:, far].mean() < trained + 0.05
+  assert whole[:, far].mean() > trained + 1.0  # RoPE distances past 16: out of its depth
 
 
 def while_loop_carry(fn, *args):
