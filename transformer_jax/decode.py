@@ -211,12 +211,14 @@ def generate(model, params, prompt_tokens, *, max_new_tokens: int, rng=None,
 
   window: None, every token attends to its whole context; an int W, to its last W tokens only
   (itself included), through a ring of W cache slots per layer, so that a step costs the same
-  however long the generation runs. With RoPE or no positions a window keeps the distances a
-  token sees within W, the context a model was trained on when W is its training length; with
-  L > 1 layers this is sliding-window attention (each layer looks back W - 1 tokens, so the
-  last layer's output depends on up to L (W - 1) earlier tokens), not a re-run over the last W.
-  Sinusoidal positions stay absolute: the window bounds the span, not the positions. Learned
-  positions limit the prompt slots plus the new tokens to model.max_len, window or not.
+  however long the generation runs. With L > 1 layers this is sliding-window attention (each
+  layer looks back W - 1 tokens, so the last layer's output depends on up to L (W - 1) earlier
+  tokens), not a re-run over the last W tokens alone. With RoPE the distances a token sees stay
+  within W, the context the model was trained on when W is its training length. Sinusoidal
+  positions stay absolute, and a model without positions infers them from how many tokens it
+  sees: for these a window bounds the span but not what the model was trained on
+  (experiments/long_context.py measures all three). Learned positions limit the prompt slots
+  plus the new tokens to model.max_len, window or not.
   """
   check_can_decode(model)
   check_sampler(temperature, top_k, top_p)
