@@ -1,11 +1,14 @@
 """Decoding speed: the cached loop against naive recomputation and the memory-bandwidth bound.
 
   python experiments/bench_decode.py --quick     # seconds: seed model, 32 new tokens
-  python experiments/bench_decode.py --torch_python /work/torchref/bin/python   # the full table
+  python experiments/bench_decode.py --torch_python PYTHON_WITH_TORCH   # the full table
                                                    # (about 40 minutes on 2 shared cores)
+  python experiments/bench_decode.py --models seed --batches 1 --new_tokens 1024,4096 \
+      --no_naive                                   # some rows only: the flags select them
 
 Cached: `transformer_jax.decode.generate` (greedy), one compiled program: the prefill, then a
-`lax.while_loop` of one token per step.
+`lax.while_loop` of one token per step, over the whole context or (`--windows`) a sliding window
+whose ring of W slots makes every step cost the same however many tokens came before.
 Naive: what a JAX user without a cache writes: per new token, one jitted forward pass over a
 fixed buffer of prompt + N tokens (the causal mask keeps its unwritten tail out of the logits
 read). One compile, but every step pays for the whole buffer: about twice the work of a loop over
@@ -37,7 +40,7 @@ from transformer_jax.train import metrics
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONFIGS = {'seed': 'llama_shakespeare.py', 'gpt2_small': 'gpt2_small.py'}
-TORCH_REFERENCE = pathlib.Path('/work/shared/baselines/torch_reference.py')
+TORCH_REFERENCE = ROOT.parent / 'shared' / 'baselines' / 'torch_reference.py'
 
 
 def model_config(name: str, max_len: int, dtype: str | None):
@@ -78,9 +81,11 @@ def copy_bandwidth(num_bytes: int = 1 << 29) -> dict[str, float]:
   return {'numpy': 2 * num_bytes / numpy_s, 'xla': 2 * num_bytes / xla_s}
 
 
-def cached_seconds(model, params, prompt, new_tokens: int, repeats: int) -> float:
+def cached_seconds(model, params, prompt, new_tokens: int, repeats: int,
+                   window: int | None) -> float:
   run = jax.jit(lambda params, prompt: decode.generate(
-      model, params, prompt, max_new_tokens=new_tokens).tokens).lower(params, prompt).compile()
+      model, params, prompt, max_new_tokens=new_tokens, window=window).tokens).lower(
+          params, prompt).compile()
   return best_seconds(lambda: run(params, prompt), repeats, budget_s=20.0)
 
 
@@ -104,19 +109,20 @@ def naive_seconds(model, params, prompt, new_tokens: int, budget_s: float) -> tu
 
 
 def bounds_per_step(cfg, params, batch: int, prompt_len: int, new_tokens: int,
-                    bandwidth: float, flops: float) -> tuple[float, float]:
-  """Seconds per step to read what a step needs, and to compute it, over the average context."""
+                    bandwidth: float, flops: float, window: int | None) -> tuple[float, float]:
+  """Seconds per step to read what a step needs, and to compute it, over the average context
+  (at most the window)."""
   context = prompt_len + new_tokens // 2
   weights = sum(leaf.nbytes for leaf in jax.tree.leaves(params))
-  cache = accounting.kv_cache_bytes(cfg, context, batch)
-  step_flops = batch * accounting.flops_per_token(cfg, context)['forward']
+  cache = accounting.kv_cache_bytes(cfg, context, batch, window=window)
+  step_flops = batch * accounting.flops_per_token(cfg, min(context, window or context))['forward']
   return (weights + cache) / bandwidth, step_flops / flops
 
 
-def torch_reference(python: str, new_tokens: int, threads: int) -> dict:
+def torch_reference(python: str, script: str, new_tokens: int, threads: int) -> dict:
   """The PyTorch reference's naive generation (batch 1, after 11 training steps), tokens/s:
   the whole growing context per token, and the context cropped to its 64 training tokens."""
-  out = subprocess.run([python, str(TORCH_REFERENCE), '--steps', '11', '--eval_at', '',
+  out = subprocess.run([python, script, '--steps', '11', '--eval_at', '',
                         '--gen', '--gen_tokens', str(new_tokens), '--threads', str(threads)],
                        capture_output=True, text=True, check=True)
   result = json.loads(next(line for line in out.stdout.splitlines()
@@ -124,11 +130,47 @@ def torch_reference(python: str, new_tokens: int, threads: int) -> dict:
   return {key: value['tokens_per_s'] for key, value in result['generation'].items()}
 
 
+def time_row(name: str, model, params, prompt, new_tokens: int, window: int | None, args,
+             bandwidth: float, flops: float) -> dict:
+  """One row of the table: the cached loop (whole context or a window), naive recomputation of
+  the whole context unless skipped, and the bounds."""
+  batch, prompt_len = prompt.shape
+  cached = cached_seconds(model, params, prompt, new_tokens, args.repeats, window)
+  read, compute = bounds_per_step(model.cfg, params, batch, prompt_len, new_tokens, bandwidth,
+                                  flops, window)
+  row = dict(model=name, dtype=model.cfg.dtype, batch=batch, new_tokens=new_tokens,
+             window=window, cached_tokens_per_s=batch * new_tokens / cached,
+             cached_ms_per_step=1e3 * cached / new_tokens, bytes_bound_ms_per_step=1e3 * read,
+             flops_bound_ms_per_step=1e3 * compute,
+             times_bound=cached / new_tokens / max(read, compute))
+  if window is None and not args.no_naive:
+    naive, steps = naive_seconds(model, params, prompt, new_tokens, args.naive_budget_s)
+    row.update(naive_tokens_per_s=batch * new_tokens / naive, speedup=naive / cached,
+               naive_steps_timed=steps)
+  return row
+
+
+def format_row(row: dict) -> str:
+  cache = 'whole' if row['window'] is None else f'window {row["window"]}'
+  naive = f'{"-":>11} {"-":>8}'
+  if 'speedup' in row:
+    naive = f'{row["naive_tokens_per_s"]:>11,.1f} {row["speedup"]:>7,.0f}x'
+  return (f'{row["model"]:<11} {row["batch"]:>5} {row["new_tokens"]:>5} {cache:>9} '
+          f'{row["cached_tokens_per_s"]:>12,.0f} {naive} {row["cached_ms_per_step"]:>8.2f} '
+          f'{row["bytes_bound_ms_per_step"]:>8.2f} {row["flops_bound_ms_per_step"]:>8.2f} '
+          f'{row["times_bound"]:>6.1f}x  {row.get("naive_steps_timed", "-")}')
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--models', default='seed,gpt2_small')
   parser.add_argument('--new_tokens', default='256,1024')
   parser.add_argument('--batches', default='1,32')
+  parser.add_argument('--windows', default='0,64',
+                      help='cache windows to time, 0: the whole context')
+  parser.add_argument('--no_naive', action='store_true',
+                      help='skip naive recomputation (its buffer of prompt + N tokens does not '
+                           'fit in memory at batch 32 and 4,096 tokens)')
   parser.add_argument('--prompt_len', type=int, default=6, help="6: 'ROMEO:', as the reference")
   parser.add_argument('--naive_budget_s', type=float, default=20.0,
                       help='time the naive loop for about this long per row, then scale')
@@ -139,6 +181,8 @@ def main():
                            'which a CPU runs through conversions)')
   parser.add_argument('--torch_python', default=None,
                       help='a Python with torch, to time the PyTorch reference (seed model)')
+  parser.add_argument('--torch_reference', default=str(TORCH_REFERENCE),
+                      help='the PyTorch reference script')
   parser.add_argument('--torch_threads', type=int, default=1,
                       help='its threads: its README used 2, but 2 threads collapse (to about 2%% '
                            'of the speed) while other processes hold a core; 1 does not')
@@ -151,6 +195,7 @@ def main():
   names = [name for name in args.models.split(',') if name]  # '' times only the reference
   token_counts = [int(n) for n in args.new_tokens.split(',')]
   batches = [int(b) for b in args.batches.split(',')]
+  windows = [int(w) or None for w in args.windows.split(',')]
 
   print(f'load average before: {load_average()} ({os.cpu_count()} cores), jax {jax.__version__} '
         f'on {jax.devices()[0].platform}')
@@ -159,10 +204,9 @@ def main():
   bandwidth, flops = max(bandwidth.values()), metrics.measured_matmul_flops()
   print(f'float32 matmul: {flops / 1e9:.0f} GFLOP/s')
   rows = []
-  header = (f'{"model":<11} {"batch":>5} {"new":>5} {"cached tok/s":>12} {"naive tok/s":>11} '
-            f'{"speed-up":>8} {"ms/step":>8} {"bytes ms":>8} {"FLOPs ms":>8} {"x bound":>7}'
-            '  naive steps timed')
-  print(header)
+  print(f'{"model":<11} {"batch":>5} {"new":>5} {"cache":>9} {"cached tok/s":>12} '
+        f'{"naive tok/s":>11} {"speed-up":>8} {"ms/step":>8} {"bytes ms":>8} {"FLOPs ms":>8} '
+        f'{"x bound":>7}  naive steps timed')
   for name in names:
     cfg = model_config(name, args.prompt_len + max(token_counts), args.dtype)
     model = models.build(cfg)
@@ -172,24 +216,14 @@ def main():
       for new_tokens in token_counts:
         prompt = jnp.asarray(np.random.default_rng(batch).integers(
             0, cfg.vocab_size, (batch, args.prompt_len)), jnp.int32)
-        cached = cached_seconds(model, params, prompt, new_tokens, args.repeats)
-        naive, steps = naive_seconds(model, params, prompt, new_tokens, args.naive_budget_s)
-        read, compute = bounds_per_step(cfg, params, batch, args.prompt_len, new_tokens,
-                                        bandwidth, flops)
-        row = dict(model=name, dtype=cfg.dtype, batch=batch, new_tokens=new_tokens,
-                   cached_tokens_per_s=batch * new_tokens / cached,
-                   naive_tokens_per_s=batch * new_tokens / naive, speedup=naive / cached,
-                   cached_ms_per_step=1e3 * cached / new_tokens,
-                   bytes_bound_ms_per_step=1e3 * read, flops_bound_ms_per_step=1e3 * compute,
-                   times_bound=cached / new_tokens / max(read, compute), naive_steps_timed=steps)
-        rows.append(row)
-        print(f'{name:<11} {batch:>5} {new_tokens:>5} {row["cached_tokens_per_s"]:>12,.0f} '
-              f'{row["naive_tokens_per_s"]:>11,.1f} {row["speedup"]:>7,.0f}x '
-              f'{row["cached_ms_per_step"]:>8.2f} {1e3 * read:>8.2f} {1e3 * compute:>8.2f} '
-              f'{row["times_bound"]:>6.1f}x  {steps}', flush=True)
+        for window in windows:
+          rows.append(time_row(name, model, params, prompt, new_tokens, window, args,
+                               bandwidth, flops))
+          print(format_row(rows[-1]), flush=True)
   if args.torch_python:
     for new_tokens in token_counts:
-      rates = torch_reference(args.torch_python, new_tokens, args.torch_threads)
+      rates = torch_reference(args.torch_python, args.torch_reference, new_tokens,
+                              args.torch_threads)
       rows.append(dict(model='seed', reference='pytorch', threads=args.torch_threads, batch=1,
                        new_tokens=new_tokens, **rates))
       print(f'PyTorch reference ({args.torch_threads} threads), seed model, batch 1, '

@@ -76,6 +76,14 @@ def test_kv_cache_bytes():
   assert accounting.kv_cache_bytes(mqa, 4096, batch=3, dtype='bfloat16') == 3 * 1_342_177_280 // 8
 
 
+def test_a_sliding_window_caches_window_tokens_however_long_the_sequence():
+  # A ring of 1,024 slots: a 4,096-token sequence caches what a 1,024-token one does.
+  for seq_len in (1024, 4096, 100_000):
+    assert accounting.kv_cache_bytes(GPT2_SMALL, seq_len, window=1024,
+                                     dtype='float16') == 37_748_736
+  assert accounting.kv_cache_bytes(GPT2_SMALL, 512, window=1024, dtype='float16') == 37_748_736 // 2
+
+
 def test_no_kv_cache_without_causal_mask():
   with pytest.raises(ValueError, match='no causal mask'):
     accounting.kv_cache_bytes(dict(GPT2_SMALL, family='encoder'), 16)

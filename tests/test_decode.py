@@ -5,10 +5,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from helpers import tiny
 from transformer_jax import accounting, config_lib, decode, layers, models
+from transformer_jax.train import losses
 
 # Three prompts of different lengths in one batch, start-aligned; the tail of a short row is
 # junk that must never be read.
@@ -28,14 +30,16 @@ CASES = {
     'seq2seq': dict(family='encoder_decoder', **config_lib.STYLES['transformer']),
     'seq2seq-llama-gqa-scanned': dict(family='encoder_decoder', num_kv_heads=2, scan_layers=True,
                                       **config_lib.STYLES['llama']),
+    'no-positions': dict(family='decoder', **dict(config_lib.STYLES['llama'], positions='none')),
+    'sinusoidal': dict(family='decoder', **config_lib.STYLES['transformer']),
 }
 
 
-def build(case, seed=0):
+def build(case, seed=0, **overrides):
   """The model of `case` with parameters drawn by numpy in the shapes of its init (compiling the
   random init would take longer than the test): norm scales 1 + N(0, 0.1^2), the rest N(0, 0.1^2),
   biases included, so that no term is trivially zero."""
-  cfg = tiny(**CASES[case])
+  cfg = tiny(**CASES[case], **overrides)
   shapes = nn.meta.unbox(models.abstract_variables(cfg)['params'])
   noise = np.random.default_rng(seed)
   draw = lambda path, leaf: jnp.asarray(
@@ -43,17 +47,26 @@ def build(case, seed=0):
   return models.build(cfg), jax.tree_util.tree_map_with_path(draw, shapes)
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'steps'))
-def uncached_greedy(model, params, prompt, length, steps, inputs=None, input_valid=None):
+@functools.partial(jax.jit, static_argnames=('model', 'steps', 'window'))
+def uncached_greedy(model, params, prompt, length, steps, inputs=None, input_valid=None,
+                    window=None):
   """Argmax rollout of the full forward pass, no cache: one prompt (1, T) holding `length` real
   tokens, each step re-running the model over the whole buffer and reading the logits at the
-  last real token (the causal mask keeps the unused tail out of them)."""
+  last real token (the causal mask keeps the unused tail out of them). With `window`, a query
+  also sees no key more than window - 1 slots before it: the model's causal mask AND a band."""
   buffer = jnp.zeros((1, prompt.shape[1] + steps), jnp.int32).at[:, :prompt.shape[1]].set(prompt)
+  slots = np.arange(buffer.shape[1])
+  band = None if window is None else (slots[None, :] > slots[:, None] - window)[None, None]
+  decode_banded = lambda m, i, t, v: m.decode(t, m.encode(i, v), v, attention_mask=band)
 
   def step(i, carry):
     buffer, logits = carry
-    args = (buffer,) if inputs is None else (inputs, buffer, input_valid)
-    new = model.apply({'params': params}, *args)[0, length - 1 + i]
+    if inputs is None:
+      all_logits = model.apply({'params': params}, buffer, attention_mask=band)
+    else:
+      all_logits = model.apply({'params': params}, inputs, buffer, input_valid,
+                               method=decode_banded)
+    new = all_logits[0, length - 1 + i]
     return buffer.at[0, length + i].set(jnp.argmax(new)), logits.at[i].set(new)
 
   logits = jnp.zeros((steps, model.cfg.vocab_size), jnp.float32)
@@ -78,6 +91,152 @@ def test_greedy_cached_generation_equals_the_uncached_rollout(case):
     np.testing.assert_array_equal(out.tokens[row], tokens, err_msg=f'row {row}')
     np.testing.assert_allclose(out.logits[row], logits, atol=1e-5, rtol=0, err_msg=f'row {row}')
   np.testing.assert_array_equal(out.lengths, NEW_TOKENS)
+
+
+WINDOW, WINDOW_NEW_TOKENS = 3, 9  # the ring wraps; the reference's 16 slots fit gpt2's table
+
+
+@pytest.mark.parametrize('case', ['gpt2', 'llama-gqa-scanned', 'llama-mqa', 'no-positions',
+                                  'sinusoidal', 'seq2seq-llama-gqa-scanned'])
+def test_windowed_generation_equals_the_banded_uncached_rollout(case):
+  # Two layers: sliding-window attention, where a token's second-layer key was computed when it
+  # saw its own last WINDOW tokens; prompts of 7 and 5 tokens outgrow the ring at the prefill.
+  model, params = build(case)
+  if model.cfg.family == 'encoder_decoder':
+    prompts, lengths = TARGET_PROMPTS, TARGET_LENGTHS
+    encoder = dict(inputs=INPUTS, input_valid=INPUT_VALID)
+  else:
+    prompts, lengths, encoder = PROMPTS, LENGTHS, {}
+  out = decode.generate(model, params, prompts, prompt_lengths=lengths, window=WINDOW,
+                        max_new_tokens=WINDOW_NEW_TOKENS, return_logits=True, **encoder)
+  for row in range(len(prompts)):
+    alone = {k: v[row:row + 1] for k, v in encoder.items()}
+    tokens, logits = uncached_greedy(model, params, prompts[row:row + 1], lengths[row],
+                                     WINDOW_NEW_TOKENS, window=WINDOW, **alone)
+    np.testing.assert_array_equal(out.tokens[row], tokens, err_msg=f'row {row}')
+    np.testing.assert_allclose(out.logits[row], logits, atol=1e-5, rtol=0, err_msg=f'row {row}')
+  whole = decode.generate(model, params, prompts, prompt_lengths=lengths,
+                          max_new_tokens=WINDOW_NEW_TOKENS, return_logits=True, **encoder)
+  assert not np.allclose(whole.logits, out.logits, atol=1e-3)  # the window changed something
+
+
+@functools.partial(jax.jit, static_argnames='model')
+def last_logits(model, params, context, length):
+  """The logits after the first `length` tokens of `context` (1, W), run alone from position 0."""
+  return model.apply({'params': params}, context)[0, length - 1]
+
+
+@pytest.mark.parametrize('case', ['llama-mqa', 'no-positions'])
+def test_one_layer_window_equals_recomputing_the_last_window_tokens(case):
+  # With one layer a window is exactly nanoGPT's crop: each new token from a fresh forward pass
+  # over the last WINDOW tokens at positions 0.., which RoPE's relative angles make equivalent.
+  model, params = build(case, num_layers=1)
+  out = decode.generate(model, params, PROMPTS, prompt_lengths=LENGTHS, window=WINDOW,
+                        max_new_tokens=WINDOW_NEW_TOKENS, return_logits=True)
+  for row, length in enumerate(LENGTHS.tolist()):
+    sequence = PROMPTS[row, :length].tolist()
+    for i in range(WINDOW_NEW_TOKENS):
+      context = sequence[-WINDOW:]
+      padded = jnp.zeros((1, WINDOW), jnp.int32).at[0, :len(context)].set(jnp.array(context))
+      logits = last_logits(model, params, padded, len(context))
+      np.testing.assert_allclose(out.logits[row, i], logits, atol=1e-5, err_msg=f'row {row}')
+      sequence.append(int(jnp.argmax(logits)))
+    np.testing.assert_array_equal(out.tokens[row], sequence[length:], err_msg=f'row {row}')
+
+
+@pytest.mark.parametrize('prompt_len', [1, 6])
+def test_teacher_forcing_through_the_window_cache_equals_the_banded_forward_pass(prompt_len):
+  model, params = build('llama-gqa-scanned')
+  tokens = jnp.asarray(np.random.default_rng(1).integers(0, 40, (2, 20)), jnp.int32)
+  band = (np.arange(20)[None, :] > np.arange(20)[:, None] - 4)[None, None]
+  expected = model.apply({'params': params}, tokens, attention_mask=band)
+  got = decode.forced_logits(model, params, tokens, prompt_len=prompt_len, window=4)
+  np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+
+
+def word_text(num_chars: int, seed: int) -> np.ndarray:
+  """Ids of words drawn at random from one lexicon of 40 (2 to 5 of 15 letters, then a space,
+  id 0): text whose next letter depends on the few before it, learned in a few hundred steps."""
+  lexicon_draws = np.random.default_rng(0)
+  lexicon = [lexicon_draws.integers(1, 16, lexicon_draws.integers(2, 6)) for _ in range(40)]
+  draws = np.random.default_rng(seed)
+  words = [np.append(lexicon[i], 0) for i in draws.integers(0, 40, num_chars // 2)]
+  return np.concatenate(words)[:num_chars].astype(np.int32)
+
+
+def train_on(ids, context: int, steps: int):
+  """A 2-block RoPE model of width 32, trained by Adam on random windows of `context` tokens."""
+  cfg = tiny('decoder', vocab_size=16, **config_lib.STYLES['llama'])
+  model, optimizer = models.build(cfg), optax.adam(3e-3)
+  params = models.init_params(cfg, jax.random.key(0))
+
+  @jax.jit
+  def step(params, opt_state, window):
+    def loss(params):
+      logits = model.apply({'params': params}, window[:, :-1])
+      sums = losses.loss_sums(logits, window[:, 1:], jnp.ones(window[:, 1:].shape))
+      return sums['loss'] / sums['weight']
+    updates, opt_state = optimizer.update(jax.grad(loss)(params), opt_state)
+    return optax.apply_updates(params, updates), opt_state
+
+  opt_state = optimizer.init(params)
+  for starts in np.random.default_rng(1).integers(0, len(ids) - context, (steps, 32)):
+    params, opt_state = step(params, opt_state, ids[starts[:, None] + np.arange(context + 1)])
+  return model, params
+
+
+def test_a_window_keeps_the_loss_far_past_the_training_context_at_its_trained_level():
+  context = 16
+  model, params = train_on(word_text(50_000, seed=1), context, steps=200)
+  held_out = jnp.asarray(word_text(38 * (16 * context + 1), seed=2).reshape(38, -1))
+  inputs, targets = held_out[:, :-1], held_out[:, 1:]
+  loss = lambda logits: -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None],
+                                             axis=-1)[..., 0]
+  whole = loss(model.apply({'params': params}, inputs))
+  windowed = loss(decode.forced_logits(model, params, inputs, window=context))
+  np.testing.assert_allclose(windowed[:, :context], whole[:, :context], atol=1e-5)
+  trained = whole[:, :context].mean()
+  far = slice(8 * context, 16 * context)
+  # Far out every prediction has a full window of context, where the first positions of the
+  # trained one have less: a little lower is expected, much lower would be a leak of the target.
+  assert trained - 0.2 < windowed[:, far].mean() < trained + 0.05
+  assert whole[:, far].mean() > trained + 1.0  # RoPE distances past 16: out of its depth
+
+
+def while_loop_carry(fn, *args):
+  """Shapes and dtypes of what the first lax.while_loop in fn's program carries between steps."""
+  def find(jaxpr):
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == 'while':
+        return eqn.params['body_jaxpr'].in_avals[eqn.params['body_nconsts']:]
+      for inner in (getattr(p, 'jaxpr', p) for p in eqn.params.values()):
+        if hasattr(inner, 'eqns') and (found := find(inner)):
+          return found
+    return None
+  return find(jax.make_jaxpr(fn)(*args).jaxpr)
+
+
+@pytest.mark.parametrize('case', ['llama-gqa-scanned', 'llama-mqa'])
+def test_the_window_cache_is_a_ring_of_window_slots_as_the_accounting_says(case):
+  model, params = build(case)
+  batch, prompt_len = PROMPTS.shape
+  fed = prompt_len + WINDOW_NEW_TOKENS - 1
+  for window, slots in ((WINDOW, WINDOW), (None, fed), (fed + 5, fed)):
+    carry = while_loop_carry(lambda p: decode.generate(
+        model, p, PROMPTS, max_new_tokens=WINDOW_NEW_TOKENS, window=window).tokens, params)
+    cache = [a for a in carry if a.ndim >= 3]  # the rest: step, token, done, tokens
+    expected = jax.tree.leaves(decode.init_cache(model, batch, slots))
+    assert sorted(a.shape for a in cache) == sorted(leaf.shape for leaf in expected)
+    assert all(a.shape[-2] == slots for a in cache), window
+    assert sum(a.size * a.dtype.itemsize for a in cache) == accounting.kv_cache_bytes(
+        model.cfg, fed, batch, window=window)
+
+
+@pytest.mark.parametrize('window', [0, -2, 2.5])
+def test_a_window_must_be_a_whole_number_of_tokens(window):
+  model, params = build('llama-mqa')
+  with pytest.raises(ValueError, match=f'window={window} must be a whole number'):
+    decode.generate(model, params, PROMPTS, max_new_tokens=2, window=window)
 
 
 @pytest.mark.parametrize('tau,expected', [(1.0, (0.665, 0.245, 0.090)),
@@ -230,6 +389,10 @@ def test_learned_positions_past_max_len_fail():
   model, params = build('gpt2')
   with pytest.raises(ValueError, match='max_len=16'):
     decode.generate(model, params, PROMPTS, max_new_tokens=11)
+  with pytest.raises(ValueError, match='a window does not help'):
+    decode.generate(model, params, PROMPTS, max_new_tokens=11, window=4)
+  with pytest.raises(ValueError, match='max_len=16'):
+    decode.forced_logits(model, params, jnp.zeros((1, 17), jnp.int32), window=4)
   with pytest.raises(ValueError, match='prompt_lengths'):
     decode.generate(model, params, PROMPTS, prompt_lengths=jnp.array([7, 0, 5]), max_new_tokens=2)
 
@@ -259,6 +422,20 @@ def test_sample_text_continues_the_prompt_and_cuts_at_eos():
   last = max(i for i, c in enumerate(text) if c not in text[:i])  # a first occurrence
   eos_vocab = CharVocab(eos_id=int(tokens[last]))
   assert decode.sample_text(model, params, eos_vocab, 'to be', **greedy) == [text[:last]]
+  assert decode.sample_text(model, params, vocab, 'to be', window=0, **greedy) == [text]
+  (windowed,) = decode.generate(model, params, jnp.array([vocab.encode('to be')]), window=2,
+                                max_new_tokens=NEW_TOKENS).tokens
+  assert decode.sample_text(model, params, vocab, 'to be', window=2, **greedy) == [
+      vocab.decode(windowed.tolist())]
+
+
+def test_sample_mode_windows_to_the_training_context_unless_told():
+  config = config_lib.base_config()
+  config.data.seq_len = 48
+  assert decode.sample_settings(config) == dict(config.sample, window=48)
+  for window in (0, 100):  # 0: the whole context, for sample_text
+    config.sample.window = window
+    assert decode.sample_settings(config) == dict(config.sample)
 
 
 class SizedCharVocab(CharVocab):

@@ -157,15 +157,17 @@ def flops_per_token(model, seq_len: int | None = None) -> dict[str, float]:
 
 
 def kv_cache_bytes(model, seq_len: int, batch: int = 1, dtype: Any = None,
-                   source_len: int | None = None) -> int:
+                   source_len: int | None = None, window: int | None = None) -> int:
   """Bytes of the KV cache of `batch` sequences of `seq_len` tokens: 2 * L * T * kv_heads *
   head_dim numbers each (plus the cross-attention keys and values of `source_len` encoder
-  outputs for an encoder-decoder). dtype defaults to the model's compute dtype."""
+  outputs for an encoder-decoder). dtype defaults to the model's compute dtype. With a sliding
+  `window`, T is the ring's min(window, seq_len) slots, however long the sequence grows."""
   cfg = models.model_config(model)
   if cfg.family in ('vit', 'encoder'):
     raise ValueError(f'A {cfg.family!r} model has no causal mask, so it has no KV cache: '
                      'a new token would change the keys and values of every earlier one.')
   layers = cfg.num_layers if cfg.family == 'decoder' else cfg.decoder_layers
-  tokens = seq_len + (source_len or 0) * (cfg.family == 'encoder_decoder')
+  slots = seq_len if window is None else min(window, seq_len)
+  tokens = slots + (source_len or 0) * (cfg.family == 'encoder_decoder')
   itemsize = jnp.dtype(dtype or cfg.dtype).itemsize
   return batch * 2 * layers * tokens * cfg.kv_heads * cfg.head_dim * itemsize

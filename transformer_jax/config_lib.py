@@ -151,10 +151,11 @@ def base_config() -> ml_collections.ConfigDict:
   # changed schedule): WORKDIR or WORKDIR:STEP (default: its latest checkpoint). A checkpoint of
   # the run's own, once there is one, wins.
   config.init_from_checkpoint = ''
-  # --mode=sample: the keyword arguments of decode.sample_text.
+  # --mode=sample: the keyword arguments of decode.sample_text. window: each new token attends
+  # to its last `window` tokens; unset: data.seq_len, the context the run trained on; 0: all.
   config.sample = ml_collections.ConfigDict(dict(
       prompt='ROMEO:', max_new_tokens=256, temperature=0.8, top_k=0, top_p=1.0, seed=0,
-      num_samples=1))
+      num_samples=1, window=config_dict.placeholder(int)))
   return config
 
 
@@ -223,6 +224,7 @@ RANGES = {
     'sample.top_p': Range(0, 1, open_low=True),
     'sample.seed': Range(0, integer=True),
     'sample.num_samples': COUNT,
+    'sample.window': Range(0, integer=True, optional=True),  # 0: the whole context
 }
 CHOICES = {'parallelism': ('jit', 'shard_map'), 'optimizer.schedule': ('cosine', 'constant')}
 

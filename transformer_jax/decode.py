@@ -10,6 +10,12 @@ A batch holds prompts of different lengths: `prompt_tokens` (B, P) are start-ali
 a row padded by k slots has positions -k..-1 there, which `causal_mask` hides from every query,
 so each row decodes exactly as its prompt alone would. The new token i sits at slot P - 1 + i
 with its true position, prompt length + i.
+
+With a sliding window of W tokens, each layer's cache is a ring of W slots: the token at slot s
+writes its keys and values to slot s % W and attends to the slots holding its last W tokens, so
+a step costs the same however long the generation runs. A prompt longer than the ring is
+prefilled over a cache of its own length under the same banded mask; its last W slots, rotated
+into place, become the ring.
 """
 import functools
 from typing import Any, Protocol, Sequence
@@ -160,10 +166,37 @@ def init_cache(model, batch_size: int, cache_len: int, source_len: int | None = 
   return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes['cache'])
 
 
+def check_window(window):
+  """None (the whole context) or a whole number of tokens >= 1."""
+  if window is not None and (int(window) != window or window < 1):
+    raise ValueError(f'window={window} must be a whole number >= 1 (None attends to the whole '
+                     'context).')
+
+
+def check_positions(cfg, num_tokens: int, what: str, fix: str):
+  """Learned positions stop at the table's last row, window or not."""
+  if cfg.positions == 'learned' and num_tokens > cfg.max_len:
+    raise ValueError(
+        f'{what} need positions up to {num_tokens - 1}, but the learned position table has '
+        f'model.max_len={cfg.max_len} rows: {fix} (a window does not help: it bounds what a '
+        'token attends to, not the table row of its position).')
+
+
+def check_inputs(cfg, inputs):
+  if (inputs is not None) != (cfg.family == 'encoder_decoder'):
+    raise ValueError('An encoder-decoder needs its encoder input `inputs`; a decoder-only model '
+                     'takes none (its whole context is its tokens).')
+
+
+def cache_slots(num_tokens: int, window: int | None = None) -> int:
+  """Self-attention cache slots for `num_tokens` fed tokens: all of them, or a ring of `window`."""
+  return num_tokens if window is None else min(window, num_tokens)
+
+
 def generate(model, params, prompt_tokens, *, max_new_tokens: int, rng=None,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              eos_id: int | None = None, pad_id: int = 0, prompt_lengths=None, inputs=None,
-             input_valid=None, return_logits: bool = False,
+             input_valid=None, window: int | None = None, return_logits: bool = False,
              token_limit: int | None = None) -> Generation:
   """`max_new_tokens` new tokens after each prompt, drawn by `sample` (temperature 0: greedy).
 
@@ -174,28 +207,34 @@ def generate(model, params, prompt_tokens, *, max_new_tokens: int, rng=None,
   prompt_tokens (typically one BOS per row); the encoder and the cross-attention keys and values
   run once, at the prefill. A row stops at `eos_id` (kept in its tokens) and is padded with
   `pad_id`; the loop ends when every row has stopped. Step i draws with
-  jax.random.fold_in(rng, i), so the result is a pure function of the rng. Learned positions
-  limit the prompt slots plus the new tokens to model.max_len; RoPE and sinusoidal positions go
-  past it (into lengths the model may never have been trained on). `token_limit` restricts the
-  draws to the ids below it: for a model whose vocabulary rows are padded past its tokenizer's
-  ids, which have no text.
+  jax.random.fold_in(rng, i), so the result is a pure function of the rng.
+
+  window: None, every token attends to its whole context; an int W, to its last W tokens only
+  (itself included), through a ring of W cache slots per layer, so that a step costs the same
+  however long the generation runs. With L > 1 layers this is sliding-window attention (each
+  layer looks back W - 1 tokens, so the last layer's output depends on up to L (W - 1) earlier
+  tokens), not a re-run over the last W tokens alone. With RoPE the distances a token sees stay
+  within W, the context the model was trained on when W is its training length. Sinusoidal
+  positions stay absolute, and a model without positions infers them from how many tokens it
+  sees: for these a window bounds the span but not what the model was trained on
+  (experiments/long_context.py measures all three). Learned positions limit the prompt slots
+  plus the new tokens to model.max_len, window or not.
+  `token_limit` restricts the draws to the ids below it: for a model whose vocabulary rows are
+  padded past its tokenizer's ids, which have no text.
   """
   check_can_decode(model)
   check_sampler(temperature, top_k, top_p)
+  check_window(window)
   cfg = model.cfg
   batch, prompt_len = np.shape(prompt_tokens)
   if max_new_tokens < 1:
     raise ValueError(f'max_new_tokens={max_new_tokens} must be at least 1.')
   if temperature > 0 and rng is None:
     raise ValueError(f'Sampling at temperature={temperature} needs an rng (a jax.random.key).')
-  if cfg.positions == 'learned' and prompt_len + max_new_tokens - 1 > cfg.max_len:
-    raise ValueError(
-        f'A prompt of {prompt_len} slots and {max_new_tokens} new tokens need positions up to '
-        f'{prompt_len + max_new_tokens - 2}, but the learned position table has model.max_len='
-        f'{cfg.max_len} rows: shorten the prompt or max_new_tokens.')
-  if (inputs is not None) != (cfg.family == 'encoder_decoder'):
-    raise ValueError('An encoder-decoder needs its encoder input `inputs`; a decoder-only model '
-                     'takes none (its whole context is prompt_tokens).')
+  check_positions(cfg, prompt_len + max_new_tokens - 1,
+                  f'A prompt of {prompt_len} slots and {max_new_tokens} new tokens',
+                  'shorten the prompt or max_new_tokens')
+  check_inputs(cfg, inputs)
   if prompt_lengths is None:
     prompt_lengths = np.full((batch,), prompt_len, np.int32)
   elif not isinstance(prompt_lengths, jax.core.Tracer):
@@ -209,16 +248,64 @@ def generate(model, params, prompt_tokens, *, max_new_tokens: int, rng=None,
       inputs, input_valid, jax.random.key(0) if rng is None else rng,  # greedy ignores the rng
       jnp.int32(-1 if eos_id is None else eos_id),  # no token id is negative: never stops
       jnp.int32(pad_id), max_new_tokens=max_new_tokens, temperature=float(temperature),
-      top_k=int(top_k), top_p=float(top_p), return_logits=return_logits,
+      top_k=int(top_k), top_p=float(top_p), window=window, return_logits=return_logits,
       token_limit=token_limit)
 
 
+def _cached_forward(model, params, window, input_valid=None):
+  """forward(cache, slots, tokens, positions, query_slots, encoded=None) -> (logits, cache).
+
+  Runs `tokens` (B, T), which sit at `query_slots` (T,) of their rows' sequences, over a cache of
+  `slots` self-attention slots, writing their keys and values from slot query_slots[0] % slots
+  on: a ring once the sequence outgrows it, which takes one token per call (see `causal_mask`).
+  """
+  encoder_decoder = model.cfg.family == 'encoder_decoder'
+
+  def forward(cache, slots, tokens, positions, query_slots, encoded=None):
+    args = (tokens, encoded, input_valid, positions) if encoder_decoder else (tokens, positions)
+    logits, variables = model.apply(
+        {'params': params, 'cache': cache}, *args,
+        attention_mask=causal_mask(query_slots, positions, slots, window),
+        cache_index=query_slots[0] % slots, mutable=['cache'],
+        method='decode' if encoder_decoder else None)
+    return logits, variables['cache']
+
+  return forward
+
+
+def _prefill(model, forward, prompt, pad, ring_slots: int, encoded=None):
+  """Logits (B, P, V) of a whole prompt in one pass, and a cache of `ring_slots` self-attention
+  slots that holds the keys and values of its last `ring_slots` tokens, token s at slot
+  s % ring_slots (the cross-attention keys and values of an encoder-decoder as they are).
+
+  A prompt longer than the ring runs over a cache of its own length, under the same banded mask
+  as the steps, whose last slots then become the ring.
+  """
+  batch, prompt_len = prompt.shape
+  slots = max(prompt_len, ring_slots)
+  source_len = None if encoded is None else encoded.shape[1]
+  query_slots = jnp.arange(prompt_len)
+  logits, cache = forward(init_cache(model, batch, slots, source_len), slots, prompt,
+                          query_slots[None, :] - pad[:, None], query_slots, encoded)
+  if slots > ring_slots:
+    kept = slots - ring_slots + (np.arange(ring_slots) - slots) % ring_slots
+    cache = jax.tree_util.tree_map_with_path(
+        lambda path, x: x if _is_cross_attention(path) else x[..., kept, :], cache)
+  return logits, cache
+
+
+def _is_cross_attention(path) -> bool:
+  return any(getattr(key, 'key', None) == 'cross_attn' for key in path)
+
+
 @functools.partial(jax.jit, static_argnames=('model', 'max_new_tokens', 'temperature', 'top_k',
-                                             'top_p', 'return_logits', 'token_limit'))
+                                             'top_p', 'window', 'return_logits', 'token_limit'))
 def _generate(model, params, prompt_tokens, prompt_lengths, inputs, input_valid, rng, eos_id,
-              pad_id, *, max_new_tokens, temperature, top_k, top_p, return_logits, token_limit):
+              pad_id, *, max_new_tokens, temperature, top_k, top_p, window, return_logits,
+              token_limit):
   batch, prompt_len = prompt_tokens.shape
-  cache_len = prompt_len + max_new_tokens - 1  # the last new token is never fed back
+  # The last new token is never fed back.
+  ring_slots = cache_slots(prompt_len + max_new_tokens - 1, window)
   pad = prompt_len - prompt_lengths  # left padding of each row
   slots = jnp.arange(prompt_len)
   shifted = jnp.take_along_axis(prompt_tokens, (slots[None, :] - pad[:, None]) % prompt_len, 1)
@@ -231,23 +318,13 @@ def _generate(model, params, prompt_tokens, prompt_lengths, inputs, input_valid,
     return sample(logits, jax.random.fold_in(rng, step), temperature=temperature, top_k=top_k,
                   top_p=top_p)
 
-  encoder_decoder = model.cfg.family == 'encoder_decoder'
-  if encoder_decoder:
-    cache = init_cache(model, batch, cache_len, inputs.shape[1])
+  forward = _cached_forward(model, params, window, input_valid)
+  encoded = None
+  if model.cfg.family == 'encoder_decoder':
     encoded = model.apply({'params': params}, inputs, input_valid, method='encode')
-  else:
-    cache, encoded = init_cache(model, batch, cache_len), None
-
-  def forward(cache, tokens, positions, query_slots, encoded=None):
-    """Logits of `tokens` at `query_slots`, and the cache with their keys and values added."""
-    args = (tokens, encoded, input_valid, positions) if encoder_decoder else (tokens, positions)
-    return model.apply({'params': params, 'cache': cache}, *args,
-                       attention_mask=causal_mask(query_slots, positions, cache_len),
-                       cache_index=query_slots[0], mutable=['cache'],
-                       method='decode' if encoder_decoder else None)
 
   # Prefill: the whole prompt in one pass; its last slot predicts the first new token.
-  logits, variables = forward(cache, prompt, slots[None, :] - pad[:, None], slots, encoded)
+  logits, cache = _prefill(model, forward, prompt, pad, ring_slots, encoded)
   first = draw(logits[:, -1], 0)
   tokens = jnp.full((batch, max_new_tokens), pad_id, jnp.int32).at[:, 0].set(first)
   kept = None
@@ -255,15 +332,15 @@ def _generate(model, params, prompt_tokens, prompt_lengths, inputs, input_valid,
     kept = jnp.zeros((batch, max_new_tokens, logits.shape[-1]), jnp.float32).at[:, 0].set(
         logits[:, -1])
   state = _Loop(step=jnp.int32(1), token=first, done=first == eos_id, tokens=tokens, logits=kept,
-                cache=variables['cache'])
+                cache=cache)
 
   def not_finished(state):
     return (state.step < max_new_tokens) & ~jnp.all(state.done)
 
   def step(state):
     slot = prompt_len - 1 + state.step  # where the previous new token goes
-    positions = (slot - pad)[:, None]
-    logits, variables = forward(state.cache, state.token[:, None], positions, slot[None])
+    logits, cache = forward(state.cache, ring_slots, state.token[:, None], (slot - pad)[:, None],
+                            slot[None])
     token = draw(logits[:, 0], state.step)  # fed on in a stopped row too, but never written
     written = jnp.where(state.done, pad_id, token)[:, None]
     kept = state.logits
@@ -271,12 +348,46 @@ def _generate(model, params, prompt_tokens, prompt_lengths, inputs, input_valid,
       kept = jax.lax.dynamic_update_slice(kept, logits, (0, state.step, 0))
     return _Loop(step=state.step + 1, token=token, done=state.done | (token == eos_id),
                  tokens=jax.lax.dynamic_update_slice(state.tokens, written, (0, state.step)),
-                 logits=kept, cache=variables['cache'])
+                 logits=kept, cache=cache)
 
   state = jax.lax.while_loop(not_finished, step, state)
   ended = state.tokens == eos_id
   lengths = jnp.where(ended.any(axis=1), jnp.argmax(ended, axis=1) + 1, max_new_tokens)
   return Generation(tokens=state.tokens, lengths=lengths.astype(jnp.int32), logits=state.logits)
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'prompt_len', 'window'))
+def forced_logits(model, params, tokens, *, prompt_len: int = 1, window: int | None = None,
+                  inputs=None, input_valid=None) -> jax.Array:
+  """Float32 logits (B, T, V) of the token after each of `tokens` (B, T), computed as `generate`
+  computes them: the first `prompt_len` tokens in one prefill, then one token per step through
+  the cache (a ring of `window` slots, or one slot per token), each step fed the true next token
+  instead of a drawn one (teacher forcing). This measures the loss of cached decoding far past
+  a model's training length; `inputs` and `input_valid` as in `generate`.
+  """
+  check_can_decode(model)
+  check_window(window)
+  check_inputs(model.cfg, inputs)
+  batch, length = tokens.shape
+  check_positions(model.cfg, length, f'{length} tokens', 'score fewer tokens')
+  if not 1 <= prompt_len <= length:
+    raise ValueError(f'prompt_len={prompt_len} must be between 1 and the {length} tokens.')
+  ring_slots = cache_slots(length, window)
+  pad = jnp.zeros((batch,), jnp.int32)
+  forward = _cached_forward(model, params, window, input_valid)
+  encoded = None
+  if model.cfg.family == 'encoder_decoder':
+    encoded = model.apply({'params': params}, inputs, input_valid, method='encode')
+  logits, cache = _prefill(model, forward, tokens[:, :prompt_len], pad, ring_slots, encoded)
+
+  def step(cache, slot):
+    token = jax.lax.dynamic_slice_in_dim(tokens, slot, 1, axis=1)
+    logits, cache = forward(cache, ring_slots, token, jnp.broadcast_to(slot, (batch, 1)),
+                            slot[None])
+    return cache, logits[:, 0]
+
+  _, later = jax.lax.scan(step, cache, jnp.arange(prompt_len, length))
+  return jnp.concatenate([logits, jnp.swapaxes(later, 0, 1)], axis=1)
 
 
 # Text in, text out: what `launch.py --mode=sample` runs.
@@ -293,12 +404,14 @@ class TextVocab(Protocol):
 
 def sample_text(model, params, vocab: TextVocab, prompt: str = 'ROMEO:', *,
                 max_new_tokens: int = 256, temperature: float = 0.8, top_k: int = 0,
-                top_p: float = 1.0, seed: int = 0, num_samples: int = 1) -> list[str]:
+                top_p: float = 1.0, seed: int = 0, num_samples: int = 1,
+                window: int | None = None) -> list[str]:
   """`num_samples` continuations of `prompt` (decoded, cut before EOS), drawn in one batch.
 
   The keyword arguments are the keys of config.sample, so the sample mode calls
-  sample_text(model, params, vocab, **config.sample). A decoder-only model continues the prompt;
-  an encoder-decoder reads it as its encoder input and writes from `vocab.bos_id`.
+  sample_text(model, params, vocab, **sample_settings(config)). A decoder-only model continues
+  the prompt; an encoder-decoder reads it as its encoder input and writes from `vocab.bos_id`.
+  window: as in `generate` (0 or None: the whole context).
   """
   check_can_decode(model)
   ids = list(vocab.encode(prompt))
@@ -315,7 +428,7 @@ def sample_text(model, params, vocab: TextVocab, prompt: str = 'ROMEO:', *,
     ids = [bos_id]
   out = generate(model, params, jnp.asarray([ids] * num_samples, jnp.int32),
                  max_new_tokens=max_new_tokens, rng=jax.random.key(seed), temperature=temperature,
-                 top_k=top_k, top_p=top_p, eos_id=eos_id,
+                 top_k=top_k, top_p=top_p, eos_id=eos_id, window=window or None,
                  token_limit=getattr(vocab, 'size', None), **extra)
   tokens, lengths = jax.device_get((out.tokens, out.lengths))
   texts = []
@@ -323,3 +436,12 @@ def sample_text(model, params, vocab: TextVocab, prompt: str = 'ROMEO:', *,
     row = row[:length].tolist()
     texts.append(vocab.decode(row[:-1] if row and row[-1] == eos_id else row))
   return texts
+
+
+def sample_settings(config) -> dict:
+  """The keyword arguments of sample_text from a run's config: config.sample, whose window
+  defaults to the context the run trained on, data.seq_len (0: the whole context)."""
+  settings = dict(config.sample)
+  if settings['window'] is None:
+    settings['window'] = config.data.seq_len
+  return settings

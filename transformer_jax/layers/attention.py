@@ -7,18 +7,27 @@ from transformer_jax.layers.embeddings import apply_rope
 from transformer_jax.layers.linear import Linear
 
 
-def causal_mask(query_slots: jax.Array, positions: jax.Array, kv_len: int) -> jax.Array:
-  """(B, 1, T, kv_len): a query sees the keys from its row's first token up to itself.
+def causal_mask(query_slots: jax.Array, positions: jax.Array, kv_len: int,
+                window: int | None = None) -> jax.Array:
+  """(B, 1, T, kv_len): a query sees the keys from its row's first token up to itself, and with
+  `window` only the last `window` of them (itself included): a banded causal mask.
 
-  `query_slots` (T,) are the key slots the queries occupy (0..T-1 without a cache; the cache index
-  onwards with one); `positions` (B, T) their token positions. A row whose prompt is left-padded by
-  k slots has positions starting at -k, so its first real token sits at slot k and the padding
-  slots before it are never seen.
+  `query_slots` (T,) are the slots of the queries in their row's sequence (0..T-1 without a
+  cache; the cache index onwards with one); `positions` (B, T) their token positions. A row whose
+  prompt is left-padded by k slots has positions starting at -k, so its first real token sits at
+  slot k and the padding slots before it are never seen.
+
+  The kv_len key slots are a ring: key slot j holds the latest token at or before the query
+  whose slot is j modulo kv_len. While the slots stay below kv_len that is token j itself (or
+  none, for j after the query); a sliding-window cache of kv_len = window slots that wrote
+  token s at slot s % window holds exactly the query's last `window` tokens (one query per call
+  once the ring wraps: several would overwrite keys that the earlier of them still see).
   """
+  held = query_slots[:, None] - (query_slots[:, None] - jnp.arange(kv_len)[None, :]) % kv_len
   first_slot = query_slots[None, :] - positions  # (B, T)
-  key_slots = jnp.arange(kv_len)
-  visible = ((key_slots[None, None, :] <= query_slots[None, :, None]) &
-             (key_slots[None, None, :] >= first_slot[:, :, None]))
+  visible = (held[None] >= 0) & (held[None] >= first_slot[:, :, None])
+  if window is not None:
+    visible &= held[None] > query_slots[None, :, None] - window
   return visible[:, None]
 
 
@@ -68,8 +77,9 @@ class Attention(nn.Module):
   Self-attention takes keys from its own input; cross-attention (`is_cross`) from `kv_inputs`.
   With `cache_index` set, the 'cache' collection holds the keys and values (B * kv_heads, S,
   head_dim): self-attention writes its new ones at slots cache_index.. and attends over all S
-  slots (the caller's mask hides slots not yet written); cross-attention stores them when given
-  `kv_inputs` and reads them back when called without. Attention over the cache is
+  slots (the caller's mask hides slots not yet written; a sliding-window cache is a ring of S
+  slots that the caller indexes modulo S, see `causal_mask`); cross-attention stores them when
+  given `kv_inputs` and reads them back when called without. Attention over the cache is
   `cached_attention`, whatever `attention_kernel` says.
 
   The layout is for XLA:CPU, where a decoding step is bound by reading the cache. With slots
