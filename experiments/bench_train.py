@@ -7,6 +7,7 @@ reference of the same model when its interpreter is given.
 A benchmark, not a test: it prints figures. Timings on shared machines drift, so the script
 interleaves the JAX and PyTorch runs and reports each twice.
 """
+import functools
 import json
 import os
 import pathlib
@@ -18,7 +19,7 @@ from absl import app, flags
 import jax
 
 from transformer_jax import accounting, config_lib
-from transformer_jax.train import loop, metrics, sharding, step as step_lib
+from transformer_jax.train import metrics, setup, sharding, step as step_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 REFERENCE = ROOT.parent / 'shared' / 'baselines' / 'torch_reference.py'
@@ -39,10 +40,12 @@ def seed_lm_config(width: int):
 
 def jax_step_times(config, steps: int) -> list[float]:
   """Seconds per train step of the library's own jitted step (synthetic batches, no I/O)."""
-  run = loop.build_run(config)
-  state = jax.jit(run.init_state, out_shardings=run.state_sharding)(jax.random.key(0))
-  train_step = step_lib.make_train_step(run.model, 'decoder', run.tx, run.schedule, config,
-                                        run.mesh, run.state_sharding)
+  run = setup.build_run(config)
+  init = functools.partial(setup.initial_state, run.model, run.tx,
+                           run.family.example_inputs(run.model_config))
+  state = jax.jit(init, out_shardings=run.state_sharding)(jax.random.key(0))
+  train_step = step_lib.make_train_step(run.model, run.family, run.tx, run.schedule, run.mesh,
+                                        run.state_sharding, run.step_settings)
   batches = [sharding.global_batch(run.data.train_batch(i), run.mesh) for i in range(4)]
   compiled = train_step.lower(state, batches[0]).compile()
   times = []

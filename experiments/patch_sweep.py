@@ -100,9 +100,9 @@ def costs(config) -> dict:
 def step_memory(config) -> int:
   """Bytes the compiled train step needs: arguments + outputs + temporaries, less the donated
   (aliased) state, from XLA's memory analysis of the step the training loop compiles."""
-  run = loop.build_run(config)
-  step = step_lib.make_train_step(run.model, run.model_config.family, run.tx, run.schedule,
-                                  config, run.mesh, run.state_sharding)
+  run = train.build_run(config)
+  step = step_lib.make_train_step(run.model, run.family, run.tx, run.schedule, run.mesh,
+                                  run.state_sharding, run.step_settings)
   batch = sharding.global_batch(run.data.train_batch(0), run.mesh)
   stats = step.lower(run.abstract_state, batch).compile().memory_analysis()
   return int(stats.argument_size_in_bytes + stats.output_size_in_bytes
@@ -126,7 +126,7 @@ def position_variants(params, cfg, image_size: int) -> dict[str, dict]:
 def resize_accuracies(config, workdir: str, image_size: int) -> dict:
   """Test accuracy at the training resolution and, on upsampled images, per position table."""
   run, trained, _ = train.restore_trained(config, workdir)
-  family = run.model_config.family
+  family = run.family
   native = loop.evaluate_params(run, step_lib.make_eval_step(
       run.model, family, run.mesh, run.state_sharding.params), trained)
   larger = config.model.copy_and_resolve_references()

@@ -2,7 +2,6 @@
 import pathlib
 
 import flax.linen as nn
-import jax
 
 from transformer_jax import config_lib, models
 

@@ -13,7 +13,7 @@ import pytest
 from train_helpers import losses, small_config
 from transformer_jax import config_lib, run, train
 from transformer_jax.errors import CheckpointMismatchError, ConfigError
-from transformer_jax.train import checkpoint, loop
+from transformer_jax.train import checkpoint, setup
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / 'fixtures' / 'checkpoints'
 
@@ -107,15 +107,15 @@ def test_init_from_checkpoint_starts_from_the_parameters_with_a_fresh_optimizer(
   source, _, final = trained
   config = small_config(steps=3, **{'init_from_checkpoint': str(source),
                                     'optimizer.learning_rate': 1e-4})
-  run_ = loop.build_run(config)
+  run_ = setup.build_run(config)
   checkpoints = checkpoint.Checkpoints(str(tmp_path / 'checkpoints'), 3)
-  state = loop.restore_or_init(run_, checkpoints, str(tmp_path))
+  state = setup.restore_or_init(run_, checkpoints, str(tmp_path))
   checkpoints.close()
   assert int(state.step) == 0
   jax.tree.map(np.testing.assert_array_equal, state.params, final.params)
   assert all(not np.any(leaf) for leaf in jax.tree.leaves(state.opt_state))
   config.init_from_checkpoint = f'{source}:2'
-  early = loop.starting_params(loop.build_run(config))
+  early = setup.starting_params(setup.build_run(config))
   assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(early),
                                                        jax.tree.leaves(final.params)))
 

@@ -3,11 +3,9 @@ the key and a value that works; a workdir's saved config is the default for late
 import json
 import math
 import os
-import pathlib
 import subprocess
 import sys
 
-import ml_collections
 import pytest
 
 from helpers import CONFIG_FILES, ROOT, load_config

@@ -12,6 +12,7 @@ from tensorflow_datasets.image_classification import cifar
 
 from transformer_jax import data
 from transformer_jax.data import builders, images, sources
+from transformer_jax.models import registry
 
 FAMILIES = ('vit', 'decoder', 'encoder', 'encoder_decoder')
 SYNTHETIC = dict(name='synthetic', seq_len=16, batch_size=8, eval_batch_size=8, image_size=8,
@@ -20,8 +21,8 @@ TEXT = ''.join(f'{i}: the quick brown fox jumps over the lazy dog.\n' for i in r
 
 
 def make(family, process_index=0, process_count=1, **overrides):
-  return data.make_data({**SYNTHETIC, **overrides}, family, seed=3, process_index=process_index,
-                        process_count=process_count)
+  return data.make_data({**SYNTHETIC, **overrides}, registry.get(family).task, seed=3,
+                        process_index=process_index, process_count=process_count)
 
 
 def assert_batches_equal(a, b):
@@ -86,7 +87,7 @@ def test_shapes_and_dtypes(family):
 
 def test_eval_batches_are_the_same_at_every_call_and_for_every_seed():
   ds = make('encoder')
-  other_seed = data.make_data(SYNTHETIC, 'encoder', seed=4, process_index=0, process_count=1)
+  other_seed = data.make_data(SYNTHETIC, 'masked', seed=4, process_index=0, process_count=1)
   for a, b, c in zip(ds.eval_batches(), ds.eval_batches(), other_seed.eval_batches()):
     assert_batches_equal(a, b)
     assert_batches_equal(a, c)
@@ -190,7 +191,7 @@ def test_text_file_is_split_90_10(tmp_path):
   path = tmp_path / 'corpus.txt'
   path.write_bytes(TEXT.encode())
   ds = data.make_data({'name': 'text_file', 'path': str(path), 'seq_len': 16, 'batch_size': 4,
-                       'eval_batch_size': 4}, 'decoder', seed=0, process_index=0,
+                       'eval_batch_size': 4}, 'next_token', seed=0, process_index=0,
                       process_count=1)
   split = int(len(TEXT) * 0.9)
   assert ds.info['num_train_tokens'] == split and ds.vocab.tokens == tuple(sorted(set(TEXT)))
@@ -210,7 +211,7 @@ def test_tiny_shakespeare_builder_prepares_from_input_txt(tmp_path):
   data_dir = str(tmp_path / 'tfds')
   ds = data.make_data({'name': 'tiny_shakespeare', 'tfds_data_dir': data_dir,
                        'manual_dir': str(manual), 'download': False, 'seq_len': 32,
-                       'batch_size': 4, 'eval_batch_size': 4}, 'decoder', seed=0,
+                       'batch_size': 4, 'eval_batch_size': 4}, 'next_token', seed=0,
                       process_index=0, process_count=1)
   read = {split: tfds.data_source(sources.SHAKESPEARE, split=split, data_dir=data_dir,
                                   download=False)
@@ -231,7 +232,7 @@ def write_jpeg_layout(root, per_split=(('train', 2), ('test', 1))):
   pixels = {}
   noise = np.random.default_rng(0)
   for split, count in per_split:
-    for label, name in enumerate(builders.CIFAR10_CLASSES):
+    for name in builders.CIFAR10_CLASSES:
       (root / split / name).mkdir(parents=True)
       for i in range(count):
         array = noise.integers(0, 256, size=(32, 32, 3), dtype=np.uint8)
@@ -249,7 +250,7 @@ def cifar_config(tmp_path, manual_dir, **overrides):
 def test_cifar10_builder_prepares_from_a_jpeg_layout(tmp_path, caplog):
   pixels = write_jpeg_layout(tmp_path / 'manual')
   with caplog.at_level(logging.WARNING):
-    ds = data.make_data(cifar_config(tmp_path, tmp_path / 'manual'), 'vit', seed=0,
+    ds = data.make_data(cifar_config(tmp_path, tmp_path / 'manual'), 'image', seed=0,
                         process_index=0, process_count=1)
   assert 'JPEG q75 copy' in caplog.text and ds.info['source'] == sources.CIFAR10_JPEG
   assert ds.info['num_train_examples'] == 20 and ds.info['num_eval_examples'] == 10
@@ -339,7 +340,7 @@ def test_a_stock_prepared_cifar10_is_read_as_it_is(tmp_path):
 def test_missing_cifar10_says_how_to_provide_it(tmp_path):
   (tmp_path / 'empty').mkdir()
   with pytest.raises(data.DataNotFoundError) as error:
-    data.make_data(cifar_config(tmp_path, tmp_path / 'empty'), 'vit', seed=0, process_index=0,
+    data.make_data(cifar_config(tmp_path, tmp_path / 'empty'), 'image', seed=0, process_index=0,
                    process_count=1)
   message = str(error.value)
   for needle in ('--config.data.manual_dir=DIR', 'cifar-10-binary.tar.gz',
@@ -351,7 +352,7 @@ def test_missing_cifar10_says_how_to_provide_it(tmp_path):
 def test_missing_tiny_shakespeare_reports_the_failed_download(tmp_path, monkeypatch):
   monkeypatch.setattr(sources, '_unreachable', lambda url: f'no route to {url}')
   with pytest.raises(data.DataNotFoundError) as error:
-    data.make_data({'name': 'tiny_shakespeare', 'tfds_data_dir': str(tmp_path)}, 'encoder',
+    data.make_data({'name': 'tiny_shakespeare', 'tfds_data_dir': str(tmp_path)}, 'masked',
                    seed=0, process_index=0, process_count=1)
   message = str(error.value)
   assert 'DIR holds input.txt' in message and '--config.data.name=text_file' in message
@@ -361,5 +362,5 @@ def test_missing_tiny_shakespeare_reports_the_failed_download(tmp_path, monkeypa
 def test_unknown_names_and_families_fail_clearly():
   with pytest.raises(ValueError, match="data.name='mnist' is not one of"):
     make('vit', name='mnist')
-  with pytest.raises(ValueError, match="'seq2seq_sort' feeds encoder_decoder models, not 'dec"):
+  with pytest.raises(ValueError, match="'seq2seq_sort' feeds seq2seq models, not 'next_tok"):
     make('decoder', name='seq2seq_sort')

@@ -222,7 +222,7 @@ def test_the_window_cache_is_a_ring_of_window_slots_as_the_accounting_says(case)
   batch, prompt_len = PROMPTS.shape
   fed = prompt_len + WINDOW_NEW_TOKENS - 1
   for window, slots in ((WINDOW, WINDOW), (None, fed), (fed + 5, fed)):
-    carry = while_loop_carry(lambda p: decode.generate(
+    carry = while_loop_carry(lambda p, window=window: decode.generate(
         model, p, PROMPTS, max_new_tokens=WINDOW_NEW_TOKENS, window=window).tokens, params)
     cache = [a for a in carry if a.ndim >= 3]  # the rest: step, token, done, tokens
     expected = jax.tree.leaves(decode.init_cache(model, batch, slots))
@@ -454,3 +454,50 @@ def test_sample_text_draws_only_ids_the_vocabulary_decodes():
   texts = decode.sample_text(model, params, SizedCharVocab(), 'ab', max_new_tokens=8,
                              temperature=2.0, num_samples=64)
   assert len(texts) == 64 and all(len(text) == 8 for text in texts)
+
+
+class UsersDecoder(nn.Module):
+  """A decoder a researcher writes from our layers, with choices of their own (learned
+  positions, pre-LN LayerNorm blocks with GQA, an untied flax Dense head), following the cache
+  protocol of transformer_jax.decode."""
+  vocab_size: int = 40
+  width: int = 32
+  max_positions: int = 24  # the learned table's rows: generate refuses to go past them
+
+  @nn.compact
+  def __call__(self, tokens, positions=None, *, attention_mask=None, cache_index=None):
+    t = tokens.shape[1]
+    if positions is None:
+      positions = jnp.broadcast_to(jnp.arange(t) + (cache_index or 0), tokens.shape)
+    if attention_mask is None:
+      attention_mask = layers.causal_mask(jnp.arange(t), positions, t)
+    x = layers.TextEmbed(self.vocab_size, self.width, positions='learned',
+                         max_len=self.max_positions, init_std=0.5)(tokens, positions)
+    block = functools.partial(
+        layers.Block, norm=layers.LayerNorm,
+        attention=functools.partial(layers.Attention, num_heads=4, num_kv_heads=2, head_dim=8,
+                                    init_std=0.3),
+        mlp=functools.partial(layers.MLP, hidden=64, init_std=0.3))
+    for i in range(2):
+      x = block(name=f'block_{i}')(x, attention_mask, positions, cache_index=cache_index)
+    return nn.Dense(self.vocab_size, name='lm_head')(layers.LayerNorm()(x))
+
+
+def test_a_users_own_decoder_generates_with_the_cache_as_its_uncached_rollout():
+  model = UsersDecoder()
+  prompt = jnp.array([[3, 17, 5, 29, 11]])
+  params = model.init(jax.random.key(4), prompt)['params']
+  out = decode.generate(model, params, prompt, max_new_tokens=10, return_logits=True)
+  # The uncached forward pass over a buffer of every token so far (the causal mask keeps the
+  # unwritten tail out of the logits read), one compile for all steps.
+  forward = jax.jit(lambda buffer: model.apply({'params': params}, buffer))
+  buffer, expected = jnp.zeros((1, 15), jnp.int32).at[:, :5].set(prompt), []
+  for i in range(10):
+    logits = forward(buffer)[:, 4 + i]
+    expected.append(logits)
+    buffer = buffer.at[:, 5 + i].set(jnp.argmax(logits, -1))
+  np.testing.assert_array_equal(out.tokens, buffer[:, 5:])
+  assert len(set(out.tokens[0].tolist())) > 3  # not a degenerate repetition
+  np.testing.assert_allclose(out.logits[0], jnp.concatenate(expected), atol=1e-4)
+  with pytest.raises(ValueError, match='max_len=24 rows'):
+    decode.generate(model, params, prompt, max_new_tokens=21)

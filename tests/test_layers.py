@@ -7,7 +7,8 @@ import pytest
 
 from helpers import tiny
 from transformer_jax import config_lib, layers, models
-from transformer_jax.layers import Attention, Block, PatchEmbed, causal_mask, resize_position_grid
+from transformer_jax.layers import PatchEmbed, causal_mask, resize_position_grid
+from transformer_jax.models import common
 
 EYE = np.eye(2, dtype=np.float32)
 
@@ -24,7 +25,7 @@ def worked_example_block():
       'mlp_norm': {'scale': np.ones(2, np.float32)},
   }
   params['attn']['out'] = {'kernel': EYE.reshape(1, 2, 2)}
-  return Block(cfg), params
+  return common.block(cfg)(), params
 
 
 def test_seed000_worked_example_a():
@@ -43,7 +44,7 @@ def test_seed000_shape_table(rng):
   # of the seed's (B, H, T, d_k); the attention weights are (B, H, T, T) as in the seed.
   cfg = tiny('encoder', width=64, num_heads=4, attention_kernel='einsum')
   x = jax.random.normal(rng, (2, 5, 64))
-  block = Block(cfg)
+  block = common.block(cfg)()
   params = block.init(rng, x, None, jnp.zeros((2, 5), jnp.int32))
   y, state = block.apply(params, x, None, jnp.zeros((2, 5), jnp.int32),
                          capture_intermediates=True, mutable=['intermediates'])
@@ -126,7 +127,7 @@ def test_gqa_equals_mha_with_repeated_kv_heads(rng):
   x = jax.random.normal(rng, (2, 6, 32))
   positions = jnp.broadcast_to(jnp.arange(6), (2, 6))
   mask = causal_mask(jnp.arange(6), positions, 6)
-  gqa = Attention(gqa_cfg)
+  gqa = common.attention(gqa_cfg)()
   params = nn.meta.unbox(gqa.init(rng, x, mask=mask, positions=positions))['params']
   params = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(rng, p.shape), params)
   repeated = dict(params)
@@ -134,7 +135,8 @@ def test_gqa_equals_mha_with_repeated_kv_heads(rng):
     repeated[name] = {'kernel': jnp.repeat(params[name]['kernel'], 2, axis=1),
                       'bias': jnp.repeat(params[name]['bias'], 2, axis=0)}
   out_gqa = gqa.apply({'params': params}, x, mask=mask, positions=positions)
-  out_mha = Attention(mha_cfg).apply({'params': repeated}, x, mask=mask, positions=positions)
+  out_mha = common.attention(mha_cfg)().apply({'params': repeated}, x, mask=mask,
+                                              positions=positions)
   np.testing.assert_allclose(out_gqa, out_mha, atol=1e-5)
 
 
@@ -206,7 +208,7 @@ def test_lecun_initialization_has_variance_one_over_the_fan_in(rng, family):
 def test_scaled_embeddings_follow_vaswani(rng):
   """Token rows times sqrt(d_model), plus the sinusoidal positions (section 3.4)."""
   cfg = tiny('decoder', positions='sinusoidal', scale_embeddings=True)
-  embed = layers.TextEmbed(cfg)
+  embed = common.text_embed(cfg)
   ids = jnp.array([[3, 1, 4, 1, 5]])
   positions = jnp.arange(5)[None]
   params = embed.init(rng, ids, positions)
@@ -215,3 +217,42 @@ def test_scaled_embeddings_follow_vaswani(rng):
   expected = table[ids] * np.sqrt(cfg.width) + layers.sinusoidal(positions, cfg.width)
   np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
   assert config_lib.STYLES['transformer']['scale_embeddings']
+
+
+def test_layers_are_usable_alone_with_plain_arguments(rng):
+  x = jax.random.normal(rng, (2, 6, 32))
+  attention = layers.Attention(num_heads=4, head_dim=8, num_kv_heads=2, rope_base=10000.0,
+                               out_features=48)
+  params = attention.init(rng, x)
+  assert attention.apply(params, x).shape == (2, 6, 48)
+  # Without positions, RoPE rotates by 0..T-1.
+  positions = jnp.broadcast_to(jnp.arange(6), (2, 6))
+  np.testing.assert_allclose(attention.apply(params, x),
+                             attention.apply(params, x, positions=positions), rtol=1e-6)
+  mlp = layers.MLP(hidden=64, activation='swiglu', out_features=16)
+  assert mlp.apply(mlp.init(rng, x), x).shape == (2, 6, 16)
+  norm = layers.LayerNorm(eps=1e-6)
+  assert norm.apply(norm.init(rng, x), x).shape == x.shape
+
+
+@pytest.mark.parametrize('make,message', [
+    (lambda: layers.Attention(num_heads=3, head_dim=8, num_kv_heads=2), 'must divide'),
+    (lambda: layers.Attention(num_heads=2, head_dim=7, rope_base=10000.0), 'even head_dim'),
+    (lambda: layers.Attention(num_heads=2, head_dim=8, kernel='flash'), 'Unknown attention'),
+    (lambda: layers.MLP(hidden=8, activation='tanh'), 'Unknown MLP activation'),
+    (lambda: layers.Linear((4, 4), ('embed',), ('mlp',)), 'must name each'),
+    (lambda: layers.Linear((4,), (), ('mlp',)), 'at least one contracted'),
+    (lambda: layers.TextEmbed(10, 8, positions='learned'), 'need max_len'),
+    (lambda: layers.RMSNorm(eps=0.0), 'eps=0.0 must be positive'),
+    (lambda: layers.Block(attention=None, mlp=None, norm_position='middle'), 'norm_position'),
+    (lambda: layers.BlockStack(layers.Block, num_layers=2), 'functools.partial'),
+])
+def test_layers_refuse_bad_arguments_with_a_message(make, message):
+  with pytest.raises(ValueError, match=message):
+    make()
+
+
+def test_linear_refuses_an_input_without_the_dimensions_it_contracts(rng):
+  linear = layers.Linear((4,), ('heads', 'head_dim'), ('embed',))
+  with pytest.raises(ValueError, match=r'contracts the last 2 dimensions'):
+    linear.init(rng, jnp.ones((2, 8)))

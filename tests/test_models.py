@@ -1,4 +1,6 @@
 """The families: causality, scanned vs unrolled stacks, the cache hooks, config errors."""
+import importlib
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -6,7 +8,8 @@ import numpy as np
 import pytest
 
 from helpers import CONFIG_FILES, init, load_config, tiny
-from transformer_jax import describe, models
+from train_helpers import losses, small_config
+from transformer_jax import accounting, decode, describe, models, train
 from transformer_jax.layers import causal_mask
 
 TOKENS = jnp.array([[3, 7, 1, 9, 4, 2, 8, 5], [6, 1, 1, 2, 3, 9, 9, 4]], jnp.int32)
@@ -154,7 +157,8 @@ def test_vit_runs_at_a_new_resolution_with_resized_positions(rng):
 @pytest.mark.parametrize('overrides,message', [
     (dict(width=30, num_heads=4), 'num_heads=4 does not divide model.width=30'),
     (dict(num_kv_heads=3), 'num_kv_heads=3 does not divide model.num_heads=4'),
-    (dict(family='vit', image_size=30, patch_size=4), 'patch_size=4 does not divide model.image_size=30'),
+    (dict(family='vit', image_size=30, patch_size=4),
+     'patch_size=4 does not divide model.image_size=30'),
     (dict(family='gpt'), "Unknown family 'gpt'"),
     (dict(family='vit', pool='max'), "Unknown pool 'max'"),
     (dict(norm='batchnorm'), "Unknown norm 'batchnorm'"),
@@ -184,3 +188,22 @@ def test_vit_cifar_variant_names_width_depth_heads_and_patch():
   assert (model.width, model.num_layers, model.num_heads, model.patch_size) == (384, 12, 6, 8)
   with pytest.raises(ValueError, match='NAME/PATCH'):
     load_config(CONFIG_FILES[0].parent / 'vit_cifar.py', 'variant=Q/4')
+
+
+def test_a_family_of_your_own_joins_with_one_entry_and_trains(tmp_path):
+  conv_family = importlib.import_module('conv_family')  # registers 'conv_lm'
+  config = small_config('decoder', steps=2)
+  config.model.family = 'conv_lm'
+  state = train.train(config, str(tmp_path))
+  assert int(state.step) == 2
+  assert all(np.isfinite(loss) for loss in losses(tmp_path).values())
+  assert models.registry.get('conv_lm') is conv_family.FAMILY
+  # The accounting counts its initialized tree (no formula describes it) and asks XLA its FLOPs.
+  counts = accounting.param_counts(config.model)
+  assert counts == accounting.count_params(state.params)
+  assert counts['attention'] > 0 and counts['other'] == 0  # the convolutions fill the attn slot
+  assert accounting.forward_flops(config.model, seq_len=16)['total'] > 0
+  assert 'conv_lm model' in describe.describe(config)
+  with pytest.raises(ValueError, match="'conv_lm' model cannot decode"):
+    decode.generate(models.build(config.model), state.params, np.zeros((1, 2), np.int32),
+                    max_new_tokens=2)

@@ -81,8 +81,9 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):
 
 
 def test_non_finite_loss_names_the_step_and_last_checkpoint(tmp_path):
-  config = small_config(steps=6, **{'optimizer.learning_rate': 1e30, 'optimizer.grad_clip_norm': 0.0,
-                                    'optimizer.warmup_steps': 0, 'training.checkpoint_every': 1})
+  config = small_config(steps=6, **{'optimizer.learning_rate': 1e30,
+                                    'optimizer.grad_clip_norm': 0.0, 'optimizer.warmup_steps': 0,
+                                    'training.checkpoint_every': 1})
   # The first step whose loss, gradient or update is not finite stops the run (here the gradient
   # of step 2, while its loss is still finite).
   with pytest.raises(FloatingPointError, match=r'Non-finite .* at step \d .* the last good '

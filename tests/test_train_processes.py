@@ -40,7 +40,9 @@ def wait_for(predicate, process, timeout=300):
 
 def finished_checkpoints(workdir):
   directory = pathlib.Path(workdir) / 'checkpoints'
-  return sorted(int(p.name) for p in directory.glob('*') if p.name.isdigit()) if directory.exists() else []
+  if not directory.exists():
+    return []
+  return sorted(int(p.name) for p in directory.glob('*') if p.name.isdigit())
 
 
 def test_sigkill_after_a_checkpoint_then_restart_reproduces_the_losses(tmp_path):

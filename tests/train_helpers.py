@@ -9,7 +9,8 @@ TINY_MODELS = {
     'encoder': dict(family='encoder', vocab_size=32, max_len=16, **config_lib.STYLES['bert']),
     'encoder_decoder': dict(family='encoder_decoder', vocab_size=32, max_len=16,
                             **config_lib.STYLES['transformer']),
-    'vit': dict(family='vit', image_size=8, patch_size=4, num_classes=4, **config_lib.STYLES['vit']),
+    'vit': dict(family='vit', image_size=8, patch_size=4, num_classes=4,
+                **config_lib.STYLES['vit']),
 }
 
 

@@ -11,7 +11,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from transformer_jax.errors import ConfigError
-from transformer_jax import model_config
+from transformer_jax import models
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.ranges import COUNT, FRACTION, Range
 
@@ -245,7 +245,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   for key, allowed in CHOICES.items():
     if _get(config, key) not in allowed:
       raise ConfigError(f'{key}={_get(config, key)!r} must be one of {list(allowed)}.')
-  cfg = model_config.validate(ModelConfig.from_dict(config.model.to_dict()))
+  cfg = models.model_config(config.model)
   _validate_mesh(config)
   _validate_lengths(config, cfg)
   if config.init_from_hf and config.init_from_checkpoint:
@@ -272,7 +272,7 @@ def _validate_mesh(config) -> None:
 
 def _validate_lengths(config, cfg: ModelConfig) -> None:
   """Sequences that the model's position table must cover."""
-  if cfg.family == 'vit' or cfg.positions != 'learned':
+  if models.registry.get(cfg.family).unit != 'token' or cfg.positions != 'learned':
     return
   if config.data.seq_len > cfg.max_len:
     raise ConfigError(f'data.seq_len={config.data.seq_len} is longer than the learned position '

@@ -1,8 +1,8 @@
 """Samplers and `generate`: one parallel prefill of the prompt, then one cached token per step.
 
-Seed 000, section 3.5: with a causal mask the keys and values of token j never change when later
-tokens arrive, so each is computed once and kept in the 'cache' collection, and a step runs only
-the newest token. The whole generation (cache allocation, prefill, token loop) is one jitted
+With a causal mask the keys and values of token j never change when later tokens arrive, so
+each is computed once and kept in the 'cache' collection, and a step runs only the newest
+token. The whole generation (cache allocation, prefill, token loop) is one jitted
 program whose loop is a `lax.while_loop`; the host waits only for the finished tokens.
 
 A batch holds prompts of different lengths: `prompt_tokens` (B, P) are start-aligned with
@@ -16,6 +16,22 @@ writes its keys and values to slot s % W and attends to the slots holding its la
 a step costs the same however long the generation runs. A prompt longer than the ring is
 prefilled over a cache of its own length under the same banded mask; its last W slots, rotated
 into place, become the ring.
+
+The cache protocol: `generate` and `forced_logits` run any Flax module that follows one of two.
+- 'decoder': called as
+      logits, variables = model.apply({'params': params, 'cache': cache}, tokens, positions,
+                                      attention_mask=mask, cache_index=index, mutable=['cache'])
+  with tokens and positions (B, T) int32, mask (B, 1, T, S) bool over S cache slots (from
+  `layers.causal_mask`), and index the slot of tokens[:, 0] (int32). It returns float logits
+  (B, T, V) and keeps the keys and values of each attention layer in the 'cache' collection, S
+  slots each, as `layers.Attention` does when given cache_index; the same call to `model.init`
+  creates that collection (init_cache takes its shapes from jax.eval_shape, so init never runs).
+- 'encoder_decoder': methods encode(inputs, input_valid) -> encoded, and decode(targets,
+  encoded, input_valid, positions, *, attention_mask, cache_index) -> logits as above; called
+  with encoded=None, decode reads the cross-attention keys and values cached at the prefill.
+Our models decode as their family's registry entry says (`Family.decoding`); a module of your
+own decodes as its optional attribute `decoding` says ('decoder' by default), and an optional
+attribute `max_positions` bounds the tokens its position table covers.
 """
 import functools
 from typing import Any, Protocol, Sequence
@@ -26,8 +42,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax.layers import causal_mask
+from transformer_jax.model_config import ModelConfig
+from transformer_jax.models import registry
 
-CAUSAL_FAMILIES = ('decoder', 'encoder_decoder')
+PROTOCOLS = ('decoder', 'encoder_decoder')
 
 
 # Samplers: pure float32 functions of the logits (..., V) and an explicit rng. Among equal
@@ -131,14 +149,31 @@ class _Loop:
   cache: Any
 
 
-def check_can_decode(model):
-  """A cache is only exact under a causal mask (seed 000, section 3.5): encoders cannot decode."""
-  family = model.cfg.family
-  if family not in CAUSAL_FAMILIES:
-    raise ValueError(
-        f'A {family!r} model cannot decode: without a causal mask a new token changes the keys '
-        f'and values of every earlier token, so there is nothing to cache and no next token to '
-        f'predict. Decode with a model of family {" or ".join(map(repr, CAUSAL_FAMILIES))}.')
+def decoding_of(model) -> str:
+  """The cache protocol `model` follows (PROTOCOLS). A cache is only exact under a causal mask,
+  so a family without one (an encoder, a ViT) cannot decode."""
+  cfg = getattr(model, 'cfg', None)
+  if isinstance(cfg, ModelConfig):
+    decoding = registry.get(cfg.family).decoding
+    if decoding is None:
+      raise ValueError(
+          f'A {cfg.family!r} model cannot decode: without a causal mask a new token changes the '
+          'keys and values of every earlier token, so there is nothing to cache and no next '
+          'token to predict. Decode with a model of a family that has one (decoder, '
+          'encoder_decoder).')
+    return decoding
+  decoding = getattr(model, 'decoding', 'decoder')
+  if decoding not in PROTOCOLS:
+    raise ValueError(f'{type(model).__name__}.decoding={decoding!r} must be one of {PROTOCOLS}.')
+  return decoding
+
+
+def max_positions(model) -> int | None:
+  """The most tokens the model's positions cover: its learned table's rows, or None (no limit)."""
+  cfg = getattr(model, 'cfg', None)
+  if isinstance(cfg, ModelConfig):
+    return cfg.max_len if cfg.positions == 'learned' else None
+  return getattr(model, 'max_positions', None)
 
 
 def init_cache(model, batch_size: int, cache_len: int, source_len: int | None = None):
@@ -148,10 +183,9 @@ def init_cache(model, batch_size: int, cache_len: int, source_len: int | None = 
   The shapes come from jax.eval_shape of init with the decode signature, so init never runs;
   each attention layer holds (B * num_kv_heads, slots, head_dim) keys and values.
   """
-  check_can_decode(model)
   tokens = jax.ShapeDtypeStruct((batch_size, cache_len), jnp.int32)
   mask = jax.ShapeDtypeStruct((batch_size, 1, cache_len, cache_len), jnp.bool_)
-  if model.cfg.family == 'encoder_decoder':
+  if decoding_of(model) == 'encoder_decoder':
     if source_len is None:
       raise ValueError('An encoder-decoder cache also holds the cross-attention keys and values: '
                        'pass source_len, the length of the encoder input.')
@@ -173,17 +207,18 @@ def check_window(window):
                      'context).')
 
 
-def check_positions(cfg, num_tokens: int, what: str, fix: str):
+def check_positions(model, num_tokens: int, what: str, fix: str):
   """Learned positions stop at the table's last row, window or not."""
-  if cfg.positions == 'learned' and num_tokens > cfg.max_len:
+  rows = max_positions(model)
+  if rows is not None and num_tokens > rows:
     raise ValueError(
         f'{what} need positions up to {num_tokens - 1}, but the learned position table has '
-        f'model.max_len={cfg.max_len} rows: {fix} (a window does not help: it bounds what a '
-        'token attends to, not the table row of its position).')
+        f'model.max_len={rows} rows: {fix} (a window does not help: it bounds what a token '
+        'attends to, not the table row of its position).')
 
 
-def check_inputs(cfg, inputs):
-  if (inputs is not None) != (cfg.family == 'encoder_decoder'):
+def check_inputs(model, inputs):
+  if (inputs is not None) != (decoding_of(model) == 'encoder_decoder'):
     raise ValueError('An encoder-decoder needs its encoder input `inputs`; a decoder-only model '
                      'takes none (its whole context is its tokens).')
 
@@ -200,9 +235,10 @@ def generate(model, params, prompt_tokens, *, max_new_tokens: int, rng=None,
              token_limit: int | None = None) -> Generation:
   """`max_new_tokens` new tokens after each prompt, drawn by `sample` (temperature 0: greedy).
 
-  model: a built 'decoder' or 'encoder_decoder' module; params its parameters (scanned or
-  unrolled to match model.scan_layers). prompt_tokens (B, P) int: start-aligned prompts, the
-  first prompt_lengths[b] (default P, at least 1) tokens of row b real. An encoder-decoder takes
+  model: a module that follows a cache protocol (above), such as one of our 'decoder' or
+  'encoder_decoder' models; params its parameters (scanned or unrolled as the module is).
+  prompt_tokens (B, P) int: start-aligned prompts, the first prompt_lengths[b] (default P, at
+  least 1) tokens of row b real. An encoder-decoder takes
   the encoder input `inputs` (B, S) and `input_valid` (B, S) and starts its decoder from
   prompt_tokens (typically one BOS per row); the encoder and the cross-attention keys and values
   run once, at the prefill. A row stops at `eos_id` (kept in its tokens) and is padded with
@@ -222,19 +258,17 @@ def generate(model, params, prompt_tokens, *, max_new_tokens: int, rng=None,
   `token_limit` restricts the draws to the ids below it: for a model whose vocabulary rows are
   padded past its tokenizer's ids, which have no text.
   """
-  check_can_decode(model)
   check_sampler(temperature, top_k, top_p)
   check_window(window)
-  cfg = model.cfg
   batch, prompt_len = np.shape(prompt_tokens)
   if max_new_tokens < 1:
     raise ValueError(f'max_new_tokens={max_new_tokens} must be at least 1.')
   if temperature > 0 and rng is None:
     raise ValueError(f'Sampling at temperature={temperature} needs an rng (a jax.random.key).')
-  check_positions(cfg, prompt_len + max_new_tokens - 1,
+  check_positions(model, prompt_len + max_new_tokens - 1,
                   f'A prompt of {prompt_len} slots and {max_new_tokens} new tokens',
                   'shorten the prompt or max_new_tokens')
-  check_inputs(cfg, inputs)
+  check_inputs(model, inputs)
   if prompt_lengths is None:
     prompt_lengths = np.full((batch,), prompt_len, np.int32)
   elif not isinstance(prompt_lengths, jax.core.Tracer):
@@ -259,7 +293,7 @@ def _cached_forward(model, params, window, input_valid=None):
   `slots` self-attention slots, writing their keys and values from slot query_slots[0] % slots
   on: a ring once the sequence outgrows it, which takes one token per call (see `causal_mask`).
   """
-  encoder_decoder = model.cfg.family == 'encoder_decoder'
+  encoder_decoder = decoding_of(model) == 'encoder_decoder'
 
   def forward(cache, slots, tokens, positions, query_slots, encoded=None):
     args = (tokens, encoded, input_valid, positions) if encoder_decoder else (tokens, positions)
@@ -320,7 +354,7 @@ def _generate(model, params, prompt_tokens, prompt_lengths, inputs, input_valid,
 
   forward = _cached_forward(model, params, window, input_valid)
   encoded = None
-  if model.cfg.family == 'encoder_decoder':
+  if decoding_of(model) == 'encoder_decoder':
     encoded = model.apply({'params': params}, inputs, input_valid, method='encode')
 
   # Prefill: the whole prompt in one pass; its last slot predicts the first new token.
@@ -365,18 +399,17 @@ def forced_logits(model, params, tokens, *, prompt_len: int = 1, window: int | N
   instead of a drawn one (teacher forcing). This measures the loss of cached decoding far past
   a model's training length; `inputs` and `input_valid` as in `generate`.
   """
-  check_can_decode(model)
   check_window(window)
-  check_inputs(model.cfg, inputs)
+  check_inputs(model, inputs)
   batch, length = tokens.shape
-  check_positions(model.cfg, length, f'{length} tokens', 'score fewer tokens')
+  check_positions(model, length, f'{length} tokens', 'score fewer tokens')
   if not 1 <= prompt_len <= length:
     raise ValueError(f'prompt_len={prompt_len} must be between 1 and the {length} tokens.')
   ring_slots = cache_slots(length, window)
   pad = jnp.zeros((batch,), jnp.int32)
   forward = _cached_forward(model, params, window, input_valid)
   encoded = None
-  if model.cfg.family == 'encoder_decoder':
+  if decoding_of(model) == 'encoder_decoder':
     encoded = model.apply({'params': params}, inputs, input_valid, method='encode')
   logits, cache = _prefill(model, forward, tokens[:, :prompt_len], pad, ring_slots, encoded)
 
@@ -413,13 +446,13 @@ def sample_text(model, params, vocab: TextVocab, prompt: str = 'ROMEO:', *,
   the prompt; an encoder-decoder reads it as its encoder input and writes from `vocab.bos_id`.
   window: as in `generate` (0 or None: the whole context).
   """
-  check_can_decode(model)
+  encoder_decoder = decoding_of(model) == 'encoder_decoder'
   ids = list(vocab.encode(prompt))
   if not ids:
     raise ValueError('The prompt encodes to no tokens: give at least one character.')
   eos_id = getattr(vocab, 'eos_id', None)
   extra = {}
-  if model.cfg.family == 'encoder_decoder':
+  if encoder_decoder:
     bos_id = getattr(vocab, 'bos_id', None)
     if bos_id is None:
       raise ValueError('An encoder-decoder starts its output from a BOS token: the vocabulary '

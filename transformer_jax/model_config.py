@@ -10,23 +10,24 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 
 from transformer_jax.errors import ConfigError
+from transformer_jax.layers import attention, block, mlp
 from transformer_jax.ranges import COUNT, FRACTION, Range
 
-FAMILIES = ('vit', 'decoder', 'encoder', 'encoder_decoder')
 NORMS = ('layernorm', 'rmsnorm')
-NORM_POSITIONS = ('pre', 'post')
-MLPS = ('gelu', 'gelu_tanh', 'relu', 'swiglu')
 POSITIONS = ('learned', 'sinusoidal', 'rope', 'none')
 POOLS = ('cls', 'mean')
-ATTENTION_KERNELS = ('dot_product_attention', 'einsum')
-REMAT_POLICIES = ('none', 'full', 'dots', 'dots_no_batch')
+# What each option may be, from the layers that take it.
+CHOICES = {'norm': NORMS, 'norm_position': block.NORM_POSITIONS, 'mlp': mlp.KINDS,
+           'positions': POSITIONS, 'pool': POOLS, 'attention_kernel': attention.KERNELS,
+           'remat_policy': tuple(block.REMAT_POLICIES)}
 # The valid range of every numeric field.
 RANGES = {
     'width': COUNT, 'num_layers': COUNT, 'num_heads': COUNT,
     'num_decoder_layers': Range(1, integer=True, optional=True),
     'num_kv_heads': Range(1, integer=True, optional=True),
     'd_ff': Range(1, integer=True, optional=True),
-    'vocab_size': Range(0, integer=True), 'max_len': COUNT, 'type_vocab_size': Range(0, integer=True),
+    'vocab_size': Range(0, integer=True, example=65), 'max_len': COUNT,
+    'type_vocab_size': Range(0, integer=True),
     'norm_eps': Range(0, open_low=True),
     'rope_base': Range(1, open_low=True),  # frequencies base^(-i/h) must fall with i
     'dropout_rate': FRACTION,
@@ -139,26 +140,17 @@ def _choice(name: str, value: str, allowed: tuple[str, ...]):
 def validate(cfg: ModelConfig) -> ModelConfig:
   """Fails on any out-of-range or inconsistent option with a ConfigError naming the setting to
   change."""
-  if cfg.family != 'vit' and not COUNT.admits(cfg.vocab_size):
-    raise ConfigError(f'model.vocab_size must be set for family {cfg.family!r} to the number of '
-                      f"token ids of the data, not {cfg.vocab_size!r} (65 for TinyShakespeare's "
-                      'characters): for example --config.model.vocab_size=65.')
   defaults = ModelConfig()
   for name, valid in RANGES.items():
     valid.check(f'model.{name}', getattr(cfg, name), getattr(defaults, name))
-  _choice('family', cfg.family, FAMILIES)
-  _choice('norm', cfg.norm, NORMS)
-  _choice('norm_position', cfg.norm_position, NORM_POSITIONS)
-  _choice('mlp', cfg.mlp, MLPS)
-  _choice('positions', cfg.positions, POSITIONS)
-  _choice('pool', cfg.pool, POOLS)
-  _choice('attention_kernel', cfg.attention_kernel, ATTENTION_KERNELS)
-  _choice('remat_policy', cfg.remat_policy, REMAT_POLICIES)
+  for name, allowed in CHOICES.items():
+    _choice(name, getattr(cfg, name), allowed)
   for name in ('dtype', 'param_dtype'):
     try:
       jnp.dtype(getattr(cfg, name))
     except TypeError:
-      raise ConfigError(f'model.{name}={getattr(cfg, name)!r} is not a dtype: use "float32" or "bfloat16".')
+      raise ConfigError(f'model.{name}={getattr(cfg, name)!r} is not a dtype: use "float32" or '
+                        '"bfloat16".') from None
   if cfg.width % cfg.num_heads:
     raise ConfigError(f'model.num_heads={cfg.num_heads} does not divide model.width={cfg.width}: '
                       f'choose a head count that divides the width (for example '
@@ -171,19 +163,7 @@ def validate(cfg: ModelConfig) -> ModelConfig:
   if cfg.positions == 'rope' and cfg.head_dim % 2:
     raise ConfigError(f'RoPE rotates pairs of channels, but the head width {cfg.head_dim} is odd: '
                       'choose model.width / model.num_heads even, or another model.positions.')
-  if cfg.family == 'vit':
-    _validate_vit(cfg)
   return cfg
-
-
-def _validate_vit(cfg: ModelConfig):
-  if cfg.image_size % cfg.patch_size:
-    raise ConfigError(f'model.patch_size={cfg.patch_size} does not divide '
-                      f'model.image_size={cfg.image_size}: choose a patch size from '
-                      f'{_divisors(cfg.image_size)} or resize the images.')
-  if cfg.positions not in ('learned', 'none'):
-    raise ConfigError(f'A ViT takes learned 1-D positions or none, not {cfg.positions!r}: '
-                      'set model.positions to "learned" or "none".')
 
 
 def _divisors(n: int) -> list[int]:

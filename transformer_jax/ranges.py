@@ -18,7 +18,7 @@ class Range:
   open_high: bool = False
   special: tuple = ()
   optional: bool = False
-  example: float | None = None  # suggested where the key's default is not in range (None)
+  example: float | None = None  # the value to suggest, where the key's default is not a good one
 
   def admits(self, value: Any) -> bool:
     if value is None:
@@ -45,10 +45,10 @@ class Range:
     return f'{text} (or {" or ".join(extras)})' if extras else text
 
   def check(self, key: str, value: Any, default: Any = None) -> None:
-    """Fails unless `value` is admitted, naming the key and a value that works (the default
-    where it is one)."""
+    """Fails unless `value` is admitted, naming the key and a value that works (`example`, else
+    the default where it is one)."""
     if not self.admits(value):
-      candidates = (default, self.example, self.low, (self.low or 0) + 1)
+      candidates = (self.example, default, self.low, (self.low or 0) + 1)
       example = next(c for c in candidates if c is not None and self.admits(c))
       raise ConfigError(f'{key}={value!r} must be {self.describe()}: for example '
                         f'--config.{key}={example}.')

@@ -116,7 +116,7 @@ def sample(config, workdir: str | None) -> list[str]:
     raise errors.ConfigError(f'sample.prompt={config.sample.prompt!r}: {error} Write the prompt '
                              'with the tokens the model was trained on.') from None
   texts = decode.sample_text(model, params, vocab, **decode.sample_settings(config))
-  continues = model.cfg.family == 'decoder'  # an encoder-decoder maps input to output
+  continues = decode.decoding_of(model) == 'decoder'  # an encoder-decoder maps input to output
   for number, text in enumerate(texts):
     print(f'--- sample {number} ({origin}) ---\n'
           f'{config.sample.prompt}{"" if continues else " -> "}{text}')

@@ -231,7 +231,8 @@ def parse_flags(name: str, description: str, argv=None) -> argparse.Namespace:
   parser.add_argument('--tfds_data_dir', help='config.data.tfds_data_dir (outside the repository).')
   argv = sys.argv[1:] if argv is None else list(argv)
   flags = parser.parse_args(argv)
-  flags.workdir = flags.workdir or f'/tmp/transformer_jax_experiments/{name}' + '-quick' * flags.quick
+  flags.workdir = (flags.workdir
+                   or f'/tmp/transformer_jax_experiments/{name}' + '-quick' * flags.quick)
   flags.results = flags.results or (os.path.join(flags.workdir, 'results') if flags.quick
                                     else str(root / 'experiments' / 'results' / name))
   flags.data = {f'data.{key}': getattr(flags, key) for key in ('manual_dir', 'tfds_data_dir')

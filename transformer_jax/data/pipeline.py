@@ -1,4 +1,4 @@
-"""make_data: config.data and a model family -> this process's share of every batch."""
+"""make_data: config.data and a task -> this process's share of every batch."""
 import logging
 import sys
 from typing import Iterator
@@ -12,10 +12,13 @@ from transformer_jax.data import builders, images, rng, seq2seq, sources, text
 
 log = logging.getLogger(__name__)
 
-TEXT = ('decoder', 'encoder')
-FAMILIES = {'cifar10': ('vit',), 'tiny_shakespeare': TEXT, 'text_file': TEXT,
-            'seq2seq_reverse': ('encoder_decoder',), 'seq2seq_sort': ('encoder_decoder',),
-            'synthetic': ('vit', *TEXT, 'encoder_decoder')}
+# The tasks a model family trains on (its registry entry names one), and the datasets that feed
+# each: images with labels; text windows for next-token prediction or masked-token prediction;
+# source and target strings.
+TASKS = ('image', 'next_token', 'masked', 'seq2seq')
+TEXT = ('next_token', 'masked')
+DATASETS = {'cifar10': ('image',), 'tiny_shakespeare': TEXT, 'text_file': TEXT,
+            'seq2seq_reverse': ('seq2seq',), 'seq2seq_sort': ('seq2seq',), 'synthetic': TASKS}
 
 
 class Data:
@@ -80,9 +83,10 @@ def _eval_steps(requested: int | None, num_examples: int, batch_size: int) -> in
   return requested
 
 
-def make_data(config, family: str, *, seed: int, process_index: int | None = None,
+def make_data(config, task: str, *, seed: int, process_index: int | None = None,
               process_count: int | None = None) -> Data:
-  """The data of config.data (a ConfigDict or a dict; see config_lib.DATA_DEFAULTS) for a `family` model.
+  """The data of config.data (a ConfigDict or a dict; see config_lib.DATA_DEFAULTS) for a
+  `task` (one of TASKS), as a model family's registry entry names it.
 
   Reads, and where needed prepares, the dataset now, so that missing data fails before any
   compile. process_index/process_count default to jax.process_index()/jax.process_count().
@@ -97,30 +101,31 @@ def make_data(config, family: str, *, seed: int, process_index: int | None = Non
   batch_size = option('batch_size')
   eval_batch_size = option('eval_batch_size') or batch_size
   _check_shares(batch_size, eval_batch_size, process_index, process_count)  # before any reading
-  return Data(_make_task(option, family, seed), batch_size=batch_size,
+  return Data(_make_task(option, task, seed), batch_size=batch_size,
               eval_batch_size=eval_batch_size, eval_steps=option('eval_steps'),
               process_index=process_index, process_count=process_count,
               read_options=grain.ReadOptions(num_threads=option('num_threads'),
                                              prefetch_buffer_size=option('prefetch_buffer_size')))
 
 
-def _make_task(option, family: str, seed: int):
+def _make_task(option, task: str, seed: int):
   name = option('name')
-  if name not in FAMILIES:
-    raise ConfigError(f'data.name={name!r} is not one of {sorted(FAMILIES)}.')
-  if family not in FAMILIES[name]:
-    raise ConfigError(f'data.name={name!r} feeds {" and ".join(FAMILIES[name])} models, '
-                      f'not {family!r} ones.')
-  if family == 'vit':
+  if name not in DATASETS:
+    raise ConfigError(f'data.name={name!r} is not one of {sorted(DATASETS)}.')
+  if task not in DATASETS[name]:
+    feeds = [n for n, tasks in DATASETS.items() if task in tasks]
+    raise ConfigError(f'data.name={name!r} feeds {" and ".join(DATASETS[name])} models, not '
+                      f'{task!r} ones: set data.name to one of {feeds}.')
+  if task == 'image':
     return _image_task(option, name, seed)
-  if family == 'encoder_decoder':
+  if task == 'seq2seq':
     seq_len = option('seq_len')
     return seq2seq.Seq2SeqTask(
         name, alphabet=option('alphabet'), seq_len=seq_len, min_len=option('seq2seq_min_len'),
         max_len=option('seq2seq_max_len') or seq_len - 1, seed=seed,
         num_eval=option('eval_examples'))
   train, held_out = _texts(option, name)
-  if family == 'decoder':
+  if task == 'next_token':
     return text.NextTokenTask(train, held_out, seq_len=option('seq_len'), seed=seed)
   return text.MaskedTask(train, held_out, seq_len=option('seq_len'), seed=seed,
                          probability=option('mlm_probability'))

@@ -1,9 +1,10 @@
-"""Layers shared by every family: one attention, one MLP, one block, the norms and embeddings."""
-from transformer_jax.layers.attention import (Attention, cached_attention, causal_mask, padding_mask,
-                                              reference_attention)
+"""Layers shared by every family, each usable alone with plain arguments: one attention, one MLP,
+one block and its stack, the norms and the embeddings."""
+from transformer_jax.layers.attention import (Attention, cached_attention, causal_mask,
+                                              padding_mask, reference_attention)
 from transformer_jax.layers.block import Block, BlockStack
 from transformer_jax.layers.embeddings import (PatchEmbed, TextEmbed, apply_rope,
                                                resize_position_grid, sinusoidal)
 from transformer_jax.layers.linear import Linear
-from transformer_jax.layers.mlp import Mlp
-from transformer_jax.layers.norms import LayerNorm, RMSNorm, make_norm
+from transformer_jax.layers.mlp import MLP
+from transformer_jax.layers.norms import LayerNorm, RMSNorm

@@ -1,4 +1,6 @@
 """Multi-head attention (MHA, GQA, MQA; self and cross) with its KV cache, and mask helpers."""
+from typing import Any
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -71,52 +73,97 @@ def cached_attention(q, k, v, mask, scale):
   return jnp.swapaxes(out.reshape(b, h, t, d), 1, 2)
 
 
-class Attention(nn.Module):
-  """softmax(Q K^T / sqrt(d_k) + mask) V over `num_heads` query and `kv_heads` key-value heads.
+KERNELS = ('dot_product_attention', 'einsum')
 
-  Self-attention takes keys from its own input; cross-attention (`is_cross`) from `kv_inputs`.
-  With `cache_index` set, the 'cache' collection holds the keys and values (B * kv_heads, S,
-  head_dim): self-attention writes its new ones at slots cache_index.. and attends over all S
+
+class Attention(nn.Module):
+  """softmax(Q K^T / sqrt(head_dim) + mask) V over `num_heads` query heads and `num_kv_heads`
+  key-value heads (MHA; GQA; MQA with one), self- or cross-attention, with its KV cache.
+
+    attention = Attention(num_heads=4, head_dim=32, rope_base=10000.0)
+    params = attention.init(rng, x)  # x (B, T, D)
+    y = attention.apply(params, x, mask=causal_mask(jnp.arange(T), positions, T))  # (B, T, D)
+
+  The output has `out_features` (default: the input's width). Self-attention takes its keys
+  from its input; cross-attention (`is_cross`) from `kv_inputs`. With `rope_base`, queries and
+  keys of self-attention are rotated by their `positions` (B, T) (default 0..T-1, after the
+  cache index when decoding). `kernel` is 'dot_product_attention' (jax.nn's, cuDNN's flash
+  attention on a GPU) or 'einsum', the plain reference, which also sows the attention weights
+  into 'intermediates'. `init_std` None draws the kernels LeCun-normal.
+
+  With `cache_index` set, the 'cache' collection holds the keys and values (B * num_kv_heads,
+  S, head_dim): self-attention writes its new ones at slots cache_index.. and attends over all S
   slots (the caller's mask hides slots not yet written; a sliding-window cache is a ring of S
   slots that the caller indexes modulo S, see `causal_mask`); cross-attention stores them when
   given `kv_inputs` and reads them back when called without. Attention over the cache is
-  `cached_attention`, whatever `attention_kernel` says.
+  `cached_attention`, whatever `kernel` says.
 
-  The layout is for XLA:CPU, where a decoding step is bound by reading the cache. With slots
-  before heads (B, S, kv_heads, head_dim), each step copied and transposed the whole cache
+  The cache layout is for XLA:CPU, where a decoding step is bound by reading the cache. With
+  slots before heads (B, S, kv_heads, head_dim), each step copied and transposed the whole cache
   (6x slower at batch 32 and 1,030 slots, through jax.nn.dot_product_attention or an einsum);
   with heads before slots but batch and heads apart, XLA still copied the cache several times
   per step at batch 1 (its size-1 batch axis is reshaped away between the in-place update and
   the product). One leading axis lets the update and both products use the cache as stored.
   """
-  cfg: 'ModelConfig'
+  num_heads: int
+  head_dim: int
+  num_kv_heads: int | None = None  # None: num_heads
+  rope_base: float | None = None  # None: no rotary positions
+  use_bias: bool = True
+  out_features: int | None = None  # None: the input's width
   is_cross: bool = False
+  kernel: str = 'dot_product_attention'
+  init_std: float | None = 0.02
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  def __post_init__(self):
+    kv_heads = self.num_kv_heads or self.num_heads
+    if self.num_heads < 1 or self.head_dim < 1:
+      raise ValueError(f'Attention needs num_heads >= 1 and head_dim >= 1, not {self.num_heads} '
+                       f'and {self.head_dim}.')
+    if kv_heads < 1 or self.num_heads % kv_heads:
+      raise ValueError(f'num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}: '
+                       'each group of query heads shares one key-value head.')
+    if self.rope_base is not None and (self.head_dim % 2 or not self.rope_base > 1):
+      raise ValueError(f'RoPE rotates pairs of channels with frequencies rope_base^(-i/h): it '
+                       f'needs an even head_dim (not {self.head_dim}) and rope_base > 1 (not '
+                       f'{self.rope_base}).')
+    if self.kernel not in KERNELS:
+      raise ValueError(f'Unknown attention kernel {self.kernel!r}: use one of {list(KERNELS)}.')
+    super().__post_init__()
+
+  @property
+  def kv_heads(self) -> int:
+    return self.num_kv_heads or self.num_heads
 
   @nn.compact
   def __call__(self, x, kv_inputs=None, *, mask=None, positions=None, cache_index=None):
-    cfg = self.cfg
     dense = lambda heads, name: Linear(
-        (heads, cfg.head_dim), ('embed', 'heads', 'head_dim'), use_bias=cfg.use_bias,
-        dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype, init_std=cfg.init_std, name=name)
-    q = dense(cfg.num_heads, 'query')(x)
+        (heads, self.head_dim), ('embed',), ('heads', 'head_dim'), use_bias=self.use_bias,
+        init_std=self.init_std, dtype=self.dtype, param_dtype=self.param_dtype, name=name)
+    q = dense(self.num_heads, 'query')(x)
     source = x if not self.is_cross else kv_inputs
     k = v = None
     if source is not None:
-      k, v = dense(cfg.kv_heads, 'key')(source), dense(cfg.kv_heads, 'value')(source)
-    if cfg.positions == 'rope' and not self.is_cross:
-      q = apply_rope(q, positions, cfg.rope_base)
-      k = apply_rope(k, positions, cfg.rope_base)
-    scale = cfg.head_dim ** -0.5
+      k, v = dense(self.kv_heads, 'key')(source), dense(self.kv_heads, 'value')(source)
+    if self.rope_base is not None and not self.is_cross:
+      if positions is None:
+        offset = 0 if cache_index is None else cache_index
+        positions = jnp.broadcast_to(jnp.arange(x.shape[1]) + offset, x.shape[:2])
+      q = apply_rope(q, positions, self.rope_base)
+      k = apply_rope(k, positions, self.rope_base)
+    scale = self.head_dim ** -0.5
     if cache_index is not None:
       out = cached_attention(q, *self._cached(k, v, cache_index), mask, scale)
-    elif cfg.attention_kernel == 'einsum':
+    elif self.kernel == 'einsum':
       out, weights = reference_attention(q, k, v, mask, scale)
       self.sow('intermediates', 'attention_weights', weights)
     else:
       out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale)
-    return Linear((cfg.width,), ('heads', 'head_dim', 'embed'), use_bias=cfg.use_bias,
-                  dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype, init_std=cfg.init_std,
-                  name='out')(out)
+    return Linear((self.out_features or x.shape[-1],), ('heads', 'head_dim'), ('embed',),
+                  use_bias=self.use_bias, init_std=self.init_std, dtype=self.dtype,
+                  param_dtype=self.param_dtype, name='out')(out)
 
   def _cached(self, k, v, cache_index):
     """The cached keys and values (B * kv_heads, S, head_dim), with the new ones written in."""

@@ -1,54 +1,82 @@
 """Inputs into vectors: tokens, positions (learned, sinusoidal, RoPE), image patches, [CLS]."""
+from typing import Any
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 
-class TextEmbed(nn.Module):
-  """Token rows E[s] (times sqrt(width) with cfg.scale_embeddings) plus the position rows (learned
-  or sinusoidal) and token-type rows.
+POSITION_EMBEDDINGS = ('learned', 'sinusoidal', 'none')
 
-  `attend` is the tied unembedding x E^T, in float32. Learned positions clip negative positions
-  (the left padding of a decoding batch, never seen by a real token) to row 0.
+
+class TextEmbed(nn.Module):
+  """Token rows E[s] (times sqrt(width) where `scale`), plus position rows ('learned': a table
+  of `max_len` rows; 'sinusoidal'; 'none', as for RoPE, which acts in the attention) and
+  token-type rows where `type_vocab_size` > 0.
+
+    embed = TextEmbed(vocab_size=65, width=128, positions='none')
+    x = embed.apply(params, ids, positions)  # ids, positions (B, T) -> (B, T, width)
+    logits = embed.apply(params, x, method='attend')  # the tied unembedding x E^T, float32
+
+  Learned positions clip negative positions (the left padding of a decoding batch, never seen
+  by a real token) to row 0.
   """
-  cfg: 'ModelConfig'
+  vocab_size: int
+  width: int
+  positions: str = 'learned'
+  max_len: int | None = None
+  type_vocab_size: int = 0
+  scale: bool = False
+  init_std: float = 0.02
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  def __post_init__(self):
+    if self.positions not in POSITION_EMBEDDINGS:
+      raise ValueError(f'Unknown positions {self.positions!r}: use one of '
+                       f'{list(POSITION_EMBEDDINGS)}.')
+    if self.positions == 'learned' and not (self.max_len or 0) >= 1:
+      raise ValueError('Learned positions need max_len, the rows of their table.')
+    if self.vocab_size < 1 or self.width < 1:
+      raise ValueError(f'TextEmbed needs vocab_size >= 1 and width >= 1, not {self.vocab_size} '
+                       f'and {self.width}.')
+    super().__post_init__()
 
   def setup(self):
-    cfg = self.cfg
     table = lambda name, rows, axis: self.param(
-        name, nn.with_logical_partitioning(nn.initializers.normal(cfg.embed_init_std),
-                                           (axis, 'embed')), (rows, cfg.width), cfg.weight_dtype)
-    self.tokens = table('tokens', cfg.vocab_size, 'vocab')
-    if cfg.positions == 'learned':
-      self.position_table = table('positions', cfg.max_len, 'positions')
-    if cfg.type_vocab_size:
-      self.types = table('types', cfg.type_vocab_size, 'types')
+        name, nn.with_logical_partitioning(nn.initializers.normal(self.init_std),
+                                           (axis, 'embed')), (rows, self.width), self.param_dtype)
+    self.tokens = table('tokens', self.vocab_size, 'vocab')
+    if self.positions == 'learned':
+      self.position_table = table('positions', self.max_len, 'positions')
+    if self.type_vocab_size:
+      self.types = table('types', self.type_vocab_size, 'types')
 
   def __call__(self, ids, positions, token_types=None):
-    cfg = self.cfg
     x = jnp.take(self.tokens, ids, axis=0).astype(jnp.float32)
-    if cfg.scale_embeddings:
-      x = x * np.sqrt(cfg.width).astype(np.float32)
-    if cfg.positions == 'learned':
+    if self.scale:
+      x = x * np.sqrt(self.width).astype(np.float32)
+    if self.positions == 'learned':
       x = x + jnp.take(self.position_table, jnp.maximum(positions, 0), axis=0)
-    elif cfg.positions == 'sinusoidal':
-      x = x + sinusoidal(positions, cfg.width)
-    if cfg.type_vocab_size:
+    elif self.positions == 'sinusoidal':
+      x = x + sinusoidal(positions, self.width)
+    if self.type_vocab_size:
       types = jnp.zeros_like(ids) if token_types is None else token_types
       x = x + jnp.take(self.types, types, axis=0)
-    return x.astype(cfg.compute_dtype)
+    return x.astype(self.dtype)
 
   def attend(self, x):
-    flat = x.reshape(-1, x.shape[-1]).astype(self.cfg.compute_dtype)
+    flat = x.reshape(-1, x.shape[-1]).astype(self.dtype)
     logits = jnp.dot(flat, self.tokens.astype(flat.dtype).T, preferred_element_type=jnp.float32)
-    return logits.reshape(x.shape[:-1] + (self.cfg.vocab_size,))
+    return logits.reshape(x.shape[:-1] + (self.vocab_size,))
 
 
 def sinusoidal(positions: jax.Array, width: int, base: float = 10000.0) -> jax.Array:
   """Vaswani et al.: PE[p, 2i] = sin(p / base^(2i/D)), PE[p, 2i+1] = cos(p / base^(2i/D))."""
   inv_freq = base ** (-np.arange(0, width, 2, dtype=np.float32) / width)
-  angles = positions.astype(jnp.float32)[..., None] * inv_freq.reshape((1,) * positions.ndim + (-1,))
+  angles = (positions.astype(jnp.float32)[..., None]
+            * inv_freq.reshape((1,) * positions.ndim + (-1,)))
   interleaved = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)
   return interleaved.reshape(positions.shape + (-1,))[..., :width]
 
@@ -100,8 +128,8 @@ def resize_position_grid(posemb: jax.Array, new_grid: int, num_prefix_tokens: in
   prefix, grid = posemb[:num_prefix_tokens], posemb[num_prefix_tokens:]
   old = int(round(grid.shape[0] ** 0.5))
   if old * old != grid.shape[0]:
-    raise ValueError(f'{grid.shape[0]} position rows after {num_prefix_tokens} prefix row(s) do not '
-                     'form a square grid: pass the right num_prefix_tokens.')
+    raise ValueError(f'{grid.shape[0]} position rows after {num_prefix_tokens} prefix row(s) do '
+                     'not form a square grid: pass the right num_prefix_tokens.')
   grid = grid.reshape(old, old, -1).astype(jnp.float32)
   resized = jax.image.resize(grid, (new_grid, new_grid, grid.shape[-1]), method='bicubic')
   resized = resized.reshape(new_grid * new_grid, -1).astype(posemb.dtype)

@@ -1,6 +1,6 @@
 """The one dense layer every projection uses, with logical axis names on its parameters."""
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
@@ -20,29 +20,47 @@ def kernel_init(std: float | None, in_axes: int = 1, out_axes: int = 1):
 
 
 class Linear(nn.Module):
-  """y = x W + b, contracting the last `len(in_axes)` input dimensions into `features`.
+  """y = x W + b: the trailing len(in_axes) dimensions of x contracted into `features`.
 
-  The kernel keeps the natural multi-dimensional shape (for example (D, heads, head_dim)) so
-  that its logical axes can be sharded, but the product runs as one 2-D matmul over all leading
-  positions: on XLA's CPU backend the weight gradient of a (B*T, D) product is markedly cheaper
-  than that of a (B, T, D) one, and it is no slower elsewhere.
+    Linear((heads, head_dim), in_axes=('embed',), out_axes=('heads', 'head_dim'))  # x (B, T, D)
+    Linear((width,), in_axes=('heads', 'head_dim'), out_axes=('embed',))  # x (B, T, heads, hd)
+
+  `in_axes` and `out_axes` are the logical names of the contracted and the output dimensions
+  (what sharding rules refer to); their lengths say how many dimensions each side has. The
+  kernel keeps the natural multi-dimensional shape, in_shape + features, but the product runs as
+  one 2-D matmul over all leading positions: on XLA's CPU backend the weight gradient of a
+  (B*T, D) product is markedly cheaper than that of a (B, T, D) one, and it is no slower
+  elsewhere.
   """
   features: Sequence[int]
-  axes: Sequence[str]  # logical names: the contracted input dims, then the output dims
+  in_axes: Sequence[str]
+  out_axes: Sequence[str]
   use_bias: bool = True
-  dtype: jnp.dtype = jnp.float32
-  param_dtype: jnp.dtype = jnp.float32
-  init_std: float | None = 0.02
-  out_dtype: jnp.dtype | None = None  # e.g. float32 logits from bfloat16 activations
+  init_std: float | None = 0.02  # None: LeCun normal
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+  out_dtype: Any = None  # e.g. float32 logits from bfloat16 activations
+
+  def __post_init__(self):
+    if len(self.out_axes) != len(self.features) or not self.in_axes:
+      raise ValueError(f'Linear{tuple(self.features)}: out_axes {tuple(self.out_axes)} must name '
+                       f'each of the {len(self.features)} output dimensions, and in_axes '
+                       f'{tuple(self.in_axes)} at least one contracted input dimension.')
+    if any(f < 1 for f in self.features):
+      raise ValueError(f'Linear features {tuple(self.features)} must be positive.')
+    super().__post_init__()
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    features = tuple(self.features)
-    num_in = len(self.axes) - len(features)
+    features, num_in = tuple(self.features), len(self.in_axes)
+    if x.ndim <= num_in:
+      raise ValueError(f'Linear contracts the last {num_in} dimensions {tuple(self.in_axes)} of '
+                       f'its input, which has shape {x.shape}: it needs at least one more '
+                       '(leading) dimension.')
     in_shape = x.shape[x.ndim - num_in:]
     kernel = self.param(
         'kernel', nn.with_logical_partitioning(kernel_init(self.init_std, num_in, len(features)),
-                                               tuple(self.axes)),
+                                               (*self.in_axes, *self.out_axes)),
         in_shape + features, self.param_dtype)
     lead = x.shape[:x.ndim - num_in]
     y = jnp.dot(x.reshape(-1, math.prod(in_shape)).astype(self.dtype),
@@ -51,7 +69,7 @@ class Linear(nn.Module):
     y = y.reshape(lead + features)
     if self.use_bias:
       bias = self.param('bias', nn.with_logical_partitioning(nn.initializers.zeros,
-                                                              tuple(self.axes[num_in:])),
+                                                              tuple(self.out_axes)),
                         features, self.param_dtype)
       y = y + bias.astype(y.dtype).reshape((1,) * len(lead) + features)
     return y

@@ -1,4 +1,6 @@
 """The position-wise feed-forward sublayer: a GELU/ReLU MLP or SwiGLU."""
+from typing import Any
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -10,23 +12,40 @@ ACTIVATIONS = {
     'gelu_tanh': lambda x: jax.nn.gelu(x, approximate=True),  # GPT-2
     'relu': jax.nn.relu,  # the original transformer
 }
+KINDS = (*ACTIVATIONS, 'swiglu')  # every value of MLP.activation
 
 
-class Mlp(nn.Module):
-  """sigma(x W1 + b1) W2 + b2, or SwiGLU: (silu(x W_gate) * x W_up) W_down."""
-  cfg: 'ModelConfig'
+class MLP(nn.Module):
+  """activation(x W_up + b) W_down + b, or SwiGLU: (silu(x W_gate) * x W_up) W_down.
+
+    mlp = MLP(hidden=512, activation='swiglu')
+    y = mlp.apply(mlp.init(rng, x), x)  # x (..., D) -> (..., out_features or D)
+
+  `activation` is one of KINDS; `init_std` None draws the kernels LeCun-normal.
+  """
+  hidden: int
+  activation: str = 'gelu'
+  out_features: int | None = None  # None: the input's width
+  use_bias: bool = True
+  init_std: float | None = 0.02
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  def __post_init__(self):
+    if self.activation not in KINDS:
+      raise ValueError(f'Unknown MLP activation {self.activation!r}: use one of {list(KINDS)}.')
+    if self.hidden < 1:
+      raise ValueError(f'MLP hidden={self.hidden} must be at least 1.')
+    super().__post_init__()
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    cfg = self.cfg
-    dense = lambda features, axes, name: Linear(
-        (features,), axes, use_bias=cfg.use_bias, dtype=cfg.compute_dtype,
-        param_dtype=cfg.weight_dtype, init_std=cfg.init_std, name=name)
-    hidden = cfg.hidden_dim
-    if cfg.mlp == 'swiglu':
-      gate = dense(hidden, ('embed', 'mlp'), 'gate')(x)
-      up = dense(hidden, ('embed', 'mlp'), 'up')(x)
-      h = jax.nn.silu(gate) * up
+    dense = lambda features, in_axis, out_axis, name: Linear(
+        (features,), (in_axis,), (out_axis,), use_bias=self.use_bias, init_std=self.init_std,
+        dtype=self.dtype, param_dtype=self.param_dtype, name=name)
+    if self.activation == 'swiglu':
+      gate = dense(self.hidden, 'embed', 'mlp', 'gate')(x)
+      h = jax.nn.silu(gate) * dense(self.hidden, 'embed', 'mlp', 'up')(x)
     else:
-      h = ACTIVATIONS[cfg.mlp](dense(hidden, ('embed', 'mlp'), 'up')(x))
-    return dense(cfg.width, ('mlp', 'embed'), 'down')(h)
+      h = ACTIVATIONS[self.activation](dense(self.hidden, 'embed', 'mlp', 'up')(x))
+    return dense(self.out_features or x.shape[-1], 'mlp', 'embed', 'down')(h)

@@ -11,6 +11,10 @@ class LayerNorm(nn.Module):
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
 
+  def __post_init__(self):
+    _check_eps(self)
+    super().__post_init__()
+
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     x32 = x.astype(jnp.float32)
@@ -29,6 +33,10 @@ class RMSNorm(nn.Module):
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
 
+  def __post_init__(self):
+    _check_eps(self)
+    super().__post_init__()
+
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     x32 = x.astype(jnp.float32)
@@ -44,13 +52,6 @@ def _param(module: nn.Module, name: str, init, x: jax.Array) -> jax.Array:
   return value.astype(jnp.float32).reshape((1,) * (x.ndim - 1) + (-1,))
 
 
-def make_norm(cfg, name: str, always: bool = False):
-  """The configured norm (`cfg.norm`); the identity when the ablation removes norms, unless
-  `always` (a norm that belongs to a head, not to the stack)."""
-  if not (cfg.use_norm or always):
-    return lambda x: x
-  if cfg.norm == 'rmsnorm':
-    return RMSNorm(eps=cfg.norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
-                   name=name)
-  return LayerNorm(eps=cfg.norm_eps, use_bias=cfg.norm_bias, dtype=cfg.compute_dtype,
-                   param_dtype=cfg.weight_dtype, name=name)
+def _check_eps(norm: nn.Module) -> None:
+  if not norm.eps > 0:  # NaN fails too
+    raise ValueError(f'{type(norm).__name__} eps={norm.eps} must be positive and finite.')

@@ -1,52 +1,48 @@
-"""The families, built from a config: `build(config.model)`."""
+"""The families, built from a config: `build(config.model)`. Each family is one entry of
+`registry` (the four below register themselves on import)."""
 from typing import Any, Mapping
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from transformer_jax.model_config import ModelConfig, validate
-from transformer_jax.models.decoder import DecoderLM
-from transformer_jax.models.encoder import EncoderMLM
-from transformer_jax.models.encoder_decoder import EncoderDecoder
-from transformer_jax.models.vit import ViT
-
-FAMILIES = {'vit': ViT, 'decoder': DecoderLM, 'encoder': EncoderMLM,
-            'encoder_decoder': EncoderDecoder}
+from transformer_jax.models import decoder, encoder, encoder_decoder, registry, vit
 
 
 def model_config(model: ModelConfig | Mapping[str, Any]) -> ModelConfig:
-  """The validated dataclass from a ConfigDict, a dict or a ModelConfig."""
+  """The validated dataclass from a ConfigDict, a dict or a ModelConfig: every option, then the
+  family's own checks."""
   if not isinstance(model, ModelConfig):
     model = ModelConfig.from_dict(model.to_dict() if hasattr(model, 'to_dict') else model)
-  return validate(model)
+  registry.get(model.family).validate(validate(model))
+  return model
+
+
+def family_of(model: ModelConfig | Mapping[str, Any]) -> registry.Family:
+  return registry.get(model_config(model).family)
 
 
 def build(model: ModelConfig | Mapping[str, Any]) -> nn.Module:
   """The Flax module of `model.family`, after validating every option."""
   cfg = model_config(model)
-  return FAMILIES[cfg.family](cfg)
+  return registry.get(cfg.family).module(cfg)
 
 
 def example_inputs(cfg: ModelConfig, batch: int = 1, seq_len: int | None = None) -> tuple:
   """Positional arguments of the family's __call__, with the right shapes (for init)."""
-  if cfg.family == 'vit':
-    return (jnp.zeros((batch, cfg.image_size, cfg.image_size, cfg.num_channels), jnp.float32),)
-  tokens = jnp.zeros((batch, seq_len or min(cfg.max_len, 8)), jnp.int32)
-  return (tokens, tokens) if cfg.family == 'encoder_decoder' else (tokens,)
+  return registry.get(cfg.family).example_inputs(cfg, batch, seq_len)
 
 
 def abstract_variables(model: ModelConfig | Mapping[str, Any]):
   """Shapes and dtypes of every variable, boxed with logical axis names; allocates nothing."""
   cfg = model_config(model)
-  module = FAMILIES[cfg.family](cfg)
-  return jax.eval_shape(module.init, jax.random.key(0), *example_inputs(cfg))
+  return jax.eval_shape(build(cfg).init, jax.random.key(0), *example_inputs(cfg))
 
 
 def init_params(model, rng, unbox: bool = True):
   cfg = model_config(model)
-  variables = FAMILIES[cfg.family](cfg).init(rng, *example_inputs(cfg))
+  variables = build(cfg).init(rng, *example_inputs(cfg))
   return nn.meta.unbox(variables['params']) if unbox else variables['params']
 
 

@@ -1,9 +1,59 @@
-"""Pieces the token families share: default positions, the decoder's mask, the LM head."""
+"""What the families share: the one place that maps a ModelConfig onto the layers' arguments,
+default positions, the decoder's mask, the LM head, and the checks of the text families."""
+import functools
+from typing import Any
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.layers import Linear, causal_mask
+from transformer_jax.errors import ConfigError
+from transformer_jax.layers import (MLP, Attention, Block, BlockStack, LayerNorm, Linear, RMSNorm,
+                                    TextEmbed, causal_mask)
+from transformer_jax.model_config import ModelConfig
+from transformer_jax.ranges import COUNT
+
+
+def norm(cfg: ModelConfig) -> functools.partial:
+  """The configured norm class with its arguments bound (called with a name)."""
+  if cfg.norm == 'rmsnorm':
+    return functools.partial(RMSNorm, eps=cfg.norm_eps, dtype=cfg.compute_dtype,
+                             param_dtype=cfg.weight_dtype)
+  return functools.partial(LayerNorm, eps=cfg.norm_eps, use_bias=cfg.norm_bias,
+                           dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype)
+
+
+def attention(cfg: ModelConfig, cross: bool = False) -> functools.partial:
+  return functools.partial(
+      Attention, num_heads=cfg.num_heads, head_dim=cfg.head_dim, num_kv_heads=cfg.kv_heads,
+      rope_base=cfg.rope_base if cfg.positions == 'rope' and not cross else None,
+      use_bias=cfg.use_bias, is_cross=cross, kernel=cfg.attention_kernel, init_std=cfg.init_std,
+      dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype)
+
+
+def block(cfg: ModelConfig, cross_attention: bool = False) -> functools.partial:
+  """The Block of every family, bound to the config's options."""
+  mlp = functools.partial(MLP, hidden=cfg.hidden_dim, activation=cfg.mlp, use_bias=cfg.use_bias,
+                          init_std=cfg.init_std, dtype=cfg.compute_dtype,
+                          param_dtype=cfg.weight_dtype)
+  return functools.partial(
+      Block, attention=attention(cfg), mlp=mlp, norm=norm(cfg) if cfg.use_norm else None,
+      cross_attention=attention(cfg, cross=True) if cross_attention else None,
+      norm_position=cfg.norm_position, use_attention=cfg.use_attention, use_mlp=cfg.use_mlp,
+      use_residual=cfg.use_residual, dropout_rate=cfg.dropout_rate)
+
+
+def stack(cfg: ModelConfig, num_layers: int, cross_attention: bool = False, **kwargs) -> BlockStack:
+  return BlockStack(block(cfg, cross_attention), num_layers, scan=cfg.scan_layers,
+                    remat_policy=cfg.remat_policy, **kwargs)
+
+
+def text_embed(cfg: ModelConfig, **kwargs) -> TextEmbed:
+  return TextEmbed(
+      cfg.vocab_size, cfg.width, positions=cfg.positions if cfg.positions != 'rope' else 'none',
+      max_len=cfg.max_len, type_vocab_size=cfg.type_vocab_size, scale=cfg.scale_embeddings,
+      init_std=cfg.embed_init_std, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
+      **kwargs)
 
 
 def default_positions(tokens: jax.Array, offset=0) -> jax.Array:
@@ -28,14 +78,47 @@ def decoder_mask(positions, attention_mask=None, cache_index=None):
 
 
 class LmHead(nn.Module):
-  """Float32 next-token logits: the tied unembedding E^T, or an untied (D, V) matrix without bias."""
-  cfg: 'ModelConfig'
+  """Float32 next-token logits: the tied unembedding E^T (`embed.attend`), or an untied (D, V)
+  matrix without bias."""
+  vocab_size: int
+  tied: bool = True
+  init_std: float | None = 0.02
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, x, embed):
-    cfg = self.cfg
-    if cfg.tie_embeddings:
+  def __call__(self, x, embed: TextEmbed):
+    if self.tied:
       return embed.attend(x)
-    return Linear((cfg.vocab_size,), ('embed', 'vocab'), use_bias=False, dtype=cfg.compute_dtype,
-                  param_dtype=cfg.weight_dtype, init_std=cfg.init_std, out_dtype=jnp.float32,
-                  name='unembed')(x)
+    return Linear((self.vocab_size,), ('embed',), ('vocab',), use_bias=False,
+                  init_std=self.init_std, dtype=self.dtype, param_dtype=self.param_dtype,
+                  out_dtype=jnp.float32, name='unembed')(x)
+
+
+def lm_head(cfg: ModelConfig, **kwargs) -> LmHead:
+  return LmHead(cfg.vocab_size, cfg.tie_embeddings, cfg.init_std, cfg.compute_dtype,
+                cfg.weight_dtype, **kwargs)
+
+
+def text_example_inputs(cfg: ModelConfig, batch: int = 1, seq_len: int | None = None,
+                        streams: int = 1) -> tuple:
+  """`streams` token arrays (B, T): the inputs of a text family's __call__."""
+  tokens = jnp.zeros((batch, seq_len or min(cfg.max_len, 8)), jnp.int32)
+  return (tokens,) * streams
+
+
+def validate_text(cfg: ModelConfig) -> None:
+  if not COUNT.admits(cfg.vocab_size):
+    raise ConfigError(f'model.vocab_size must be set for family {cfg.family!r} to the number of '
+                      f"token ids of the data, not {cfg.vocab_size!r} (65 for TinyShakespeare's "
+                      'characters): for example --config.model.vocab_size=65.')
+
+
+def check_text_data(info: dict, cfg: ModelConfig) -> None:
+  if info['vocab_size'] > cfg.vocab_size:
+    raise ConfigError(f'The data has {info["vocab_size"]} token ids but model.vocab_size='
+                      f'{cfg.vocab_size}: set --config.model.vocab_size={info["vocab_size"]}.')
+
+
+def text_lengths(batch: dict) -> tuple[int, None]:
+  return batch['inputs'].shape[1], None

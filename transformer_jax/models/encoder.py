@@ -1,56 +1,74 @@
 """Encoder-only masked language model (BERT style): bidirectional blocks and an MLM head."""
+from typing import Any
+
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
-from transformer_jax.layers import BlockStack, Linear, TextEmbed, make_norm, padding_mask
+from transformer_jax import accounting
+from transformer_jax.layers import Linear, padding_mask
 from transformer_jax.layers.mlp import ACTIVATIONS
-from transformer_jax.models.common import default_positions
+from transformer_jax.model_config import ModelConfig
+from transformer_jax.models import common, registry
 
 
 class MlmHead(nn.Module):
-  """BERT's head: dense + activation + norm, then the tied unembedding plus an output bias."""
-  cfg: 'ModelConfig'
+  """BERT's head: dense + activation + norm, then the tied unembedding (or an untied matrix)
+  plus an output bias: float32 logits over `vocab_size`."""
+  vocab_size: int
+  norm: Any  # a norm class with its arguments bound, called with a name
+  activation: str = 'gelu'
+  tied: bool = True
+  init_std: float | None = 0.02
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x, embed):
-    cfg = self.cfg
-    h = Linear((cfg.width,), ('embed', 'mlp'), use_bias=True, dtype=cfg.compute_dtype,
-               param_dtype=cfg.weight_dtype, init_std=cfg.init_std, name='transform')(x)
-    h = ACTIVATIONS.get(cfg.mlp, ACTIVATIONS['gelu'])(h)
-    h = make_norm(cfg, 'norm', always=True)(h)
-    if cfg.tie_embeddings:
+    dense = lambda features, out_axis, name, **kw: Linear(
+        (features,), ('embed',), (out_axis,), init_std=self.init_std, dtype=self.dtype,
+        param_dtype=self.param_dtype, name=name, **kw)
+    h = dense(x.shape[-1], 'mlp', 'transform')(x)
+    h = self.norm(name='norm')(ACTIVATIONS.get(self.activation, ACTIVATIONS['gelu'])(h))
+    if self.tied:
       logits = embed.attend(h)
     else:
-      logits = Linear((cfg.vocab_size,), ('embed', 'vocab'), use_bias=False,
-                      dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
-                      init_std=cfg.init_std, out_dtype=jnp.float32, name='decoder')(h)
+      logits = dense(self.vocab_size, 'vocab', 'decoder', use_bias=False,
+                     out_dtype=jnp.float32)(h)
     bias = self.param('bias', nn.with_logical_partitioning(nn.initializers.zeros, ('vocab',)),
-                      (cfg.vocab_size,), cfg.weight_dtype)
+                      (self.vocab_size,), self.param_dtype)
     return logits + bias.astype(jnp.float32).reshape((1,) * (logits.ndim - 1) + (-1,))
 
 
 class EncoderMLM(nn.Module):
   """tokens (B, T) -> float32 logits (B, T, V) for every position; every token sees every valid
   token. `valid` (B, T) marks real tokens (padding is never attended to)."""
-  cfg: 'ModelConfig'
+  cfg: ModelConfig
 
   @nn.compact
   def __call__(self, tokens, positions=None, *, valid=None, token_types=None,
                attention_mask=None, deterministic=True):
     cfg = self.cfg
     if positions is None:
-      positions = default_positions(tokens)
+      positions = common.default_positions(tokens)
     mask = None if valid is None else padding_mask(valid, tokens.shape[1])
     if attention_mask is not None:
       mask = attention_mask if mask is None else mask & attention_mask
-    embed = TextEmbed(cfg, name='embed')
+    embed = common.text_embed(cfg, name='embed')
     x = embed(tokens, positions, token_types)
-    if cfg.embed_norm:
-      x = make_norm(cfg, 'embed_norm')(x)
+    if cfg.embed_norm and cfg.use_norm:
+      x = common.norm(cfg)(name='embed_norm')(x)
     x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
-    x = BlockStack(cfg, cfg.num_layers, name='encoder')(x, mask, positions,
-                                                         deterministic=deterministic)
+    x = common.stack(cfg, cfg.num_layers, name='encoder')(x, mask, positions,
+                                                          deterministic=deterministic)
     if cfg.final_norm:
-      x = make_norm(cfg, 'final_norm')(x)
-    return MlmHead(cfg, name='head')(x, embed)
+      x = common.norm(cfg)(name='final_norm')(x)
+    # The head's norm stays whatever the ablations remove: it belongs to the head.
+    return MlmHead(cfg.vocab_size, common.norm(cfg), cfg.mlp, cfg.tie_embeddings, cfg.init_std,
+                   cfg.compute_dtype, cfg.weight_dtype, name='head')(x, embed)
+
+
+FAMILY = registry.register(registry.Family(
+    name='encoder', module=EncoderMLM, example_inputs=common.text_example_inputs,
+    logits=lambda apply, batch: apply(batch['inputs'], valid=batch.get('valid')), task='masked',
+    validate=common.validate_text, check_data=common.check_text_data, lengths=common.text_lengths,
+    param_counts=accounting.encoder_params, forward_flops=accounting.encoder_flops))

@@ -1,10 +1,11 @@
 """Encoder-decoder (original transformer / T5 layout): one shared embedding, cross-attention in
 every decoder block."""
 import flax.linen as nn
-import jax.numpy as jnp
 
-from transformer_jax.layers import BlockStack, TextEmbed, make_norm, padding_mask
-from transformer_jax.models.common import LmHead, decoder_mask, default_positions
+from transformer_jax import accounting
+from transformer_jax.layers import padding_mask
+from transformer_jax.model_config import ModelConfig
+from transformer_jax.models import common, registry
 
 
 class EncoderDecoder(nn.Module):
@@ -14,20 +15,20 @@ class EncoderDecoder(nn.Module):
   that decoding runs the encoder once; with `cache_index`, `decode` caches its self-attention keys
   and values and, at the prefill, the cross-attention ones (pass `encoded=None` afterwards).
   """
-  cfg: 'ModelConfig'
+  cfg: ModelConfig
 
   def setup(self):
     cfg = self.cfg
-    self.embed = TextEmbed(cfg)
+    self.embed = common.text_embed(cfg)
     self.dropout = nn.Dropout(cfg.dropout_rate)
-    self.encoder = BlockStack(cfg, cfg.num_layers)
-    self.encoder_norm = make_norm(cfg, 'encoder_norm') if cfg.final_norm else None
-    self.decoder = BlockStack(cfg, cfg.decoder_layers, has_cross_attention=True)
-    self.decoder_norm = make_norm(cfg, 'decoder_norm') if cfg.final_norm else None
-    self.head = LmHead(cfg)
+    self.encoder = common.stack(cfg, cfg.num_layers)
+    self.encoder_norm = common.norm(cfg)() if cfg.final_norm else None
+    self.decoder = common.stack(cfg, cfg.decoder_layers, cross_attention=True)
+    self.decoder_norm = common.norm(cfg)() if cfg.final_norm else None
+    self.head = common.lm_head(cfg)
 
   def encode(self, inputs, input_valid=None, *, deterministic=True):
-    positions = default_positions(inputs)
+    positions = common.default_positions(inputs)
     mask = None if input_valid is None else padding_mask(input_valid, inputs.shape[1])
     x = self.dropout(self.embed(inputs, positions), deterministic=deterministic)
     x = self.encoder(x, mask, positions, deterministic=deterministic)
@@ -36,8 +37,8 @@ class EncoderDecoder(nn.Module):
   def decode(self, targets, encoded, input_valid=None, positions=None, *, attention_mask=None,
              cache_index=None, deterministic=True):
     if positions is None:
-      positions = default_positions(targets, 0 if cache_index is None else cache_index)
-    mask = decoder_mask(positions, attention_mask, cache_index)
+      positions = common.default_positions(targets, 0 if cache_index is None else cache_index)
+    mask = common.decoder_mask(positions, attention_mask, cache_index)
     cross_mask = None if input_valid is None else padding_mask(input_valid, targets.shape[1])
     x = self.dropout(self.embed(targets, positions), deterministic=deterministic)
     x = self.decoder(x, mask, positions, encoded, cross_mask, cache_index,
@@ -49,3 +50,15 @@ class EncoderDecoder(nn.Module):
   def __call__(self, inputs, targets, input_valid=None, *, deterministic=True):
     encoded = self.encode(inputs, input_valid, deterministic=deterministic)
     return self.decode(targets, encoded, input_valid, deterministic=deterministic)
+
+
+FAMILY = registry.register(registry.Family(
+    name='encoder_decoder', module=EncoderDecoder,
+    example_inputs=lambda cfg, batch=1, seq_len=None: common.text_example_inputs(
+        cfg, batch, seq_len, streams=2),
+    logits=lambda apply, batch: apply(batch['inputs'], batch['decoder_inputs'],
+                                      batch.get('input_valid')),
+    task='seq2seq', decoding='encoder_decoder', validate=common.validate_text,
+    check_data=common.check_text_data,
+    lengths=lambda batch: (batch['inputs'].shape[1], batch['decoder_inputs'].shape[1]),
+    param_counts=accounting.encoder_decoder_params, forward_flops=accounting.encoder_decoder_flops))

@@ -2,7 +2,11 @@
 import flax.linen as nn
 import jax.numpy as jnp
 
-from transformer_jax.layers import BlockStack, Linear, PatchEmbed, make_norm, resize_position_grid
+from transformer_jax import accounting
+from transformer_jax.errors import ConfigError
+from transformer_jax.layers import Linear, PatchEmbed, resize_position_grid
+from transformer_jax.model_config import ModelConfig
+from transformer_jax.models import common, registry
 
 
 def num_tokens(cfg) -> int:
@@ -23,34 +27,76 @@ class ViT(nn.Module):
 
   pool='cls' prepends a learned [CLS] token and classifies its final vector; pool='mean'
   averages the patch vectors (no [CLS] token). The head starts at zero, as in big_vision.
+  `encode` gives the pooled representation (B, width), for a head of your own.
   """
-  cfg: 'ModelConfig'
+  cfg: ModelConfig
 
-  @nn.compact
-  def __call__(self, images, *, deterministic=True):
+  def setup(self):
     cfg = self.cfg
-    x = PatchEmbed(cfg.patch_size, cfg.width, cfg.compute_dtype, cfg.weight_dtype,
-                   name='patch_embed')(images)
+    self.patch_embed = PatchEmbed(cfg.patch_size, cfg.width, cfg.compute_dtype, cfg.weight_dtype)
     if cfg.pool == 'cls':
-      cls = self.param('cls_token', nn.with_logical_partitioning(nn.initializers.zeros,
-                                                                 (None, 'embed')),
-                       (1, cfg.width), cfg.weight_dtype)
-      x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (x.shape[0], 1, cfg.width)), x], 1)
+      self.cls_token = self.param('cls_token', nn.with_logical_partitioning(
+          nn.initializers.zeros, (None, 'embed')), (1, cfg.width), cfg.weight_dtype)
     if cfg.positions == 'learned':
-      pos = self.param('pos_embed', nn.with_logical_partitioning(
+      self.pos_embed = self.param('pos_embed', nn.with_logical_partitioning(
           nn.initializers.normal(cfg.embed_init_std), ('positions', 'embed')),
-                       (num_tokens(cfg), cfg.width), cfg.weight_dtype)
-      if pos.shape[0] != x.shape[1]:
+                                  (num_tokens(cfg), cfg.width), cfg.weight_dtype)
+    self.dropout = nn.Dropout(cfg.dropout_rate)
+    self.encoder = common.stack(cfg, cfg.num_layers)
+    self.final_norm = common.norm(cfg)() if cfg.final_norm else None
+    self.head = Linear((cfg.num_classes,), ('embed',), ('classes',), use_bias=True, init_std=0.0,
+                       dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
+                       out_dtype=jnp.float32)
+
+  def encode(self, images, *, deterministic=True):
+    """The pooled representation (B, width): the [CLS] vector, or the mean of the patches'."""
+    cfg = self.cfg
+    x = self.patch_embed(images)
+    if cfg.pool == 'cls':
+      cls = jnp.broadcast_to(self.cls_token.astype(x.dtype), (x.shape[0], 1, cfg.width))
+      x = jnp.concatenate([cls, x], axis=1)
+    if cfg.positions == 'learned':
+      if self.pos_embed.shape[0] != x.shape[1]:
         raise ValueError(
             f'Images of {images.shape[1]}x{images.shape[2]} give {x.shape[1]} tokens but the '
-            f'position table has {pos.shape[0]} rows: set model.image_size to the image size, '
-            'or resize the table with transformer_jax.models.vit.resize_positions.')
-      x = x + pos.astype(x.dtype)[None]
-    x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
-    x = BlockStack(cfg, cfg.num_layers, name='encoder')(x, deterministic=deterministic)
-    if cfg.final_norm:
-      x = make_norm(cfg, 'final_norm')(x)
-    representation = x[:, 0] if cfg.pool == 'cls' else x.mean(axis=1)
-    return Linear((cfg.num_classes,), ('embed', 'classes'), use_bias=True,
-                  dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype, init_std=0.0,
-                  out_dtype=jnp.float32, name='head')(representation)
+            f'position table has {self.pos_embed.shape[0]} rows: set model.image_size to the '
+            'image size, or resize the table with transformer_jax.models.vit.resize_positions.')
+      x = x + self.pos_embed.astype(x.dtype)[None]
+    x = self.encoder(self.dropout(x, deterministic=deterministic), deterministic=deterministic)
+    if self.final_norm is not None:
+      x = self.final_norm(x)
+    return x[:, 0] if cfg.pool == 'cls' else x.mean(axis=1)
+
+  def __call__(self, images, *, deterministic=True):
+    return self.head(self.encode(images, deterministic=deterministic))
+
+
+def validate(cfg: ModelConfig) -> None:
+  if cfg.image_size % cfg.patch_size:
+    raise ConfigError(f'model.patch_size={cfg.patch_size} does not divide '
+                      f'model.image_size={cfg.image_size}: choose a patch size from '
+                      f'{[d for d in range(1, cfg.image_size + 1) if cfg.image_size % d == 0]} '
+                      'or resize the images.')
+  if cfg.positions not in ('learned', 'none'):
+    raise ConfigError(f'A ViT takes learned 1-D positions or none, not {cfg.positions!r}: '
+                      'set model.positions to "learned" or "none".')
+
+
+def check_data(info: dict, cfg: ModelConfig) -> None:
+  if info['num_classes'] != cfg.num_classes:
+    raise ConfigError(f'The data has {info["num_classes"]} classes but model.num_classes='
+                      f'{cfg.num_classes}: set --config.model.num_classes={info["num_classes"]}.')
+  height, width, channels = info['image_shape']
+  if (height, width, channels) != (cfg.image_size, cfg.image_size, cfg.num_channels):
+    raise ConfigError(f'The images are {height}x{width}x{channels} but the model takes '
+                      f'model.image_size={cfg.image_size}, model.num_channels='
+                      f'{cfg.num_channels}: set --config.model.image_size={height}.')
+
+
+FAMILY = registry.register(registry.Family(
+    name='vit', module=ViT,
+    example_inputs=lambda cfg, batch=1, seq_len=None: (jnp.zeros(
+        (batch, cfg.image_size, cfg.image_size, cfg.num_channels), jnp.float32),),
+    logits=lambda apply, batch: apply(batch['image']), task='image', targets='label',
+    classification=True, unit='image', validate=validate, check_data=check_data,
+    param_counts=accounting.vit_params, forward_flops=accounting.vit_flops))

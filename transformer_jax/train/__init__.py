@@ -1,2 +1,3 @@
 """Training: mesh and shardings, the jitted and shard_map steps, checkpoints, metrics, loop."""
-from transformer_jax.train.loop import evaluate, restore_trained, train
+from transformer_jax.train.loop import evaluate, train
+from transformer_jax.train.setup import Run, build_run, restore_trained

@@ -1,4 +1,4 @@
-"""Each family's forward pass on a batch, and the summed (not averaged) loss terms.
+"""A family's forward pass on a batch, and the summed (not averaged) loss terms.
 
 Sums, not means, so that microbatches, devices and processes combine exactly: the loss is the
 sum of per-position losses over the whole global batch divided by its total weight.
@@ -6,31 +6,15 @@ sum of per-position losses over the whole global batch divided by its total weig
 import jax
 import jax.numpy as jnp
 
+from transformer_jax.models.registry import Family
 
-def logits_targets_weights(model, family, params, batch, *, deterministic=True, rngs=None):
+
+def logits_targets_weights(model, family: Family, params, batch, *, deterministic=True,
+                           rngs=None):
   """(float32 logits, integer targets, float32 weights) of a batch, for any family."""
   apply = lambda *args, **kw: model.apply({'params': params}, *args, deterministic=deterministic,
                                           rngs=rngs, **kw)
-  if family == 'vit':
-    logits = apply(batch['image'])
-    return logits, batch['label'], jnp.ones(batch['label'].shape, jnp.float32)
-  if family == 'decoder':
-    logits = apply(batch['inputs'])
-  elif family == 'encoder':
-    logits = apply(batch['inputs'], valid=batch.get('valid'))
-  elif family == 'encoder_decoder':
-    logits = apply(batch['inputs'], batch['decoder_inputs'], batch.get('input_valid'))
-  else:
-    raise ValueError(f'Unknown family {family!r}.')
-  return logits, batch['targets'], batch_weights(family, batch)
-
-
-def batch_weights(family, batch) -> jax.Array:
-  """Weight of each predicted position: the batch's 'weights', else one per target."""
-  if 'weights' in batch:
-    return batch['weights'].astype(jnp.float32)
-  key = 'label' if family == 'vit' else 'targets'
-  return jnp.ones(batch[key].shape, jnp.float32)
+  return family.logits(apply, batch), batch[family.targets], family.weights(batch)
 
 
 def loss_sums(logits, targets, weights, label_smoothing: float = 0.0) -> dict[str, jax.Array]:

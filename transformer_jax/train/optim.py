@@ -2,9 +2,8 @@
 import jax
 import optax
 
+from transformer_jax.accounting import EMBEDDING_NAMES
 from transformer_jax.errors import ConfigError
-
-EMBEDDING_NAMES = ('embed', 'patch_embed', 'pos_embed', 'cls_token')
 
 
 def learning_rate_schedule(opt, total_steps: int) -> optax.Schedule:

@@ -3,7 +3,7 @@
 Both compute the same thing: gradients of (sum of per-position losses over the global batch) /
 (its total weight), accumulated over `grad_accum_steps` microbatches, then one optax update.
 """
-import functools
+import dataclasses
 
 import flax.struct
 import jax
@@ -12,6 +12,7 @@ import optax
 from jax.sharding import PartitionSpec as P
 
 from transformer_jax.errors import ConfigError
+from transformer_jax.models.registry import Family
 from transformer_jax.train import losses
 from transformer_jax.train.sharding import DATA_AXIS
 
@@ -22,25 +23,40 @@ class TrainState(flax.struct.PyTreeNode):
   opt_state: optax.OptState
 
 
+@dataclasses.dataclass(frozen=True)
+class StepSettings:
+  """What a train step computes besides the model's forward pass and the optimizer's update."""
+  seed: int = 0  # the dropout streams are fold_in(key(seed), 1), then the step and microbatch
+  grad_accum_steps: int = 1  # sequential microbatches per global batch, one update
+  label_smoothing: float = 0.0
+  dropout: bool = False  # whether the dropout layers are active
+  parallelism: str = 'jit'  # 'jit' (GSPMD) or 'shard_map' (per device, explicit pmean)
+
+  @classmethod
+  def of(cls, config, family: Family) -> 'StepSettings':
+    """The settings config's keys give a family's step."""
+    return cls(seed=config.seed, grad_accum_steps=config.training.grad_accum_steps,
+               label_smoothing=config.training.label_smoothing * family.classification,
+               dropout=config.model.dropout_rate > 0, parallelism=config.parallelism)
+
+
 def _microbatches(batch, num: int):
   """(B, ...) -> (num, B/num, ...), microbatch i holding rows i, i+num, ... so that every
   device keeps an equal share of every microbatch."""
   return jax.tree.map(lambda x: jnp.moveaxis(x.reshape((-1, num) + x.shape[1:]), 1, 0), batch)
 
 
-def _grads_and_sums(model, family, config, params, batch, rng, total_weight):
+def _grads_and_sums(model, family, settings, params, batch, rng, total_weight):
   """Gradient of sum(loss) / total_weight over the batch, and the summed metrics."""
-  smoothing = config.training.label_smoothing if family == 'vit' else 0.0
-  deterministic = config.model.dropout_rate == 0.0
-
   def loss_fn(p, micro, micro_rng):
-    out = losses.logits_targets_weights(model, family, p, micro, deterministic=deterministic,
+    out = losses.logits_targets_weights(model, family, p, micro,
+                                        deterministic=not settings.dropout,
                                         rngs={'dropout': micro_rng})
-    sums = losses.loss_sums(*out, label_smoothing=smoothing)
+    sums = losses.loss_sums(*out, label_smoothing=settings.label_smoothing)
     return sums['loss'] / total_weight, sums
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-  accum = config.training.grad_accum_steps
+  accum = settings.grad_accum_steps
   if accum == 1:
     (_, sums), grads = grad_fn(params, batch, rng)
     return grads, sums
@@ -68,29 +84,30 @@ def _apply_update(tx, schedule, state, grads, sums):
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
-def make_train_step(model, family, tx, schedule, config, mesh, state_sharding):
+def make_train_step(model, family: Family, tx, schedule, mesh, state_sharding,
+                    settings: StepSettings = StepSettings()):
   """A jitted step(state, batch) -> (state, metrics) with the state donated."""
-  rng_root = jax.random.fold_in(jax.random.key(config.seed), 1)  # 0 initializes the parameters
+  rng_root = jax.random.fold_in(jax.random.key(settings.seed), 1)  # 0 initializes the params
   batch_sharding = jax.sharding.NamedSharding(mesh, P(DATA_AXIS))
   replicated = jax.sharding.NamedSharding(mesh, P())
 
   def jit_step(state, batch):
     rng = jax.random.fold_in(rng_root, state.step)
-    total = jnp.sum(losses.batch_weights(family, batch))
-    grads, sums = _grads_and_sums(model, family, config, state.params, batch, rng, total)
+    total = jnp.sum(family.weights(batch))
+    grads, sums = _grads_and_sums(model, family, settings, state.params, batch, rng, total)
     return _apply_update(tx, schedule, state, grads, sums)
 
-  if config.parallelism == 'jit':
+  if settings.parallelism == 'jit':
     step = jit_step
-  elif config.parallelism == 'shard_map':
-    step = _shard_map_step(model, family, tx, schedule, config, mesh, state_sharding, rng_root)
+  elif settings.parallelism == 'shard_map':
+    step = _shard_map_step(model, family, tx, schedule, settings, mesh, state_sharding, rng_root)
   else:
-    raise ConfigError(f'Unknown parallelism {config.parallelism!r}: use "jit" or "shard_map".')
+    raise ConfigError(f'Unknown parallelism {settings.parallelism!r}: use "jit" or "shard_map".')
   return jax.jit(step, in_shardings=(state_sharding, batch_sharding),
                  out_shardings=(state_sharding, replicated), donate_argnums=0)
 
 
-def _shard_map_step(model, family, tx, schedule, config, mesh, state_sharding, rng_root):
+def _shard_map_step(model, family, tx, schedule, settings, mesh, state_sharding, rng_root):
   """The same step written per device: local gradients, then an explicit pmean over 'data'."""
   if any(axis is not None for s in jax.tree.leaves(state_sharding) for axis in s.spec):
     raise ConfigError('parallelism="shard_map" runs data parallel with replicated parameters: '
@@ -101,12 +118,11 @@ def _shard_map_step(model, family, tx, schedule, config, mesh, state_sharding, r
                              jax.lax.axis_index(DATA_AXIS))
     # Each device divides its sum by the mean weight per device, so that the pmean of the local
     # gradients is the gradient of the global sum over the global weight.
-    local_total = jnp.sum(losses.batch_weights(family, batch))
-    mean_total = jax.lax.pmean(local_total, DATA_AXIS)
+    mean_total = jax.lax.pmean(jnp.sum(family.weights(batch)), DATA_AXIS)
     # Marked as varying across devices, the parameters get per-device gradients (otherwise
     # shard_map's autodiff would already sum them); the pmean below is then the only reduction.
     local_params = jax.lax.pcast(state.params, DATA_AXIS, to='varying')
-    grads, sums = _grads_and_sums(model, family, config, local_params, batch, rng, mean_total)
+    grads, sums = _grads_and_sums(model, family, settings, local_params, batch, rng, mean_total)
     grads = jax.lax.pmean(grads, DATA_AXIS)
     sums = jax.lax.psum(sums, DATA_AXIS)
     return _apply_update(tx, schedule, state, grads, sums)
@@ -114,9 +130,10 @@ def _shard_map_step(model, family, tx, schedule, config, mesh, state_sharding, r
   return jax.shard_map(local_step, mesh=mesh, in_specs=(P(), P(DATA_AXIS)), out_specs=(P(), P()))
 
 
-def make_eval_step(model, family, mesh, param_sharding):
+def make_eval_step(model, family: Family, mesh, param_sharding):
   """A jitted eval(params, batch) -> summed loss terms (deterministic forward)."""
   def eval_step(params, batch):
     out = losses.logits_targets_weights(model, family, params, batch)
     return losses.loss_sums(*out)
-  return jax.jit(eval_step, in_shardings=(param_sharding, jax.sharding.NamedSharding(mesh, P(DATA_AXIS))))
+  batch_sharding = jax.sharding.NamedSharding(mesh, P(DATA_AXIS))
+  return jax.jit(eval_step, in_shardings=(param_sharding, batch_sharding))

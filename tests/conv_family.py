@@ -1,0 +1,48 @@
+"""A family of a researcher's own, as one file and one registry entry: a language model whose
+blocks mix tokens with a causal depthwise convolution instead of attention, built from our Block,
+MLP, norms and embedding. Importing this module registers 'conv_lm'; a config file can do the
+same, so that `launch.py` trains it like the built-in families."""
+import functools
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from transformer_jax import layers
+from transformer_jax.model_config import ModelConfig
+from transformer_jax.models import common, registry
+
+
+class CausalConv(nn.Module):
+  """Each channel mixes its last `width` tokens; it fills a Block's attention slot, so it takes
+  (and ignores) the arguments attention gets."""
+  width: int = 4
+
+  @nn.compact
+  def __call__(self, x, *, mask=None, positions=None, cache_index=None):
+    del mask, positions, cache_index
+    padded = jnp.pad(x, ((0, 0), (self.width - 1, 0), (0, 0)))
+    return nn.Conv(x.shape[-1], (self.width,), feature_group_count=x.shape[-1], padding='VALID',
+                   name='conv')(padded)
+
+
+class ConvLM(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, tokens, *, deterministic=True):
+    cfg = self.cfg
+    embed = common.text_embed(cfg, name='embed')
+    block = functools.partial(
+        layers.Block, attention=CausalConv,
+        mlp=functools.partial(layers.MLP, hidden=cfg.hidden_dim, activation=cfg.mlp),
+        norm=common.norm(cfg))
+    x = layers.BlockStack(block, cfg.num_layers, name='blocks')(
+        embed(tokens, common.default_positions(tokens)), deterministic=deterministic)
+    return embed.attend(common.norm(cfg)(name='final_norm')(x))
+
+
+FAMILY = registry.register(registry.Family(
+    name='conv_lm', module=ConvLM, example_inputs=common.text_example_inputs,
+    logits=lambda apply, batch: apply(batch['inputs']), task='next_token',
+    validate=common.validate_text, check_data=common.check_text_data,
+    lengths=common.text_lengths))

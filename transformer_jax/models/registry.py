@@ -1,0 +1,91 @@
+"""The registry of model families: everything the library knows of a family, in one entry.
+
+Training, evaluation, decoding, the accounting and `--mode=describe` read a family only through
+its `Family`, so adding one is a module and one `register(Family(...))`: see how
+transformer_jax/models/decoder.py ends, or the family a test registers in tests/test_models.py.
+"""
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from transformer_jax.errors import ConfigError
+from transformer_jax.model_config import ModelConfig
+
+Apply = Callable[..., jax.Array]  # the module applied to its params (and rngs, deterministic)
+
+
+def _no_checks(*args) -> None:
+  del args
+
+
+def _no_lengths(batch: dict) -> tuple[int | None, int | None]:
+  del batch
+  return None, None
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """One model family.
+
+  name: the value of config.model.family.
+  module: the Flax module of a config (cfg -> nn.Module).
+  example_inputs: (cfg, batch, seq_len) -> the positional arguments of the module's __call__
+    with the right shapes, for init and jax.eval_shape (seq_len None: a default).
+  logits: (apply, batch) -> float32 logits of a batch of `task`'s data.
+  task: the data it trains on, a key of data.TASKS: 'image', 'next_token', 'masked', 'seq2seq'.
+  targets: the batch key of the integer targets; each is weighted by batch['weights'] where the
+    batch has them, else by 1.
+  classification: training.label_smoothing applies.
+  decoding: how decode.generate runs it: None (it cannot: no causal mask), 'decoder' or
+    'encoder_decoder' (the two cache protocols documented in transformer_jax.decode).
+  unit: what one example is to the accounting: 'token' (a text position) or 'image'.
+  validate: cfg -> None, raising ConfigError for options the family cannot take.
+  check_data: (data.info, cfg) -> None, raising ConfigError where the data does not fit.
+  lengths: batch -> (seq_len, target_len) of its examples, for the FLOPs of a step.
+  param_counts: cfg -> {part: count} by the analytic formulas (accounting.PARTS); None: only
+    the initialized tree is counted.
+  forward_flops: (cfg, seq_len, target_len) -> {'dense', 'attention', 'tokens'} analytic FLOPs
+    of one example's forward pass; None: XLA's cost analysis of the forward pass.
+  """
+  name: str
+  module: Callable[[ModelConfig], Any]
+  example_inputs: Callable[[ModelConfig, int, int | None], tuple]
+  logits: Callable[[Apply, dict], jax.Array]
+  task: str
+  targets: str = 'targets'
+  classification: bool = False
+  decoding: str | None = None
+  unit: str = 'token'
+  validate: Callable[[ModelConfig], None] = _no_checks
+  check_data: Callable[[dict, ModelConfig], None] = _no_checks
+  lengths: Callable[[dict], tuple[int | None, int | None]] = _no_lengths
+  param_counts: Callable[[ModelConfig], dict[str, int]] | None = None
+  forward_flops: Callable[[ModelConfig, int | None, int | None], dict[str, int]] | None = None
+
+  def weights(self, batch: dict) -> jax.Array:
+    """Float32 weight of each target: the batch's 'weights', else one per target."""
+    if 'weights' in batch:
+      return batch['weights'].astype(jnp.float32)
+    return jnp.ones(batch[self.targets].shape, jnp.float32)
+
+
+_FAMILIES: dict[str, Family] = {}
+
+
+def register(family: Family) -> Family:
+  """Adds (or replaces) a family; returns it, so a module can end with FAMILY = register(...)."""
+  _FAMILIES[family.name] = family
+  return family
+
+
+def get(name: str) -> Family:
+  if name not in _FAMILIES:
+    raise ConfigError(f'Unknown family {name!r}: set model.family to one of {names()}, or '
+                      'register a family of your own (transformer_jax.models.registry.register).')
+  return _FAMILIES[name]
+
+
+def names() -> list[str]:
+  return sorted(_FAMILIES)

@@ -1,0 +1,200 @@
+"""Everything a run builds before its first compile, in the order data flows (config -> model ->
+data -> mesh -> optimizer -> abstract state -> shardings), and the state it starts from: its own
+checkpoint, another run's parameters, Hugging Face weights, or a fresh initialization."""
+import dataclasses
+import functools
+import os
+
+import logging
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from transformer_jax import config_lib, convert, data, models
+from transformer_jax.errors import CheckpointMismatchError, ConfigError, UserError
+from transformer_jax.model_config import ModelConfig
+from transformer_jax.models.registry import Family
+from transformer_jax.train import checkpoint, optim, sharding
+from transformer_jax.train.step import StepSettings, TrainState
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """What a config builds before anything compiles."""
+  config: ml_collections.ConfigDict
+  model_config: ModelConfig
+  family: Family
+  model: nn.Module
+  data: data.Data
+  mesh: jax.sharding.Mesh
+  tx: optax.GradientTransformation
+  schedule: optax.Schedule
+  step_settings: StepSettings
+  state_sharding: TrainState  # a NamedSharding per leaf
+  abstract_state: TrainState  # ShapeDtypeStructs, with those shardings
+
+
+def build_run(config: ml_collections.ConfigDict) -> Run:
+  """Validates the config, finds the data and lays out the state; compiles nothing."""
+  config_lib.validate(config)
+  cfg = models.model_config(config.model)
+  family = models.registry.get(cfg.family)
+  dataset = data.make_data(config.data, family.task, seed=config.seed)
+  family.check_data(dataset.info, cfg)
+  mesh = sharding.make_mesh(config.mesh)
+  sharding.check_batches_divide(config.data.batch_size, dataset.eval_batch_size, mesh,
+                                config.training.grad_accum_steps)
+  model = family.module(cfg)
+  tx, schedule = optim.make_optimizer(config.optimizer, config.training.steps)
+  boxed = jax.eval_shape(functools.partial(initial_state, model, tx, family.example_inputs(cfg),
+                                           unbox=False), jax.random.key(0))
+  state_sharding = sharding.state_shardings(boxed, mesh, config.sharding_rules)
+  abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                          nn.meta.unbox(boxed), state_sharding)
+  return Run(config, cfg, family, model, dataset, mesh, tx, schedule,
+             StepSettings.of(config, family), state_sharding, abstract)
+
+
+def state_of(tx: optax.GradientTransformation, params) -> TrainState:
+  """Step 0 of `params`, with a fresh optimizer state."""
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+
+def initial_state(model: nn.Module, tx, inputs: tuple, rng, unbox: bool = True) -> TrainState:
+  """A freshly initialized state (boxed with logical axis names unless `unbox`)."""
+  state = state_of(tx, model.init(rng, *inputs)['params'])
+  return nn.meta.unbox(state) if unbox else state
+
+
+def checkpoint_dir(workdir: str) -> str:
+  return os.path.join(workdir, 'checkpoints')
+
+
+def restore_or_init(run: Run, checkpoints: checkpoint.Checkpoints, workdir: str) -> TrainState:
+  """The train state to start from, placed directly with its shardings: the run's own latest
+  readable checkpoint, else the parameters of config.init_from_checkpoint or
+  config.init_from_hf with a fresh optimizer, else a fresh initialization."""
+  try:
+    state, step = checkpoints.restore_latest(run.abstract_state)
+  except CheckpointMismatchError as error:
+    advice = _resume_advice(run.config, workdir, error)
+    raise CheckpointMismatchError(f'{error}\n{advice}', error.params_differ) from None
+  if state is not None:
+    log.info('Resumed from the checkpoint at step %d.', step)
+    return state
+  params = starting_params(run)
+  if params is not None:
+    return jax.jit(functools.partial(state_of, run.tx), out_shardings=run.state_sharding)(params)
+  init_rng = jax.random.fold_in(jax.random.key(run.config.seed), 0)
+  init = functools.partial(initial_state, run.model, run.tx,
+                           run.family.example_inputs(run.model_config))
+  return jax.jit(init, out_shardings=run.state_sharding)(init_rng)
+
+
+def starting_params(run: Run):
+  """The parameters of config.init_from_checkpoint or config.init_from_hf; None for neither."""
+  config = run.config
+  if config.init_from_checkpoint:
+    workdir, _, step = config.init_from_checkpoint.rpartition(':')
+    if not workdir or not step.isdigit():
+      workdir, step = config.init_from_checkpoint, None
+    params, found = _params_of_run(run, workdir, int(step) if step else None)
+    log.info('Starting from the parameters of %s at step %d, with a fresh optimizer.', workdir,
+             found)
+    return params
+  if config.init_from_hf:
+    log.info('Starting from the Hugging Face checkpoint %s.', config.init_from_hf)
+    return convert.load_params(config.init_from_hf, run.model_config)
+  return None
+
+
+def _params_of_run(run: Run, workdir: str, step: int | None):
+  """The parameters of another run's checkpoint (its latest readable one, or `step`), read-only."""
+  if not os.path.isdir(checkpoint_dir(workdir)):
+    raise ConfigError(f'init_from_checkpoint={run.config.init_from_checkpoint}: {workdir} holds no '
+                      'checkpoints/ folder; give the workdir of a trained run, optionally with '
+                      ':STEP.')
+  source = checkpoint.Checkpoints(checkpoint_dir(workdir), read_only=True)
+  try:
+    params, found = source.restore_latest(run.abstract_state, params_only=True, step=step)
+    steps = source.all_steps()
+  except CheckpointMismatchError as error:
+    advice = _start_advice(run.config, workdir)
+    raise CheckpointMismatchError(f'{error}\n{advice}', error.params_differ) from None
+  finally:
+    source.close()
+  if params is None:
+    raise ConfigError(f'init_from_checkpoint={run.config.init_from_checkpoint}: no readable '
+                      f'checkpoint{"" if step is None else f" at step {step}"} in {workdir} '
+                      f'(steps there: {steps}).')
+  return params, found
+
+
+def restore_trained(config, workdir: str | None) -> tuple[Run, dict, int]:
+  """(run, params, step) to evaluate or sample: the parameters alone of the workdir's latest
+  readable checkpoint, else those a run would start from at step 0 (config.init_from_checkpoint
+  or init_from_hf)."""
+  # Read-only: nothing in the workdir is written, renamed or deleted.
+  run = build_run(config)
+  if workdir and checkpoint.latest_step(workdir) is not None:
+    checkpoints = checkpoint.Checkpoints(checkpoint_dir(workdir), read_only=True)
+    try:
+      params, step = checkpoints.restore_latest(run.abstract_state, params_only=True)
+    except CheckpointMismatchError as error:
+      advice = (f'{_saved_differences(config, workdir)}\nUse the run\'s saved config: omit the '
+                'flags that change the model.')
+      raise CheckpointMismatchError(f'{error}\n{advice}', error.params_differ) from None
+    finally:
+      checkpoints.close()
+    if params is not None:
+      return run, params, step
+  params = starting_params(run)
+  if params is None:
+    raise UserError(f'No readable checkpoint in {checkpoint_dir(workdir or "WORKDIR")}: train '
+                    f'first (python launch.py --config ... --workdir {workdir}).')
+  return run, jax.device_put(params, run.state_sharding.params), 0
+
+
+def _saved_differences(config, workdir: str) -> str:
+  saved = config_lib.saved_config(workdir)
+  if saved is None:
+    return f'{workdir} holds no saved config to compare with.'
+  shown = config_lib.differences(saved, config)
+  if not shown:
+    return f'The config saved with it ({workdir}/config.json) is the same as this one.'
+  more = f' and {len(shown) - 8} more' if len(shown) > 8 else ''
+  return (f'The config saved with it ({workdir}/config.json) differs in: '
+          f'{"; ".join(shown[:8])}{more}.')
+
+
+def _resume_advice(config, workdir: str, error: CheckpointMismatchError) -> str:
+  lines = [_saved_differences(config, workdir),
+           'To train the changed model, choose a new --workdir; to resume this run, run it with '
+           'its saved config.']
+  if not error.params_differ:
+    lines.append('To go on from these parameters with the new optimizer settings, start a new run '
+                 f'from them: --workdir NEW --config.init_from_checkpoint={workdir}')
+  return '\n'.join(lines)
+
+
+def _start_advice(config, workdir: str) -> str:
+  return (f'{_saved_differences(config, workdir)}\nA run can start only from parameters of the '
+          'shapes its model has: set the model keys as that run had them.')
+
+
+def save_config(config, workdir: str) -> None:
+  """Writes the resolved config as workdir/config.json, naming what changed since the saved one."""
+  if jax.process_index() != 0:
+    return
+  saved = config_lib.saved_config(workdir)
+  changed = config_lib.differences(saved, config) if saved else []
+  if changed:
+    log.warning('The config differs from the one saved in %s/config.json (%s); the run goes on '
+                'with the new one and saves it.', workdir, '; '.join(changed))
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, config_lib.SAVED_CONFIG), 'w') as f:
+    f.write(config.to_json_best_effort(indent=2, sort_keys=True))
