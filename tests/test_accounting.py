@@ -48,7 +48,7 @@ def test_seed000_check_yourself_model(tied, total):
 def test_seed002_models():
   configs = CONFIG_FILES[0].parent
   assert both_counts(load_config(configs / 'llama_shakespeare.py').model)['total'] == 803_712
-  vit = both_counts(load_config(configs / 'vit_seed.py').model)
+  vit = both_counts(load_config(configs / 'vit_reference.py').model)
   assert vit['total'] == 802_826
   assert vit['mlp'] == 4 * 3 * 128 * 341
 
