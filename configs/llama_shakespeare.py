@@ -1,10 +1,10 @@
-"""The language model of seed 002 on TinyShakespeare characters, with seed 002's training.
+"""The reference character LM on TinyShakespeare, with its reference training.
 
-4 pre-norm blocks, width 128, 4 heads, RMSNorm, SwiGLU (341 hidden), RoPE, no biases, untied
-head: 803,712 parameters. AdamW (0.9, 0.95), weight decay 0.1 on every parameter, constant
-learning rate 3e-3, batch 32 of 64 characters, 600 steps. Initialized like the seed's PyTorch
-model: embedding rows N(0, 1), dense kernels N(0, 0.05^2) (PyTorch's U(+-1/sqrt(128)) has
-standard deviation 0.051).
+A LLaMA-style decoder (Touvron et al. 2023): 4 pre-norm blocks, width 128, 4 heads, RMSNorm,
+SwiGLU (341 hidden), RoPE, no biases, untied head: 803,712 parameters. AdamW (0.9, 0.95), weight
+decay 0.1 on every parameter, constant learning rate 3e-3, batch 32 of 64 characters, 600 steps.
+Initialized like the same model in PyTorch with its default initializers: embedding rows
+N(0, 1), dense kernels N(0, 0.05^2) (PyTorch's U(+-1/sqrt(128)) has standard deviation 0.051).
   python launch.py --config configs/llama_shakespeare.py --workdir /tmp/llama \
       --config.data.manual_dir=../shared/data/tinyshakespeare
 """

@@ -1,4 +1,4 @@
-"""ViT-B/16 at 224x224 with a 1000-class head: 86,567,656 parameters (seed 000, section 4d).
+"""ViT-B/16 (Dosovitskiy et al. 2020) at 224x224 with a 1000-class head: 86,567,656 parameters.
 
 Its ImageNet input pipeline is not part of this project: this config describes the model
 (--mode=describe) and receives converted weights.

@@ -1,9 +1,9 @@
 """Decoding speed: the cached loop against naive recomputation and the memory-bandwidth bound.
 
-  python experiments/bench_decode.py --quick     # seconds: seed model, 32 new tokens
+  python experiments/bench_decode.py --quick     # seconds: reference LM, 32 new tokens
   python experiments/bench_decode.py --torch_python PYTHON_WITH_TORCH   # the full table
                                                    # (about 40 minutes on 2 shared cores)
-  python experiments/bench_decode.py --models seed --batches 1 --new_tokens 1024,4096 \
+  python experiments/bench_decode.py --models reference_lm --batches 1 --new_tokens 1024,4096 \
       --no_naive                                   # some rows only: the flags select them
 
 Cached: `transformer_jax.decode.generate` (greedy), one compiled program: the prefill, then a
@@ -18,7 +18,7 @@ Bounds per step, from figures measured here: the bytes one step must read (every
 plus the keys and values cached so far, averaged over the run) over the copy bandwidth; and the
 step's model FLOPs (2 per weight per token, plus the attention over the cached keys) over the
 float32 matmul rate. At batch 1 the bytes bind; at batch 32 the FLOPs do.
-Models: the seed 002 language model (configs/llama_shakespeare.py) and GPT-2 small
+Models: the reference character LM (configs/llama_shakespeare.py) and GPT-2 small
 (configs/gpt2_small.py), random weights, float32 compute (--dtype), max_len raised to prompt + N
 where that is larger.
 Timings exclude compilation. Other processes share the cores: the load average is printed.
@@ -39,7 +39,7 @@ from transformer_jax import accounting, config_lib, decode, models
 from transformer_jax.train import metrics
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-CONFIGS = {'seed': 'llama_shakespeare.py', 'gpt2_small': 'gpt2_small.py'}
+CONFIGS = {'reference_lm': 'llama_shakespeare.py', 'gpt2_small': 'gpt2_small.py'}
 TORCH_REFERENCE = ROOT.parent / 'shared' / 'baselines' / 'torch_reference.py'
 
 
@@ -155,7 +155,7 @@ def format_row(row: dict) -> str:
   naive = f'{"-":>11} {"-":>8}'
   if 'speedup' in row:
     naive = f'{row["naive_tokens_per_s"]:>11,.1f} {row["speedup"]:>7,.0f}x'
-  return (f'{row["model"]:<11} {row["batch"]:>5} {row["new_tokens"]:>5} {cache:>9} '
+  return (f'{row["model"]:<12} {row["batch"]:>5} {row["new_tokens"]:>5} {cache:>9} '
           f'{row["cached_tokens_per_s"]:>12,.0f} {naive} {row["cached_ms_per_step"]:>8.2f} '
           f'{row["bytes_bound_ms_per_step"]:>8.2f} {row["flops_bound_ms_per_step"]:>8.2f} '
           f'{row["times_bound"]:>6.1f}x  {row.get("naive_steps_timed", "-")}')
@@ -163,7 +163,7 @@ def format_row(row: dict) -> str:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--models', default='seed,gpt2_small')
+  parser.add_argument('--models', default='reference_lm,gpt2_small')
   parser.add_argument('--new_tokens', default='256,1024')
   parser.add_argument('--batches', default='1,32')
   parser.add_argument('--windows', default='0,64',
@@ -180,7 +180,7 @@ def main():
                       help="compute dtype; '' keeps the config's (GPT-2 small says bfloat16, "
                            'which a CPU runs through conversions)')
   parser.add_argument('--torch_python', default=None,
-                      help='a Python with torch, to time the PyTorch reference (seed model)')
+                      help='a Python with torch, to time the PyTorch reference of the reference LM')
   parser.add_argument('--torch_reference', default=str(TORCH_REFERENCE),
                       help='the PyTorch reference script')
   parser.add_argument('--torch_threads', type=int, default=1,
@@ -188,10 +188,11 @@ def main():
                            'of the speed) while other processes hold a core; 1 does not')
   parser.add_argument('--json_out', default=None, help='also write the rows here as JSON')
   parser.add_argument('--quick', action='store_true',
-                      help='seed model, 32 new tokens, batches 1 and 4: a check that it runs')
+                      help='reference LM, 32 new tokens, batches 1 and 4: a check that it runs')
   args = parser.parse_args()
   if args.quick:
-    args.models, args.new_tokens, args.batches, args.naive_budget_s = 'seed', '32', '1,4', 2.0
+    args.models, args.new_tokens, args.batches = 'reference_lm', '32', '1,4'
+    args.naive_budget_s = 2.0
   names = [name for name in args.models.split(',') if name]  # '' times only the reference
   token_counts = [int(n) for n in args.new_tokens.split(',')]
   batches = [int(b) for b in args.batches.split(',')]
@@ -204,7 +205,7 @@ def main():
   bandwidth, flops = max(bandwidth.values()), metrics.measured_matmul_flops()
   print(f'float32 matmul: {flops / 1e9:.0f} GFLOP/s')
   rows = []
-  print(f'{"model":<11} {"batch":>5} {"new":>5} {"cache":>9} {"cached tok/s":>12} '
+  print(f'{"model":<12} {"batch":>5} {"new":>5} {"cache":>9} {"cached tok/s":>12} '
         f'{"naive tok/s":>11} {"speed-up":>8} {"ms/step":>8} {"bytes ms":>8} {"FLOPs ms":>8} '
         f'{"x bound":>7}  naive steps timed')
   for name in names:
@@ -224,9 +225,9 @@ def main():
     for new_tokens in token_counts:
       rates = torch_reference(args.torch_python, args.torch_reference, new_tokens,
                               args.torch_threads)
-      rows.append(dict(model='seed', reference='pytorch', threads=args.torch_threads, batch=1,
-                       new_tokens=new_tokens, **rates))
-      print(f'PyTorch reference ({args.torch_threads} threads), seed model, batch 1, '
+      rows.append(dict(model='reference_lm', reference='pytorch', threads=args.torch_threads,
+                       batch=1, new_tokens=new_tokens, **rates))
+      print(f'PyTorch reference ({args.torch_threads} threads), reference LM, batch 1, '
             f'{new_tokens} new tokens: naive {rates["full_context_no_crop"]:.1f} tok/s over the '
             f'whole context, {rates["crop_ctx_to_block_size"]:.1f} tok/s cropped to 64 tokens',
             flush=True)

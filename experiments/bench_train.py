@@ -1,6 +1,7 @@
 """Training-step speed: step time, tokens per second, achieved FLOP/s and MFU against this
-machine's measured float32 matmul peak, for the seed LM and a wider model, beside the PyTorch
-reference of the same model when its interpreter is given.
+machine's measured float32 matmul peak, for the reference character LM
+(configs/llama_shakespeare.py) and a wider model, beside the PyTorch reference of the same model
+when its interpreter is given.
 
   python experiments/bench_train.py                      # JAX only
   python experiments/bench_train.py --torch_python /path/to/venv/bin/python
@@ -25,13 +26,13 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 REFERENCE = ROOT.parent / 'shared' / 'baselines' / 'torch_reference.py'
 
 _STEPS = flags.DEFINE_integer('steps', 30, 'Timed steps per measurement (after 3 warm-up steps).')
-_WIDTHS = flags.DEFINE_list('widths', ['128', '512'], 'Model widths: 128 is the seed LM.')
+_WIDTHS = flags.DEFINE_list('widths', ['128', '512'], 'Model widths: 128 is the reference LM.')
 _TORCH = flags.DEFINE_string('torch_python', None, 'Python of a venv with torch, to run the '
                              'PyTorch reference (torch_reference.py) beside the JAX step.')
 _REPEATS = flags.DEFINE_integer('repeats', 2, 'Interleaved JAX / PyTorch measurements.')
 
 
-def seed_lm_config(width: int):
+def reference_lm_config(width: int):
   config = config_lib.from_file(ROOT / 'configs' / 'llama_shakespeare.py')
   config.model.update(width=width, num_heads=width // 32)
   config.data.update(name='synthetic', alphabet=''.join(map(chr, range(33, 98))))
@@ -61,13 +62,14 @@ def torch_step_ms(width: int, steps: int) -> float:
   command = [_TORCH.value, str(REFERENCE), '--dim', str(width), '--n_heads', str(width // 32),
              '--steps', str(steps + 10), '--eval_at', '', '--threads', '2']
   out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-  result = json.loads(next(l for l in out.splitlines() if l.startswith('RESULT '))[7:])
+  result = json.loads(next(line for line in out.splitlines() if line.startswith('RESULT '))[7:])
   return result['median_step_ms']
 
 
 def report(name: str, seconds: float, flops_per_step: float, tokens: int, peak: float):
+  achieved = flops_per_step / seconds
   print(f'  {name:<8} step {seconds * 1e3:7.1f} ms  {tokens / seconds:9,.0f} tokens/s  '
-        f'{flops_per_step / seconds / 1e9:6.1f} GFLOP/s  MFU {flops_per_step / seconds / peak:5.1%}')
+        f'{achieved / 1e9:6.1f} GFLOP/s  MFU {achieved / peak:5.1%}')
 
 
 def main(argv):
@@ -77,7 +79,7 @@ def main(argv):
   peak = metrics.measured_matmul_flops()
   print(f'float32 matmul peak (best jitted square matmul): {peak / 1e9:.1f} GFLOP/s')
   for width in map(int, _WIDTHS.value):
-    config = seed_lm_config(width)
+    config = reference_lm_config(width)
     tokens = config.data.batch_size * config.data.seq_len
     flops = 3 * accounting.forward_flops(config.model, config.data.seq_len)['total']
     flops_per_step = flops * config.data.batch_size

@@ -1,17 +1,17 @@
-"""Seed 000's block orders: pre-LN against post-LN, at 6 and 24 blocks, with and without warmup.
+"""Block orders: pre-LN against post-LN, at 6 and 24 blocks, with and without warmup.
 
-Seed 000 (section 3.1): in post-LN every LayerNorm sits on the main path, the gradients near the
-output are large at initialization, and training needs a learning-rate warmup; pre-LN keeps an
-identity path from input to output. The model is the GPT-2 style of configs/gpt_shakespeare.py
-(LayerNorm, GELU MLP, learned positions, biases, tied embedding, AdamW b2=0.99, gradient
-clipping at 1, cosine decay to 10%), narrowed to width 64 (4 heads) and contexts of 64
-characters so that 24 blocks fit a CPU budget, without dropout (the runs are short).
-Every run: the same seed and steps; only the block order, the depth, the warmup and the peak
-learning rate (an axis of LEARNING_RATES) differ.
+In post-LN (the order of Vaswani et al. 2017) every LayerNorm sits on the main path, the
+gradients near the output are large at initialization, and training needs a learning-rate warmup
+(Xiong et al. 2020); pre-LN keeps an identity path from input to output. The model is the GPT-2
+style of configs/gpt_shakespeare.py (LayerNorm, GELU MLP, learned positions, biases, tied
+embedding, AdamW b2=0.99, gradient clipping at 1, cosine decay to 10%), narrowed to width 64
+(4 heads) and contexts of 64 characters so that 24 blocks fit a CPU budget, without dropout (the
+runs are short). Every run: the same seed and steps; only the block order, the depth, the warmup
+and the peak learning rate (an axis of LEARNING_RATES) differ.
 
   python experiments/norm_order.py --quick
   nice -n 19 python experiments/norm_order.py \\
-      --manual_dir /work/shared/data/tinyshakespeare --tfds_data_dir /tmp/tfds
+      --manual_dir ../shared/data/tinyshakespeare --tfds_data_dir /tmp/tfds
 
 Writes experiments/results/norm_order/: results.json, README.md (final losses) and
 norm_order.png (training loss and gradient norm against the step).
@@ -36,8 +36,8 @@ FULL = {'model.width': 64, 'model.num_heads': 4, 'model.max_len': 64, 'model.dro
         'training.checkpoint_every': STEPS}
 QUICK = {'data.name': 'synthetic', 'data.seq_len': 16, 'data.batch_size': 16,
          'data.eval_batch_size': 16, 'data.eval_steps': 2, 'model.width': 32, 'model.max_len': 16,
-         'model.scan_layers': False, 'training.steps': 6, 'training.log_every': 2, 'training.eval_every': 6,
-         'training.checkpoint_every': 6}
+         'model.scan_layers': False, 'training.steps': 6, 'training.log_every': 2,
+         'training.eval_every': 6, 'training.checkpoint_every': 6}
 QUICK_DEPTHS = (1,)
 
 
@@ -84,7 +84,8 @@ def report(results: list[dict], command: str) -> str:
     loss_50 = f'{early[-1]["loss"]:.3f}' if early else '-'
     grad = f'{max(row["grad_norm"] for row in early):.2f}' if early else '-'
     held_out = f'{r["eval_loss"]:.3f}' if r['eval_loss'] is not None else '-'
-    lines.append(f'| {setting(r, "model.num_layers")} | {setting(r, "optimizer.learning_rate"):g} | '
+    lines.append(f'| {setting(r, "model.num_layers")} | '
+                 f'{setting(r, "optimizer.learning_rate"):g} | '
                  f'{setting(r, "model.norm_position")}-LN | '
                  f'{setting(r, "optimizer.warmup_steps")} steps | {held_out} | {loss_50} | '
                  f'{grad} | {r["status"]} |')

@@ -1,4 +1,4 @@
-"""Patch-size sweep of a ViT on CIFAR-10, and the position-grid resize of seed 000, section 3.6.
+"""Patch-size sweep of a ViT on CIFAR-10, and the position-grid resize of Dosovitskiy et al. 2020.
 
 Patch sizes 2, 4, 8 and 16 at a fixed width (64), depth (4 blocks) and head count (4): the blocks
 of configs/vit_cifar.py (pre-LN, GELU, learned positions, [CLS]) narrowed so that patch size 2
@@ -19,7 +19,7 @@ the original images.
 
   python experiments/patch_sweep.py --quick
   nice -n 19 python experiments/patch_sweep.py \\
-      --manual_dir /work/shared/data/cifar10 --tfds_data_dir /tmp/tfds
+      --manual_dir ../shared/data/cifar10 --tfds_data_dir /tmp/tfds
 
 Writes experiments/results/patch_sweep/: results.json, README.md and the plots accuracy against
 patch size, FLOPs against tokens, accuracy against FLOPs, and the resize.
@@ -136,7 +136,8 @@ def resize_accuracies(config, workdir: str, image_size: int) -> dict:
   upsample = jax.jit(lambda images: jax.image.resize(
       images, (images.shape[0], image_size, image_size, images.shape[3]), 'bilinear'),
                      out_shardings=sharding.batch_sharding(run.mesh))
-  upsampled_step = lambda params, batch: eval_step(params, {**batch, 'image': upsample(batch['image'])})
+  upsampled_step = lambda params, batch: eval_step(
+      params, {**batch, 'image': upsample(batch['image'])})
   out = {'train_size': config.model.image_size, 'eval_size': image_size,
          'data_source': run.data.info['source'],
          'accuracy': {f'{config.model.image_size}x{config.model.image_size} (as trained)':
@@ -157,8 +158,9 @@ def report(results: list[dict], resize: dict, command: str) -> str:
            f'**{JPEG_NOTE}**' if 'jpeg' in resize['data_source'] else
            f'Images: {resize["data_source"]}.', '',
            f'Command: `{command}`', '',
-           f'Machine time: {sweep.machine_seconds(results) / 60:.1f} min of training and evaluation '
-           f'over {len(results)} runs (the memory analysis and the resize evaluation not counted).',
+           f'Machine time: {sweep.machine_seconds(results) / 60:.1f} min of training and '
+           f'evaluation over {len(results)} runs (the memory analysis and the resize evaluation '
+           'not counted).',
            '', '| patch | tokens | parameters | forward GFLOPs / image | attention matrices | '
            'images / s (training) | train step memory (MB) | test accuracy |',
            '|---|---|---|---|---|---|---|---|']
@@ -172,9 +174,9 @@ def report(results: list[dict], resize: dict, command: str) -> str:
             'token and layer over T keys); training costs 3 times the forward pass. Images per '
             'second: the median over the training loop\'s logged windows (the first left out), '
             f'on {device_description()}, with the load average at {r0["load_average_start"]:.1f} '
-            'when the first run started: other jobs share the cores, so read them as ratios. Memory: '
-            'arguments + outputs + temporaries − donated buffers of the compiled train step '
-            '(XLA\'s memory_analysis), not the process\'s peak.', '',
+            'when the first run started: other jobs share the cores, so read them as ratios. '
+            'Memory: arguments + outputs + temporaries − donated buffers of the compiled train '
+            'step (XLA\'s memory_analysis), not the process\'s peak.', '',
             f'## Position-grid resize (patch {RESIZE_PATCH}, trained at {resize["train_size"]}x'
             f'{resize["train_size"]})', '',
             f'Test images upsampled bilinearly to {resize["eval_size"]}x{resize["eval_size"]}; no '
@@ -209,7 +211,8 @@ def plots(results: list[dict], resize: dict) -> dict[str, Figure]:
 
   figure = Figure(figsize=(5.5, 4))
   ax = figure.subplots()
-  for key, label, marker in (('forward_flops', 'total', 'o'), ('dense_flops', 'dense (weights)', 's'),
+  for key, label, marker in (('forward_flops', 'total', 'o'),
+                             ('dense_flops', 'dense (weights)', 's'),
                              ('attention_flops', 'attention matrices', '^')):
     ax.loglog(tokens, [r[key] for r in results], marker + '-', label=label)
   for patch, t, f in zip(patches, tokens, flops):

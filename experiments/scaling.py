@@ -1,14 +1,15 @@
-"""A mini scaling law (seed 003, "Scaling") from character-level decoders on TinyShakespeare.
+"""A mini scaling law from character-level decoders on TinyShakespeare.
 
-The grid: five sizes of seed 002's block (RMSNorm, SwiGLU, RoPE, no biases; heads of width 16,
-initialization scaled as PyTorch's default, 0.05 * sqrt(128 / width)), from about 12 thousand
-to about a million non-embedding parameters N (1.9 decades), each trained for four token
-budgets D (100 to 800 steps of 32 x 64 characters: 0.2 to 1.6 million tokens). Each budget is
-its own run whose cosine schedule (20 warmup steps, decay to 10% of 3e-3) ends at that budget,
-as Chinchilla trains, rather than evaluations along one long run (Kaplan et al.): those would
-cost the longest run alone instead of 1.9 times it, but an intermediate point of a cosine run
-has not yet decayed its learning rate, so its loss overstates what that budget can reach.
-The loss is the held-out TinyShakespeare loss (nats per character) at the end of each run.
+The grid: five sizes of the reference character LM's block (configs/llama_shakespeare.py:
+RMSNorm, SwiGLU, RoPE, no biases; heads of width 16, initialization scaled as PyTorch's default,
+0.05 * sqrt(128 / width)), from about 12 thousand to about a million non-embedding parameters N
+(1.9 decades), each trained for four token budgets D (100 to 800 steps of 32 x 64 characters:
+0.2 to 1.6 million tokens). Each budget is its own run whose cosine schedule (20 warmup steps,
+decay to 10% of 3e-3) ends at that budget, as Chinchilla (Hoffmann et al. 2022) trains, rather
+than evaluations along one long run (Kaplan et al. 2020): those would cost the longest run alone
+instead of 1.9 times it, but an intermediate point of a cosine run has not yet decayed its
+learning rate, so its loss overstates what that budget can reach. The loss is the held-out
+TinyShakespeare loss (nats per character) at the end of each run.
 
 N counts the blocks and the final norm, not the embedding table nor the unembedding (Kaplan et
 al.'s non-embedding parameters). Compute per run, from the accounting module: C = 6ND plus the
@@ -23,7 +24,7 @@ D*(C) follow from the joint fit with C = 6ND.
 
   python experiments/scaling.py --quick
   nice -n 19 python experiments/scaling.py \\
-      --manual_dir /work/shared/data/tinyshakespeare --tfds_data_dir /tmp/tfds
+      --manual_dir ../shared/data/tinyshakespeare --tfds_data_dir /tmp/tfds
 """
 import itertools
 import math
@@ -61,7 +62,7 @@ LOG_COEFFICIENT = (0.0, 5.0, 10.0, 15.0, 20.0, 25.0)
 FIT_STARTS = 16
 QUICK_FIT_STARTS = 2
 LBFGS_OPTIONS = {'ftol': 1e-15, 'gtol': 1e-12, 'maxiter': 5000}
-TRAIN_CHARACTERS = 1_003_854  # TinyShakespeare's first 90%, seed 002's training split
+TRAIN_CHARACTERS = 1_003_854  # TinyShakespeare's first 90%, the reference LM's training split
 REFERENCE = {'Kaplan et al. 2020': {'alpha': 0.076},
              'Hoffmann et al. 2022 (Chinchilla)': {'alpha': 0.34, 'beta': 0.28}}
 
@@ -296,8 +297,9 @@ def report(results: list[dict], fits: dict, command: str) -> str:
             f'A = {joint["value"]["A"]:.3g}, B = {joint["value"]["B"]:.3g}',
             f'- L(N) = E + A/N^alpha, longest run of each size: E = {interval(by_size, "E")}, '
             f'alpha = {interval(by_size, "alpha")}, A = {by_size["value"]["A"]:.3g}',
-            '- References: ' + '; '.join(f'{name}: ' + ', '.join(f'{k} = {v}' for k, v in ref.items())
-                                         for name, ref in REFERENCE.items()), '',
+            '- References: ' + '; '.join(
+                f'{name}: ' + ', '.join(f'{k} = {v}' for k, v in ref.items())
+                for name, ref in REFERENCE.items()), '',
             '## Compute-optimal allocation (from L(N, D), C = 6ND)', '',
             f'N* ∝ C^{fits["compute_optimal"]["a"]:.2f}, D* ∝ C^{fits["compute_optimal"]["b"]:.2f}'
             ' (Chinchilla: about 0.5 and 0.5).', '',
@@ -305,7 +307,8 @@ def report(results: list[dict], fits: dict, command: str) -> str:
   for level, row in fits['compute_optimal']['levels'].items():
     beyond = ' (beyond the grid)' if float(level) > max(r['C'] for r in results) else ''
     lines.append(
-        f'| {level}{beyond} | {row["N"]:.3g} [{row["N_interval"][0]:.2g}, {row["N_interval"][1]:.2g}] | '
+        f'| {level}{beyond} | '
+        f'{row["N"]:.3g} [{row["N_interval"][0]:.2g}, {row["N_interval"][1]:.2g}] | '
         f'{row["D"]:.3g} [{row["D_interval"][0]:.2g}, {row["D_interval"][1]:.2g}] | '
         f'{row["tokens_per_parameter"]:.3g} [{row["tokens_per_parameter_interval"][0]:.2g}, '
         f'{row["tokens_per_parameter_interval"][1]:.2g}] |')
@@ -329,10 +332,11 @@ def differences(results: list[dict]) -> list[str]:
   d_max = max(r['D'] for r in results)
   return [
       f'Scale: N spans {min(n):,} to {max(n):,} non-embedding parameters '
-      f'({math.log10(max(n) / min(n)):.1f} decades) and C at most {max(r["C"] for r in results):.1e} '
-      'FLOPs; the published fits span about 7 decades of N and reach 1e23 FLOPs, where the '
-      'power law is the only term left. Over so short a range the irreducible loss E and the '
-      'exponents trade off against each other, which is why their intervals above are wide.',
+      f'({math.log10(max(n) / min(n)):.1f} decades) and C at most '
+      f'{max(r["C"] for r in results):.1e} FLOPs; the published fits span about 7 decades of N '
+      'and reach 1e23 FLOPs, where the power law is the only term left. Over so short a range '
+      'the irreducible loss E and the exponents trade off against each other, which is why '
+      'their intervals above are wide.',
       f'Data: {d_max:,} tokens at the longest budget against {TRAIN_CHARACTERS:,} training '
       f'characters, {d_max / TRAIN_CHARACTERS:.1f} epochs: repeated data, which both laws '
       'assume away (every token fresh).',
@@ -340,7 +344,8 @@ def differences(results: list[dict]) -> list[str]:
       'is about a quarter of a loss per token on the same text, and the models spend their '
       'capacity on spelling before anything a word-level model learns.',
       'Budgets: 100 to 800 steps are far from convergence, with one learning rate for every '
-      'size; Kaplan et al. fit L(N) on converged models, Chinchilla tuned its schedules per budget.',
+      'size; Kaplan et al. fit L(N) on converged models, Chinchilla tuned its schedules per '
+      'budget.',
       'Context: 64 characters. Most of what larger models buy at long contexts is out of reach.',
   ]
 
@@ -381,7 +386,8 @@ def plots(results: list[dict], fits: dict) -> dict[str, Figure]:
   figure.colorbar(contours, ax=ax, label='fitted loss')
   ax.scatter(n, d, c=loss, cmap='viridis', vmin=contours.levels[0], vmax=contours.levels[-1],
              edgecolors='white', s=50, label='runs (colour: observed loss)')
-  ax.plot([f['N'] for f in frontier], [f['D'] for f in frontier], 'w--', label='compute-optimal N*, D*')
+  ax.plot([f['N'] for f in frontier], [f['D'] for f in frontier], 'w--',
+          label='compute-optimal N*, D*')
   ax.set(xscale='log', yscale='log', xlabel='non-embedding parameters N', ylabel='tokens D',
          title='Fitted loss surface', xlim=(grid_n.min(), grid_n.max()),
          ylim=(grid_d.min(), grid_d.max()))

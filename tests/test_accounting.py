@@ -1,4 +1,5 @@
-"""Parameter, FLOP and KV-cache counts against the seeds' worked examples."""
+"""Parameter, FLOP and KV-cache counts against counts worked out by hand: GPT-2 small, ViT-B/16,
+a small GPT-style decoder, LLaMA-2 70B's cache and the reference models."""
 import pytest
 
 from helpers import CONFIG_FILES, ROOT, load_config
@@ -6,7 +7,9 @@ from transformer_jax import accounting, config_lib, models
 
 GPT2_SMALL = dict(family='decoder', vocab_size=50257, max_len=1024, width=768, num_layers=12,
                   num_heads=12, **config_lib.STYLES['gpt2'])
-SEED000_CHECK = dict(family='decoder', vocab_size=32000, max_len=1024, width=512, num_layers=8,
+# Embedding 16,384,000, positions 524,288, 8 blocks of 12D^2 + 13D = 25,219,072, final
+# LayerNorm 1,024; an untied head adds 16,384,000.
+DECODER_8X512 = dict(family='decoder', vocab_size=32000, max_len=1024, width=512, num_layers=8,
                      num_heads=8, **config_lib.STYLES['gpt2'])
 LLAMA2_70B = dict(family='decoder', vocab_size=32000, width=8192, num_layers=80, num_heads=64,
                   num_kv_heads=8, max_len=4096, **config_lib.STYLES['llama'])
@@ -41,19 +44,19 @@ def test_vit_b16():
 
 
 @pytest.mark.parametrize('tied,total', [(True, 42_128_384), (False, 58_512_384)])
-def test_seed000_check_yourself_model(tied, total):
-  assert both_counts(dict(SEED000_CHECK, tie_embeddings=tied))['total'] == total
+def test_gpt_style_decoder_tied_and_untied(tied, total):
+  assert both_counts(dict(DECODER_8X512, tie_embeddings=tied))['total'] == total
 
 
-def test_seed002_models():
+def test_reference_lm_and_vit():
   configs = CONFIG_FILES[0].parent
   assert both_counts(load_config(configs / 'llama_shakespeare.py').model)['total'] == 803_712
-  vit = both_counts(load_config(configs / 'vit_seed.py').model)
+  vit = both_counts(load_config(configs / 'vit_reference.py').model)
   assert vit['total'] == 802_826
   assert vit['mlp'] == 4 * 3 * 128 * 341
 
 
-def test_cifar_vit_of_seed000_exercise4():
+def test_cifar_vit_ti4_patch_and_position_embeddings():
   model = load_config(CONFIG_FILES[0].parent / 'vit_cifar.py', 'variant=Ti/4').model
   counts = both_counts(model)
   patch_embedding = 3 * 4 * 4 * 192 + 192
@@ -90,7 +93,9 @@ def test_no_kv_cache_without_causal_mask():
 
 
 def test_gpt2_small_flops_per_token():
-  # Seed 000, section 4b: N = 84,934,656 + 38,597,376; forward 2N + 4LTD at T = 1024.
+  # GPT-2 small (Radford et al. 2019): N = 84,934,656 block weights + 38,597,376 unembedding
+  # weights multiplied per token; forward 2N + 4LTD at T = 1024 (QK^T and AV over all T keys),
+  # training 3 times the forward (6N, Kaplan et al. 2020).
   flops = accounting.flops_per_token(GPT2_SMALL, 1024)
   attention = 4 * 12 * 1024 * 768
   assert attention == 37_748_736

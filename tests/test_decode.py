@@ -242,7 +242,7 @@ def test_a_window_must_be_a_whole_number_of_tokens(window):
 @pytest.mark.parametrize('tau,expected', [(1.0, (0.665, 0.245, 0.090)),
                                           (0.5, (0.867, 0.117, 0.016)),
                                           (2.0, (0.506, 0.307, 0.186))])
-def test_temperature_reproduces_seed000_example(tau, expected):
+def test_temperature_softmax_of_logits_2_1_0(tau, expected):
   probs = decode.probabilities(jnp.array([2.0, 1.0, 0.0]), temperature=tau)
   assert probs.dtype == jnp.float32
   np.testing.assert_allclose(np.round(np.asarray(probs, np.float64), 3), expected, atol=1e-9)
@@ -291,7 +291,7 @@ def test_top_p_keeps_the_smallest_set_that_reaches_p():
 
 
 def test_samplers_combine_as_temperature_then_top_k_then_top_p():
-  logits = [2.0, 1.0, 0.0]  # seed 000: (0.665, 0.245, 0.090) at tau = 1
+  logits = [2.0, 1.0, 0.0]  # softmax: (0.665, 0.245, 0.090) at tau = 1
   assert kept(logits, top_p=0.8) == {0, 1}
   assert kept(logits, top_p=0.8, temperature=0.5) == {0}  # nucleus of (0.867, 0.117, 0.016)
   assert kept(logits, top_p=0.7) == {0, 1}

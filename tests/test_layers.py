@@ -1,4 +1,4 @@
-"""The shared layers against seed 000's worked examples and independent computations."""
+"""The shared layers against examples worked out by hand and independent computations."""
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -14,8 +14,8 @@ EYE = np.eye(2, dtype=np.float32)
 
 
 def worked_example_block():
-  """Seed 000, section 4a: T = D = 2, one head, LayerNorm, no biases, all weights I, d_ff = 2
-  with ReLU and W2 = I/2."""
+  """A pre-LN block small enough to work out by hand: T = D = 2, one head, LayerNorm, no biases,
+  all weights I, d_ff = 2 with ReLU and W2 = I/2."""
   cfg = tiny('encoder', width=2, num_heads=1, d_ff=2, mlp='relu', use_bias=False,
              norm='layernorm', norm_bias=False, attention_kernel='einsum')
   params = {
@@ -28,7 +28,7 @@ def worked_example_block():
   return common.block(cfg)(), params
 
 
-def test_seed000_worked_example_a():
+def test_block_matches_its_values_worked_out_by_hand():
   block, params = worked_example_block()
   x = jnp.array([[[2.0, 0.0], [0.0, 1.0]]])
   positions = jnp.arange(2)[None]
@@ -39,9 +39,9 @@ def test_seed000_worked_example_a():
   np.testing.assert_array_equal(np.round(np.float64(y[0]), 3), [[3.5, -1.0], [-0.888, 2.388]])
 
 
-def test_seed000_shape_table(rng):
-  # B = 2, T = 5, D = 64, H = 4, d_ff = 4D. Queries are laid out (B, T, H, d_k), the transpose
-  # of the seed's (B, H, T, d_k); the attention weights are (B, H, T, T) as in the seed.
+def test_shapes_through_one_block(rng):
+  # B = 2, T = 5, D = 64, H = 4, d_ff = 4D. Queries are laid out (B, T, H, d_k), not the
+  # head-major (B, H, T, d_k); the attention weights are (B, H, T, T).
   cfg = tiny('encoder', width=64, num_heads=4, attention_kernel='einsum')
   x = jax.random.normal(rng, (2, 5, 64))
   block = common.block(cfg)()
@@ -71,8 +71,9 @@ def test_rope_dot_product_depends_only_on_distance(rng):
                              rtol=1e-5)
 
 
-def test_rope_matches_seed_formula(rng):
-  # The seed's apply_rope: freqs = base^(-i/half), angles = p * freqs, half-split rotation.
+def test_rope_matches_half_split_formula(rng):
+  # RoPE (Su et al. 2021) rotating channel i with channel i + half, as the PyTorch reference's
+  # apply_rope does: freqs = base^(-i/half), angles = p * freqs.
   x = np.asarray(jax.random.normal(rng, (1, 7, 2, 8)))
   half, pos = 4, np.arange(7)
   angles = pos[:, None] * 10000.0 ** (-np.arange(half) / half)
@@ -91,8 +92,9 @@ def test_sinusoidal_matches_vaswani():
 
 
 def test_patch_embedding_is_reshape_and_matmul(rng):
-  # Seed 000's theorem, with images laid out (B, H, W, C): a patch flattens in (row, column,
-  # channel) order, the order of the convolution kernel (P, P, C, D).
+  # A convolution with kernel = stride = P is a matmul on flattened patches; with images laid
+  # out (B, H, W, C) a patch flattens in (row, column, channel) order, the order of the
+  # convolution kernel (P, P, C, D).
   images = jax.random.normal(rng, (1, 224, 224, 3))
   embed = PatchEmbed(16, 768)
   params = embed.init(rng, images)

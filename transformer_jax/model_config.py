@@ -58,7 +58,8 @@ class ModelConfig:
   use_bias: bool = True  # biases of every dense layer inside the blocks
   positions: str = 'learned'
   rope_base: float = 10000.0
-  # Ablation switches (seed 002): a removed sublayer writes nothing into the residual stream.
+  # Ablation switches (experiments/ablations.py): a removed sublayer writes nothing into the
+  # residual stream.
   use_attention: bool = True
   use_mlp: bool = True
   use_norm: bool = True

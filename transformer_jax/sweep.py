@@ -227,7 +227,7 @@ def parse_flags(name: str, description: str, argv=None) -> argparse.Namespace:
   parser.add_argument('--results', help=f'The results folder. Default: experiments/results/{name}, '
                       'or WORKDIR/results with --quick.')
   parser.add_argument('--manual_dir', help='config.data.manual_dir: local files to prepare the '
-                      'dataset from (for example /work/shared/data/tinyshakespeare).')
+                      'dataset from (for example ../shared/data/tinyshakespeare).')
   parser.add_argument('--tfds_data_dir', help='config.data.tfds_data_dir (outside the repository).')
   argv = sys.argv[1:] if argv is None else list(argv)
   flags = parser.parse_args(argv)

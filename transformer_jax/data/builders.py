@@ -155,7 +155,8 @@ def _archive_files(archive: epath.Path, split: str):
 
 class TransformerJaxTinyShakespeare(tfds.core.GeneratorBasedBuilder):
   """TinyShakespeare with the stock feature (`text`) and splits: train is the first 90% of the
-  characters (seed 002's training text), validation and test the next 5% each."""
+  characters (the reference character LM's training text), validation and test the next 5%
+  each."""
   VERSION = tfds.core.Version('1.0.0')
   MANUAL_DOWNLOAD_INSTRUCTIONS = f'Put {SHAKESPEARE_FILE} ({SHAKESPEARE_URL}) in the manual dir.'
   url_infos = {SHAKESPEARE_URL: _UrlInfo(

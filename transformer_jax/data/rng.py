@@ -7,7 +7,7 @@ makes a resumed run see the batches of an uninterrupted one.
 import numpy as np
 
 # Streams. The synthetic tasks and every held-out split are keyed without the seed: the data
-# is the same for every seed, which is what makes eval metrics comparable across seeds.
+# is the same for every seed, which is what makes eval metrics comparable from seed to seed.
 SHUFFLE, AUGMENT, WINDOWS, GENERATE, HELD_OUT, TASK = range(6)
 
 

@@ -63,7 +63,8 @@ def load_cifar10(data_dir, manual_dir, download: bool) -> dict:
 
 def load_tiny_shakespeare(data_dir, manual_dir, download: bool) -> tuple[str, str]:
   """(train text, held-out text): TFDS's train split (the first 90%, 1,003,854 characters) and
-  its validation + test splits, which together are seed 002's validation text (the last 10%)."""
+  its validation + test splits, which together are the reference character LM's held-out text
+  (the last 10%)."""
   local = builders.find_shakespeare(manual_dir)
   recipes = [(SHAKESPEARE, local, builders.SHAKESPEARE_URL)] if local or download else []
   name = _find_or_prepare(('tiny_shakespeare', SHAKESPEARE), recipes, data_dir, manual_dir,
@@ -74,7 +75,7 @@ def load_tiny_shakespeare(data_dir, manual_dir, download: bool) -> tuple[str, st
 
 
 def load_text_file(path) -> tuple[str, str]:
-  """(first 90%, rest) of the characters of a UTF-8 file: seed 002's split."""
+  """(first 90%, rest) of the characters of a UTF-8 file: TinyShakespeare's split above."""
   if not path:
     raise ConfigError('data.name=text_file reads --config.data.path=FILE (any UTF-8 text file).')
   if not epath.Path(path).exists():

@@ -29,8 +29,8 @@ def windows(ids: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
 class NextTokenTask(_CharText):
   """{'inputs': int32 (b, T), 'targets': int32 (b, T)}, the targets one character ahead.
 
-  Training windows start anywhere, uniformly (seed 002's get_batch); held-out windows tile the
-  held-out text without overlap.
+  Training windows start anywhere, uniformly (as the PyTorch reference's get_batch draws them);
+  held-out windows tile the held-out text without overlap.
   """
 
   def __init__(self, train_text: str, eval_text: str, *, seq_len: int, seed: int):

@@ -18,8 +18,8 @@ class Vocab:
 
   @classmethod
   def of_text(cls, text: str, mask: bool = False) -> 'Vocab':
-    """The sorted characters of `text` from id 0 (seed 002's ids), then MASK where asked (so
-    the ids below `mask_id` are exactly the characters)."""
+    """The sorted characters of `text` from id 0 (the PyTorch reference's ids), then MASK where
+    asked (so the ids below `mask_id` are exactly the characters)."""
     return cls(tuple(sorted(set(text))) + ((MASK,) if mask else ()))
 
   @classmethod

@@ -95,11 +95,12 @@ def apply_rope(x: jax.Array, positions: jax.Array, base: float = 10000.0) -> jax
 
 
 class PatchEmbed(nn.Module):
-  """Non-overlapping P x P patches, each mapped by one shared matrix plus bias.
+  """Non-overlapping P x P patches (Dosovitskiy et al. 2020), each mapped by one shared matrix
+  plus bias.
 
-  A convolution with kernel = stride = P and no padding (seed 000, section 3.6): its (P, P, C, D)
-  kernel flattened in (row, column, channel) order is the (P*P*C, D) patch matrix. The grid is
-  read row by row into (B, num_patches, D).
+  A convolution with kernel = stride = P and no padding is that map: its (P, P, C, D) kernel
+  flattened in (row, column, channel) order is the (P*P*C, D) patch matrix. The grid is read row
+  by row into (B, num_patches, D).
   """
   patch_size: int
   features: int
@@ -123,7 +124,8 @@ def resize_position_grid(posemb: jax.Array, new_grid: int, num_prefix_tokens: in
   """Bicubically resizes a ViT's (prefix + g*g, D) position table to (prefix + new_grid**2, D).
 
   The prefix rows ([CLS]) are kept as they are; the patch rows are reshaped to their 2-D grid,
-  interpolated, and read back row by row (seed 000, section 3.6, "A new resolution").
+  interpolated, and read back row by row: the 2-D interpolation of pre-trained position
+  embeddings with which Dosovitskiy et al. (2020, section 3.2) fine-tune at a higher resolution.
   """
   prefix, grid = posemb[:num_prefix_tokens], posemb[num_prefix_tokens:]
   old = int(round(grid.shape[0] ** 0.5))
