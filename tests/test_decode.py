@@ -74,14 +74,18 @@ def uncached_greedy(model, params, prompt, length, steps, inputs=None, input_val
   return jax.lax.dynamic_slice_in_dim(buffer[0], length, steps), logits
 
 
+def prompts_of(model):
+  """(prompts, their lengths, encoder inputs): a decoder's prompts, or an encoder-decoder's
+  decoder prompts with its encoder's inputs."""
+  if model.cfg.family == 'encoder_decoder':
+    return TARGET_PROMPTS, TARGET_LENGTHS, dict(inputs=INPUTS, input_valid=INPUT_VALID)
+  return PROMPTS, LENGTHS, {}
+
+
 @pytest.mark.parametrize('case', CASES)
 def test_greedy_cached_generation_equals_the_uncached_rollout(case):
   model, params = build(case)
-  if model.cfg.family == 'encoder_decoder':
-    prompts, lengths = TARGET_PROMPTS, TARGET_LENGTHS
-    encoder = dict(inputs=INPUTS, input_valid=INPUT_VALID)
-  else:
-    prompts, lengths, encoder = PROMPTS, LENGTHS, {}
+  prompts, lengths, encoder = prompts_of(model)
   out = decode.generate(model, params, prompts, prompt_lengths=lengths,
                         max_new_tokens=NEW_TOKENS, return_logits=True, **encoder)
   for row in range(len(prompts)):
@@ -102,11 +106,7 @@ def test_windowed_generation_equals_the_banded_uncached_rollout(case):
   # Two layers: sliding-window attention, where a token's second-layer key was computed when it
   # saw its own last WINDOW tokens; prompts of 7 and 5 tokens outgrow the ring at the prefill.
   model, params = build(case)
-  if model.cfg.family == 'encoder_decoder':
-    prompts, lengths = TARGET_PROMPTS, TARGET_LENGTHS
-    encoder = dict(inputs=INPUTS, input_valid=INPUT_VALID)
-  else:
-    prompts, lengths, encoder = PROMPTS, LENGTHS, {}
+  prompts, lengths, encoder = prompts_of(model)
   out = decode.generate(model, params, prompts, prompt_lengths=lengths, window=WINDOW,
                         max_new_tokens=WINDOW_NEW_TOKENS, return_logits=True, **encoder)
   for row in range(len(prompts)):

@@ -90,3 +90,18 @@ def test_two_processes_give_the_losses_of_one(tmp_path):
   two, one = losses(tmp_path / 'two'), losses(tmp_path / 'one')
   assert list(two) == list(one) == [1, 2, 3, 4, 5]
   np.testing.assert_allclose(list(two.values()), list(one.values()), atol=1e-5)
+
+
+def test_two_processes_of_four_devices_with_tensor_parallel_rules_give_the_losses_of_one(tmp_path):
+  flags = ['--config.training.steps=5', '--config.model.d_ff=96', '--config.rule_set=tp',
+           "--config.mesh.axes=('data', 'model')", '--config.mesh.shape=(4, 2)']
+  address = f'localhost:{free_port()}'
+  runs = [launch(tmp_path / 'two', *flags, f'--coordinator_address={address}',
+                 '--num_processes=2', f'--process_id={i}', devices=4) for i in range(2)]
+  for run in runs:
+    assert run.wait(timeout=600) == 0, run.stdout.read()
+  one = small_config('decoder', steps=5, **{'mesh.shape': (1,), 'model.d_ff': 96})
+  train.train(one, str(tmp_path / 'one'))
+  two, one = losses(tmp_path / 'two'), losses(tmp_path / 'one')
+  assert list(two) == list(one) == [1, 2, 3, 4, 5]
+  np.testing.assert_allclose(list(two.values()), list(one.values()), atol=1e-5)

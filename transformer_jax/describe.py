@@ -1,5 +1,8 @@
-"""`--mode=describe`: the model's shape, parameters by part, FLOPs per token and KV-cache bytes."""
-from transformer_jax import accounting, config_lib, models
+"""`--mode=describe`: the model's shape, parameters by part, FLOPs per token, KV-cache bytes, and
+the memory plan per device on the run's mesh."""
+import jax
+
+from transformer_jax import accounting, config_lib, memory, models
 
 
 def shape(cfg) -> str:
@@ -47,4 +50,40 @@ def describe(config) -> str:
                    f'({cfg.kv_heads} of {cfg.num_heads} heads cached)')
   else:
     lines.append('KV cache: none (no causal mask, nothing can be reused between steps)')
-  return '\n'.join(lines)
+  return '\n'.join(lines + memory_lines(config, cfg))
+
+
+def _size(num_bytes: float) -> str:
+  return f'{num_bytes / 2**30:.2f} GiB' if num_bytes >= 2**30 else f'{num_bytes / 2**20:.1f} MiB'
+
+
+def device_memory(config) -> float | None:
+  """Bytes of one device: training.device_memory_gb, else what JAX reports (GPUs, TPUs)."""
+  if config.training.device_memory_gb:
+    return config.training.device_memory_gb * 1e9
+  stats = jax.devices()[0].memory_stats() or {}
+  return stats.get('bytes_limit')
+
+
+def memory_lines(config, cfg) -> list[str]:
+  """The per-device plan of the train step (and a decoding cache) on the run's mesh and rules."""
+  sizes = memory.mesh_shape(config)
+  plan = memory.plan(config, sizes)
+  mesh = ' x '.join(f'{axis}={size}' for axis, size in sizes.items())
+  lines = [f'Memory per device on {plan.devices} devices ({mesh}, rule set '
+           f'{config.rule_set!r}), batch {config.data.batch_size}'
+           + (f' x {config.data.seq_len}' if cfg.family != 'vit' else '')
+           + f', remat {cfg.remat_policy}{", scanned" if cfg.scan_layers else ""}:']
+  parts = [('parameters', plan.params), ('optimizer state', plan.optimizer),
+           ('gradients', plan.gradients), ('gathered weights (FSDP)', plan.gathered),
+           ('batch', plan.batch), ('activations (estimate)', plan.activations)]
+  lines += [f'  {name:<24} {_size(value):>12}' for name, value in parts if value or
+            name.startswith(('parameters', 'activations'))]
+  total, limit = plan.train_total, device_memory(config)
+  verdict = ('' if limit is None else f': {"fits" if total <= limit else "does NOT fit"} in '
+             f'{_size(limit)} ({total / limit:.0%})')
+  lines.append(f'  {"train step total":<24} {_size(total):>12}{verdict}')
+  if plan.kv_cache is not None:
+    lines.append(f'  {"KV cache per sequence":<24} {_size(plan.kv_cache):>12} (decoding '
+                 f'{config.data.seq_len} tokens)')
+  return lines

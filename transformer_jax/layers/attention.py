@@ -5,6 +5,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer_jax.layers import axes
 from transformer_jax.layers.embeddings import apply_rope
 from transformer_jax.layers.linear import Linear
 
@@ -139,14 +140,15 @@ class Attention(nn.Module):
 
   @nn.compact
   def __call__(self, x, kv_inputs=None, *, mask=None, positions=None, cache_index=None):
-    dense = lambda heads, name: Linear(
-        (heads, self.head_dim), ('embed',), ('heads', 'head_dim'), use_bias=self.use_bias,
+    dense = lambda heads, axis, name: Linear(
+        (heads, self.head_dim), ('embed',), (axis, 'head_dim'), use_bias=self.use_bias,
         init_std=self.init_std, dtype=self.dtype, param_dtype=self.param_dtype, name=name)
-    q = dense(self.num_heads, 'query')(x)
+    q = axes.constrain(dense(self.num_heads, 'heads', 'query')(x), axes.HEADS, None)
     source = x if not self.is_cross else kv_inputs
     k = v = None
     if source is not None:
-      k, v = dense(self.kv_heads, 'key')(source), dense(self.kv_heads, 'value')(source)
+      k, v = (axes.constrain(dense(self.kv_heads, 'kv_heads', name)(source), axes.KV_HEADS, None)
+              for name in ('key', 'value'))
     if self.rope_base is not None and not self.is_cross:
       if positions is None:
         offset = 0 if cache_index is None else cache_index
@@ -161,6 +163,7 @@ class Attention(nn.Module):
       self.sow('intermediates', 'attention_weights', weights)
     else:
       out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale)
+    out = axes.constrain(out, axes.HEADS, None)
     return Linear((self.out_features or x.shape[-1],), ('heads', 'head_dim'), ('embed',),
                   use_bias=self.use_bias, init_std=self.init_std, dtype=self.dtype,
                   param_dtype=self.param_dtype, name='out')(out)

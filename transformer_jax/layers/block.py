@@ -6,6 +6,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer_jax.layers import axes
 from transformer_jax.layers.norms import RMSNorm
 
 NORM_POSITIONS = ('pre', 'post')
@@ -56,6 +57,7 @@ class Block(nn.Module):
   @nn.compact
   def __call__(self, x, mask=None, positions=None, encoded=None, cross_mask=None,
                cache_index=None):
+    x = axes.constrain(x, axes.EMBED)  # the residual stream between blocks
     attend = lambda h: self.attention(name='attn')(h, mask=mask, positions=positions,
                                                    cache_index=cache_index)
     x = self._sublayer(x, attend, 'attn', self.use_attention)
@@ -63,7 +65,7 @@ class Block(nn.Module):
       cross = lambda h: self.cross_attention(name='cross_attn')(
           h, encoded, mask=cross_mask, cache_index=cache_index)
       x = self._sublayer(x, cross, 'cross_attn', self.use_attention)
-    x = self._sublayer(x, self.mlp(name='mlp'), 'mlp', self.use_mlp)
+    x = axes.constrain(self._sublayer(x, self.mlp(name='mlp'), 'mlp', self.use_mlp), axes.EMBED)
     return (x, None) if self.scanned else x
 
   def _sublayer(self, x, fn, name, present):

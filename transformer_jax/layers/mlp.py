@@ -5,6 +5,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer_jax.layers import axes
 from transformer_jax.layers.linear import Linear
 
 ACTIVATIONS = {
@@ -48,4 +49,5 @@ class MLP(nn.Module):
       h = jax.nn.silu(gate) * dense(self.hidden, 'embed', 'mlp', 'up')(x)
     else:
       h = ACTIVATIONS[self.activation](dense(self.hidden, 'embed', 'mlp', 'up')(x))
+    h = axes.constrain(h, axes.MLP)
     return dense(self.out_features or x.shape[-1], 'mlp', 'embed', 'down')(h)

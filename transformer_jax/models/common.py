@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from transformer_jax.errors import ConfigError
 from transformer_jax.layers import (MLP, Attention, Block, BlockStack, LayerNorm, Linear, RMSNorm,
-                                    TextEmbed, causal_mask)
+                                    TextEmbed, axes, causal_mask)
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.ranges import COUNT
 
@@ -89,10 +89,12 @@ class LmHead(nn.Module):
   @nn.compact
   def __call__(self, x, embed: TextEmbed):
     if self.tied:
-      return embed.attend(x)
-    return Linear((self.vocab_size,), ('embed',), ('vocab',), use_bias=False,
-                  init_std=self.init_std, dtype=self.dtype, param_dtype=self.param_dtype,
-                  out_dtype=jnp.float32, name='unembed')(x)
+      logits = embed.attend(x)
+    else:
+      logits = Linear((self.vocab_size,), ('embed',), ('vocab',), use_bias=False,
+                      init_std=self.init_std, dtype=self.dtype, param_dtype=self.param_dtype,
+                      out_dtype=jnp.float32, name='unembed')(x)
+    return axes.constrain(logits, axes.VOCAB)
 
 
 def lm_head(cfg: ModelConfig, **kwargs) -> LmHead:

@@ -37,7 +37,7 @@ def train(config, workdir: str):
              f'{accounting.count_params(state.params)["total"]:,}', jax.device_count(),
              dict(run.mesh.shape))
     eval_step = step_lib.make_eval_step(run.model, run.family, run.mesh,
-                                        run.state_sharding.params)
+                                        run.state_sharding.params, run.step_settings.rules)
     start = int(state.step)
     if _evaluation_missing(config, start, workdir):
       log.info('The evaluation at step %d is missing from metrics.jsonl: running it first.', start)
@@ -216,7 +216,8 @@ def _evaluate(run: Run, eval_step, params, step: int, writer) -> None:
 def evaluate(config, workdir: str | None) -> dict:
   """--mode=eval: the parameters of the workdir's latest checkpoint on the held-out split."""
   run, params, step = restore_trained(config, workdir)
-  eval_step = step_lib.make_eval_step(run.model, run.family, run.mesh, run.state_sharding.params)
+  eval_step = step_lib.make_eval_step(run.model, run.family, run.mesh, run.state_sharding.params,
+                                      run.step_settings.rules)
   results = evaluate_params(run, eval_step, params)
   log.info('Step %d: %s', step, results)
   return {'step': step, **results}

@@ -52,7 +52,7 @@ def build_run(config: ml_collections.ConfigDict) -> Run:
   tx, schedule = optim.make_optimizer(config.optimizer, config.training.steps)
   boxed = jax.eval_shape(functools.partial(initial_state, model, tx, family.example_inputs(cfg),
                                            unbox=False), jax.random.key(0))
-  state_sharding = sharding.state_shardings(boxed, mesh, config.sharding_rules)
+  state_sharding = sharding.state_shardings(boxed, mesh, config_lib.sharding_rules(config))
   abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                           nn.meta.unbox(boxed), state_sharding)
   return Run(config, cfg, family, model, dataset, mesh, tx, schedule,

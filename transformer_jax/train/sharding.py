@@ -1,5 +1,7 @@
 """The device mesh, logical-axis rules and the shardings of the state and the batch."""
+import contextlib
 import logging
+import math
 
 import flax.linen as nn
 import jax
@@ -43,9 +45,46 @@ def make_mesh(mesh_config) -> jax.sharding.Mesh:
 
 
 def state_shardings(abstract_boxed_state, mesh, rules):
-  """NamedShardings for every leaf, from the logical axis names the modules attach."""
-  specs = nn.get_partition_spec(abstract_boxed_state)
-  return nn.logical_to_mesh_sharding(specs, mesh, [tuple(r) for r in rules])
+  """NamedShardings for every leaf, from the logical axis names the modules attach; a dimension
+  that its mesh axes do not divide fails first, with what to change (check_divisible)."""
+  rules = [tuple(r) for r in rules]
+  check_divisible(abstract_boxed_state, dict(mesh.shape), rules)
+  return nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract_boxed_state), mesh, rules)
+
+
+def check_divisible(abstract_boxed_state, mesh_shape: dict[str, int], rules) -> None:
+  """Raises ConfigError naming each parameter whose dimension the mesh axes its rule maps it to
+  do not divide (the optimizer state mirrors the parameters, so they are the ones named)."""
+  params = getattr(abstract_boxed_state, 'params', abstract_boxed_state)
+  boxed = lambda x: isinstance(x, nn.Partitioned)
+  problems = []
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params, is_leaf=boxed)[0]:
+    if not boxed(leaf):  # a parameter without axis names is replicated
+      continue
+    for dim, (size, name) in enumerate(zip(leaf.value.shape, leaf.names)):
+      mesh_axes = nn.logical_to_mesh_axes((name,), rules)[0] if name else None
+      mesh_axes = (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes or ())
+      split = math.prod(mesh_shape[a] for a in mesh_axes)
+      if size % split:
+        where = '/'.join(str(getattr(k, 'key', k)) for k in path)
+        problems.append(f'{where} {leaf.value.shape}: dimension {dim} ({name!r}, {size}) over mesh '
+                        f'axis {"x".join(mesh_axes)} of size {split} (rule ({name!r}, '
+                        f'{mesh_axes[0]!r}))')
+  if problems:
+    shown = '\n  '.join(problems[:5]) + (f'\n  ... and {len(problems) - 5} more'
+                                           if len(problems) > 5 else '')
+    raise ConfigError(f'The sharding rules split dimensions that the mesh does not divide:\n  '
+                      f'{shown}\nChoose widths that divide (model.d_ff, model.num_heads, '
+                      'model.num_kv_heads, model.vocab_size), another mesh.shape, or a rule set '
+                      'that keeps these axes whole (config.rule_set, config.sharding_rules).')
+
+
+@contextlib.contextmanager
+def activation_rules(mesh, rules):
+  """Inside a traced step: the mesh and the rules that `layers.axes.constrain` reads, so that
+  the activations are laid out as the rules ask."""
+  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rules):
+    yield
 
 
 def batch_sharding(mesh) -> NamedSharding:

@@ -11,9 +11,10 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec as P
 
+from transformer_jax import config_lib
 from transformer_jax.errors import ConfigError
 from transformer_jax.models.registry import Family
-from transformer_jax.train import losses
+from transformer_jax.train import losses, sharding
 from transformer_jax.train.sharding import DATA_AXIS
 
 
@@ -31,13 +32,15 @@ class StepSettings:
   label_smoothing: float = 0.0
   dropout: bool = False  # whether the dropout layers are active
   parallelism: str = 'jit'  # 'jit' (GSPMD) or 'shard_map' (per device, explicit pmean)
+  rules: tuple = ()  # logical axis -> mesh axis, for the activations (config_lib.sharding_rules)
 
   @classmethod
   def of(cls, config, family: Family) -> 'StepSettings':
     """The settings config's keys give a family's step."""
     return cls(seed=config.seed, grad_accum_steps=config.training.grad_accum_steps,
                label_smoothing=config.training.label_smoothing * family.classification,
-               dropout=config.model.dropout_rate > 0, parallelism=config.parallelism)
+               dropout=config.model.dropout_rate > 0, parallelism=config.parallelism,
+               rules=config_lib.sharding_rules(config))
 
 
 def _microbatches(batch, num: int):
@@ -94,7 +97,8 @@ def make_train_step(model, family: Family, tx, schedule, mesh, state_sharding,
   def jit_step(state, batch):
     rng = jax.random.fold_in(rng_root, state.step)
     total = jnp.sum(family.weights(batch))
-    grads, sums = _grads_and_sums(model, family, settings, state.params, batch, rng, total)
+    with sharding.activation_rules(mesh, settings.rules):
+      grads, sums = _grads_and_sums(model, family, settings, state.params, batch, rng, total)
     return _apply_update(tx, schedule, state, grads, sums)
 
   if settings.parallelism == 'jit':
@@ -111,7 +115,8 @@ def _shard_map_step(model, family, tx, schedule, settings, mesh, state_sharding,
   """The same step written per device: local gradients, then an explicit pmean over 'data'."""
   if any(axis is not None for s in jax.tree.leaves(state_sharding) for axis in s.spec):
     raise ConfigError('parallelism="shard_map" runs data parallel with replicated parameters: '
-                      'clear config.sharding_rules, or use parallelism="jit" for FSDP rules.')
+                      'use rule_set="dp" without sharding_rules, or parallelism="jit" for FSDP '
+                      'and tensor parallel rules.')
 
   def local_step(state, batch):
     rng = jax.random.fold_in(jax.random.fold_in(rng_root, state.step),
@@ -130,10 +135,11 @@ def _shard_map_step(model, family, tx, schedule, settings, mesh, state_sharding,
   return jax.shard_map(local_step, mesh=mesh, in_specs=(P(), P(DATA_AXIS)), out_specs=(P(), P()))
 
 
-def make_eval_step(model, family: Family, mesh, param_sharding):
+def make_eval_step(model, family: Family, mesh, param_sharding, rules=()):
   """A jitted eval(params, batch) -> summed loss terms (deterministic forward)."""
   def eval_step(params, batch):
-    out = losses.logits_targets_weights(model, family, params, batch)
+    with sharding.activation_rules(mesh, rules):
+      out = losses.logits_targets_weights(model, family, params, batch)
     return losses.loss_sums(*out)
   batch_sharding = jax.sharding.NamedSharding(mesh, P(DATA_AXIS))
   return jax.jit(eval_step, in_shardings=(param_sharding, batch_sharding))

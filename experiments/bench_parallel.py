@@ -1,0 +1,71 @@
+"""Train-step time of one model under each rule set on 8 simulated CPU devices.
+
+  python experiments/bench_parallel.py   # configs/gpt_shakespeare.py: 6 blocks, width 192, batch 64 x 256
+
+The 8 devices are XLA's host-platform simulation (--xla_force_host_platform_device_count=8): they
+share this machine's cores, and their collectives are memory copies. So the times say what each
+layout costs in extra work and copies on one machine, not how it would scale on 8 accelerators,
+where the collectives cross links and each device computes in parallel. The load average is
+printed beside them.
+"""
+import os
+
+os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '')
+                           + ' --xla_force_host_platform_device_count=8').strip()
+
+import argparse  # noqa: E402
+import pathlib  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+
+from transformer_jax import config_lib, memory  # noqa: E402
+from transformer_jax.train import setup, sharding, step as step_lib  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+LAYOUTS = {'DP': (('data',), (8,), 'dp'), 'FSDP': (('data',), (8,), 'fsdp'),
+           'TP': (('data', 'model'), (4, 2), 'tp'),
+           'FSDP+TP': (('data', 'model'), (4, 2), 'fsdp_tp')}
+
+
+def step_seconds(config, steps: int) -> list[float]:
+  run = setup.build_run(config)
+  state = jax.jit(lambda rng: setup.initial_state(
+      run.model, run.tx, run.family.example_inputs(run.model_config), rng),
+                  out_shardings=run.state_sharding)(jax.random.key(0))
+  train_step = step_lib.make_train_step(run.model, run.family, run.tx, run.schedule, run.mesh,
+                                        run.state_sharding, run.step_settings)
+  batch = sharding.global_batch(run.data.train_batch(0), run.mesh)
+  compiled = train_step.lower(state, batch).compile()
+  times = []
+  for _ in range(steps + 2):
+    start = time.perf_counter()
+    state, metrics = compiled(state, batch)
+    jax.block_until_ready(metrics)
+    times.append(time.perf_counter() - start)
+  return times[2:]
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument('--steps', type=int, default=20)
+  args = parser.parse_args()
+  print(f'{jax.device_count()} devices; load average {os.getloadavg()[0]:.2f} at the start')
+  print('| layout | mesh | median ms per step | planned memory per device |')
+  print('|---|---|---|---|')
+  for name, (axes, shape, rule_set) in LAYOUTS.items():
+    config = config_lib.from_file(ROOT / 'configs' / 'gpt_shakespeare.py')
+    config.data.update(name='synthetic', alphabet=''.join(map(chr, range(33, 98))))
+    config.update(rule_set=rule_set)
+    config.mesh.update(axes=axes, shape=shape)
+    times = step_seconds(config, args.steps)
+    planned = memory.plan(config).train_total
+    print(f'| {name} | {"x".join(map(str, shape))} | {1e3 * statistics.median(times):.1f} | '
+          f'{planned / 2**20:.1f} MiB |')
+  print(f'load average {os.getloadavg()[0]:.2f} at the end')
+
+
+if __name__ == '__main__':
+  main()
