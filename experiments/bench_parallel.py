@@ -1,6 +1,7 @@
-"""Train-step time of one model under each rule set on 8 simulated CPU devices.
+"""Train-step time of one model under each rule set on 8 simulated CPU devices: the GPT-2 style
+character model (configs/gpt_shakespeare.py: 6 blocks, width 192, batch 64 x 256).
 
-  python experiments/bench_parallel.py   # configs/gpt_shakespeare.py: 6 blocks, width 192, batch 64 x 256
+  python experiments/bench_parallel.py
 
 The 8 devices are XLA's host-platform simulation (--xla_force_host_platform_device_count=8): they
 share this machine's cores, and their collectives are memory copies. So the times say what each
