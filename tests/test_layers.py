@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import tiny
+from helpers import init, tiny
 from transformer_jax import config_lib, layers, models
 from transformer_jax.layers import PatchEmbed, causal_mask, resize_position_grid
 from transformer_jax.models import common
@@ -152,6 +152,23 @@ def test_kernel_matches_einsum_reference(rng, kv_heads):
   np.testing.assert_allclose(got, expected, atol=1e-5)
   np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
   assert float(jnp.where(mask[:, 0], 0.0, weights[:, 0]).max()) == 0.0
+
+
+def test_rope_rotates_by_constant_positions_as_by_traced_ones(rng):
+  """Positions known when tracing (NumPy, the default) and the same positions as a traced array
+  rotate alike, and a decoder without positions gives the loss and gradients it gives with its
+  default positions passed explicitly."""
+  x = jax.random.normal(rng, (2, 9, 4, 16))
+  positions = np.broadcast_to(np.arange(9), (2, 9))
+  np.testing.assert_allclose(layers.apply_rope(x, positions),
+                             jax.jit(layers.apply_rope)(x, jnp.asarray(positions)), atol=1e-6)
+  cfg = tiny('decoder', positions='rope')
+  tokens = jax.random.randint(rng, (2, 9), 0, cfg.vocab_size)
+  params, model = init(cfg, rng, tokens), models.build(cfg)
+  loss = lambda p, *pos: jnp.mean(model.apply({'params': p}, tokens, *pos) ** 2)
+  constant = jax.jit(jax.value_and_grad(loss))(params)
+  traced = jax.jit(jax.value_and_grad(loss))(params, common.default_positions(tokens))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), constant, traced)
 
 
 def test_norms_match_their_formulas(rng):

@@ -4,6 +4,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from transformer_jax.layers import axes
 from transformer_jax.layers.embeddings import apply_rope
@@ -150,9 +151,10 @@ class Attention(nn.Module):
       k, v = (axes.constrain(dense(self.kv_heads, 'kv_heads', name)(source), axes.KV_HEADS, None)
               for name in ('key', 'value'))
     if self.rope_base is not None and not self.is_cross:
-      if positions is None:
-        offset = 0 if cache_index is None else cache_index
-        positions = jnp.broadcast_to(jnp.arange(x.shape[1]) + offset, x.shape[:2])
+      if positions is None and cache_index is None:  # constant rotations (see apply_rope)
+        positions = np.arange(x.shape[1])[None]
+      elif positions is None:
+        positions = jnp.broadcast_to(jnp.arange(x.shape[1]) + cache_index, x.shape[:2])
       q = apply_rope(q, positions, self.rope_base)
       k = apply_rope(k, positions, self.rope_base)
     scale = self.head_dim ** -0.5
