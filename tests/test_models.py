@@ -11,6 +11,7 @@ from helpers import CONFIG_FILES, init, load_config, tiny
 from train_helpers import losses, small_config
 from transformer_jax import accounting, decode, describe, models, train
 from transformer_jax.layers import causal_mask
+from transformer_jax.model_config import ModelConfig
 
 TOKENS = jnp.array([[3, 7, 1, 9, 4, 2, 8, 5], [6, 1, 1, 2, 3, 9, 9, 4]], jnp.int32)
 
@@ -207,3 +208,9 @@ def test_a_family_of_your_own_joins_with_one_entry_and_trains(tmp_path):
   with pytest.raises(ValueError, match="'conv_lm' model cannot decode"):
     decode.generate(models.build(config.model), state.params, np.zeros((1, 2), np.int32),
                     max_new_tokens=2)
+
+
+def test_an_unvalidated_config_never_rounds_the_head_width():
+  with pytest.raises(ValueError, match='num_heads=3 does not divide model.width=100'):
+    _ = ModelConfig(width=100, num_heads=3).head_dim
+  assert ModelConfig(width=96, num_heads=3).head_dim == 32

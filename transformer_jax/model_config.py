@@ -103,6 +103,9 @@ class ModelConfig:
 
   @property
   def head_dim(self) -> int:
+    if self.width % self.num_heads:  # even before validate(): never a silently rounded width
+      raise ConfigError(f'model.num_heads={self.num_heads} does not divide model.width='
+                        f'{self.width}: the heads would not cover the width.')
     return self.width // self.num_heads
 
   @property
