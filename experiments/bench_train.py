@@ -1,12 +1,14 @@
-"""Training-step speed: step time, tokens per second, achieved FLOP/s and MFU against this
-machine's measured float32 matmul peak, for the reference character LM
-(configs/llama_shakespeare.py) and a wider model, beside the PyTorch reference of the same model
-when its interpreter is given.
+"""Training-step speed: step time, throughput, achieved FLOP/s and MFU against this machine's
+measured float32 matmul peak, for the two reference models (the character LM of
+configs/llama_shakespeare.py, and a wider one; the ViT of configs/vit_reference.py at batch 128),
+beside the PyTorch references of the same models when their interpreter is given.
 
   python experiments/bench_train.py                      # JAX only
   python experiments/bench_train.py --torch_python /path/to/venv/bin/python
-A benchmark, not a test: it prints figures. Timings on shared machines drift, so the script
-interleaves the JAX and PyTorch runs and reports each twice.
+  python experiments/bench_train.py --models lm128,vit   # a subset
+A benchmark, not a test: it prints figures, each with the 1-minute load average beside it.
+Timings on shared machines drift, so the script interleaves the JAX and PyTorch runs and reports
+each `--repeats` times.
 """
 import functools
 import json
@@ -20,15 +22,18 @@ from absl import app, flags
 import jax
 
 from transformer_jax import accounting, config_lib
-from transformer_jax.train import metrics, setup, sharding, step as step_lib
+from transformer_jax.train import cpu_runtime, metrics, setup, sharding, step as step_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-REFERENCE = ROOT.parent / 'shared' / 'baselines' / 'torch_reference.py'
+BASELINES = ROOT.parent / 'shared' / 'baselines'
 
 _STEPS = flags.DEFINE_integer('steps', 30, 'Timed steps per measurement (after 3 warm-up steps).')
-_WIDTHS = flags.DEFINE_list('widths', ['128', '512'], 'Model widths: 128 is the reference LM.')
+_MODELS = flags.DEFINE_list('models', ['lm128', 'lm512', 'vit'],
+                            'lmWIDTH: the reference LM at that width (128 is the reference, '
+                            'heads of 32); vit: the reference ViT at batch 128.')
 _TORCH = flags.DEFINE_string('torch_python', None, 'Python of a venv with torch, to run the '
-                             'PyTorch reference (torch_reference.py) beside the JAX step.')
+                             'PyTorch references (torch_reference.py, torch_vit_reference.py) '
+                             'beside the JAX step.')
 _REPEATS = flags.DEFINE_integer('repeats', 2, 'Interleaved JAX / PyTorch measurements.')
 
 
@@ -36,6 +41,13 @@ def reference_lm_config(width: int):
   config = config_lib.from_file(ROOT / 'configs' / 'llama_shakespeare.py')
   config.model.update(width=width, num_heads=width // 32)
   config.data.update(name='synthetic', alphabet=''.join(map(chr, range(33, 98))))
+  return config
+
+
+def reference_vit_config():
+  config = config_lib.from_file(ROOT / 'configs' / 'vit_reference.py')
+  # 512 divides the synthetic set's 1,024 held-out images (the bench never evaluates).
+  config.data.update(name='synthetic', image_size=32, num_classes=10, eval_batch_size=512)
   return config
 
 
@@ -58,39 +70,59 @@ def jax_step_times(config, steps: int) -> list[float]:
   return times[3:]
 
 
-def torch_step_ms(width: int, steps: int) -> float:
-  command = [_TORCH.value, str(REFERENCE), '--dim', str(width), '--n_heads', str(width // 32),
-             '--steps', str(steps + 10), '--eval_at', '', '--threads', '2']
+def torch_step_ms(script: str, args: list[str]) -> float:
+  command = [_TORCH.value, str(BASELINES / script), *args, '--threads', '2']
   out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
   result = json.loads(next(line for line in out.splitlines() if line.startswith('RESULT '))[7:])
   return result['median_step_ms']
 
 
-def report(name: str, seconds: float, flops_per_step: float, tokens: int, peak: float):
+def benchmark(name: str):
+  """(config, the PyTorch reference's script and arguments, what a step processes, its unit)."""
+  steps = str(_STEPS.value + 10)
+  if name == 'vit':
+    config = reference_vit_config()
+    torch_args = ['--batch_size', str(config.data.batch_size), '--steps', steps]
+    return config, 'torch_vit_reference.py', torch_args, config.data.batch_size, 'images'
+  if not name.startswith('lm'):
+    raise app.UsageError(f'Unknown model {name!r}: use lmWIDTH (lm128, lm512) or vit.')
+  width = int(name[2:])
+  config = reference_lm_config(width)
+  torch_args = ['--dim', str(width), '--n_heads', str(width // 32), '--steps', steps,
+                '--eval_at', '']
+  tokens = config.data.batch_size * config.data.seq_len
+  return config, 'torch_reference.py', torch_args, tokens, 'tokens'
+
+
+def report(name: str, seconds: float, flops_per_step: float, items: int, unit: str, peak: float):
   achieved = flops_per_step / seconds
-  print(f'  {name:<8} step {seconds * 1e3:7.1f} ms  {tokens / seconds:9,.0f} tokens/s  '
-        f'{achieved / 1e9:6.1f} GFLOP/s  MFU {achieved / peak:5.1%}')
+  print(f'  {name:<8} step {seconds * 1e3:7.1f} ms  {items / seconds:9,.0f} {unit}/s  '
+        f'{achieved / 1e9:6.1f} GFLOP/s  MFU {achieved / peak:5.1%}  '
+        f'(load average {os.getloadavg()[0]:.2f})', flush=True)
 
 
 def main(argv):
   del argv
+  cpu_runtime.configure()  # as launch.py runs a step
   print(f'jax {jax.__version__}, {jax.devices()[0].device_kind}, {os.cpu_count()} CPUs, '
         f'load average {os.getloadavg()[0]:.2f}')
   peak = metrics.measured_matmul_flops()
   print(f'float32 matmul peak (best jitted square matmul): {peak / 1e9:.1f} GFLOP/s')
-  for width in map(int, _WIDTHS.value):
-    config = reference_lm_config(width)
-    tokens = config.data.batch_size * config.data.seq_len
-    flops = 3 * accounting.forward_flops(config.model, config.data.seq_len)['total']
-    flops_per_step = flops * config.data.batch_size
+  for name in _MODELS.value:
+    config, script, torch_args, items, unit = benchmark(name)
+    # A text example is a window of seq_len tokens; a ViT's length is its patch count.
+    seq_len = config.data.seq_len if unit == 'tokens' else None
+    flops_per_step = 3 * accounting.forward_flops(config.model, seq_len)['total']
+    flops_per_step *= config.data.batch_size
     params = accounting.param_counts(config.model)['total']
-    print(f'width {width}: {params:,} parameters, batch {config.data.batch_size} x '
-          f'{config.data.seq_len}, {flops_per_step / 1e9:.2f} GFLOP per step (accounting)')
+    print(f'{name}: {params:,} parameters, batch {config.data.batch_size}, {items:,} {unit} per '
+          f'step, {flops_per_step / 1e9:.2f} GFLOP per step (accounting)', flush=True)
     for _ in range(_REPEATS.value):
       report('jax', statistics.median(jax_step_times(config, _STEPS.value)), flops_per_step,
-             tokens, peak)
+             items, unit, peak)
       if _TORCH.value:
-        report('pytorch', torch_step_ms(width, _STEPS.value) / 1e3, flops_per_step, tokens, peak)
+        report('pytorch', torch_step_ms(script, torch_args) / 1e3, flops_per_step, items, unit,
+               peak)
   print(f'load average at the end {os.getloadavg()[0]:.2f}')
 
 

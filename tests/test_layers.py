@@ -5,9 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import tiny
+from helpers import init, tiny
 from transformer_jax import config_lib, layers, models
-from transformer_jax.layers import PatchEmbed, causal_mask, resize_position_grid
+from transformer_jax.layers import PatchEmbed, attention, causal_mask, resize_position_grid
 from transformer_jax.models import common
 
 EYE = np.eye(2, dtype=np.float32)
@@ -152,6 +152,76 @@ def test_kernel_matches_einsum_reference(rng, kv_heads):
   np.testing.assert_allclose(got, expected, atol=1e-5)
   np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
   assert float(jnp.where(mask[:, 0], 0.0, weights[:, 0]).max()) == 0.0
+
+
+def _attention_grads(attend, q, k, v, weights):
+  """The output of `attend` and the gradients of a weighted sum of it by q, k and v."""
+  loss = lambda q, k, v: jnp.sum(attend(q, k, v) * weights)
+  return attend(q, k, v), jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+
+@pytest.mark.parametrize('kv_heads,mask_kind', [(4, 'causal'), (2, 'causal'), (1, 'padding'),
+                                                (4, 'per_head'), (2, 'none'), (4, 'empty_row')])
+def test_heads_first_attention_equals_jax_nn_with_gradients(rng, kv_heads, mask_kind):
+  """The CPU path of kernel='dot_product_attention' against jax.nn's: outputs and the gradients
+  of the queries, keys and values, for each GQA grouping and kind of mask (a fully masked query
+  row included, whose softmax is uniform in both)."""
+  b, t, s, h, d = 2, 5, 7, 4, 8
+  q = jax.random.normal(rng, (b, t, h, d))
+  k, v = jax.random.normal(jax.random.key(1), (2, b, s, kv_heads, d))
+  weights = jax.random.normal(jax.random.key(2), (b, t, h, d))
+  slots = jnp.arange(t) + s - t
+  masks = {'causal': causal_mask(slots, jnp.broadcast_to(slots, (b, t)), s),
+           'padding': layers.padding_mask(jnp.arange(s)[None] < jnp.array([[4], [7]]), t),
+           'per_head': jax.random.bernoulli(jax.random.key(3), 0.6, (b, h, t, s)),
+           'none': None,
+           'empty_row': jnp.ones((b, 1, t, s), bool).at[1, 0, 2].set(False)}
+  mask = masks[mask_kind]
+  got, got_grads = _attention_grads(
+      lambda q, k, v: layers.heads_first_attention(q, k, v, mask, d ** -0.5), q, k, v, weights)
+  expected, grads = _attention_grads(
+      lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask, scale=d ** -0.5), q, k, v,
+      weights)
+  np.testing.assert_allclose(got, expected, atol=1e-6)
+  for got_grad, grad in zip(got_grads, grads):
+    np.testing.assert_allclose(got_grad, grad, atol=1e-6)
+
+
+def test_cpu_attention_gives_a_decoders_loss_and_gradients(rng, monkeypatch):
+  """The reference LM's blocks (RoPE, GQA) train to the same loss and gradients through
+  heads_first_attention, XLA:CPU's default, as through jax.nn.dot_product_attention."""
+  cfg = tiny('decoder', num_kv_heads=2, positions='rope', mlp='swiglu', norm='rmsnorm')
+  tokens = jax.random.randint(rng, (2, 12), 0, cfg.vocab_size)
+  params = init(cfg, rng, tokens)
+  model = models.build(cfg)
+
+  def loss_and_grads():
+    loss = lambda p: jnp.mean(jax.nn.log_softmax(model.apply({'params': p}, tokens))[..., 3])
+    return jax.value_and_grad(loss)(params)
+
+  assert attention._on_cpu()
+  cpu_loss, cpu_grads = loss_and_grads()
+  monkeypatch.setattr(attention, '_on_cpu', lambda: False)
+  loss, grads = loss_and_grads()
+  np.testing.assert_allclose(cpu_loss, loss, atol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), cpu_grads, grads)
+
+
+def test_rope_rotates_by_constant_positions_as_by_traced_ones(rng):
+  """Positions known when tracing (NumPy, the default) and the same positions as a traced array
+  rotate alike, and a decoder without positions gives the loss and gradients it gives with its
+  default positions passed explicitly."""
+  x = jax.random.normal(rng, (2, 9, 4, 16))
+  positions = np.broadcast_to(np.arange(9), (2, 9))
+  np.testing.assert_allclose(layers.apply_rope(x, positions),
+                             jax.jit(layers.apply_rope)(x, jnp.asarray(positions)), atol=1e-6)
+  cfg = tiny('decoder', positions='rope')
+  tokens = jax.random.randint(rng, (2, 9), 0, cfg.vocab_size)
+  params, model = init(cfg, rng, tokens), models.build(cfg)
+  loss = lambda p, *pos: jnp.mean(model.apply({'params': p}, tokens, *pos) ** 2)
+  constant = jax.jit(jax.value_and_grad(loss))(params)
+  traced = jax.jit(jax.value_and_grad(loss))(params, common.default_positions(tokens))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), constant, traced)
 
 
 def test_norms_match_their_formulas(rng):

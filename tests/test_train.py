@@ -5,6 +5,8 @@ import glob
 import json
 import logging
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +40,23 @@ def test_one_device_equals_eight(tmp_path, parallelism, rules, accum):
     results[devices] = losses(tmp_path / str(devices))
   assert list(results[1]) == [1, 2, 3, 4, 5]
   np.testing.assert_allclose(list(results[8].values()), list(results[1].values()), atol=1e-5)
+
+
+def test_the_cpu_runtime_settings_keep_the_losses(tmp_path):
+  """cpu_runtime.configure() (inline execution, freed memory kept mapped) in a fresh process, as
+  launch.py runs, gives the losses of the same run here without it."""
+  script = ('import sys; from transformer_jax.train import cpu_runtime; cpu_runtime.configure(); '
+            'import jax; assert not jax.config.read("jax_cpu_enable_async_dispatch"); '
+            'from train_helpers import small_config; from transformer_jax import train; '
+            'train.train(small_config(steps=3, **{"mesh.shape": (1,)}), sys.argv[1])')
+  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='',
+             PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.path.dirname(
+                 os.path.dirname(os.path.abspath(__file__)))]))
+  subprocess.run([sys.executable, '-c', script, str(tmp_path / 'configured')], env=env,
+                 check=True, capture_output=True)
+  train.train(small_config(steps=3, **{'mesh.shape': (1,)}), str(tmp_path / 'default'))
+  np.testing.assert_allclose(list(losses(tmp_path / 'configured').values()),
+                             list(losses(tmp_path / 'default').values()), atol=1e-6)
 
 
 def test_fsdp_rules_shard_the_parameters(tmp_path):

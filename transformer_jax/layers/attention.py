@@ -1,9 +1,11 @@
 """Multi-head attention (MHA, GQA, MQA; self and cross) with its KV cache, and mask helpers."""
+import functools
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from transformer_jax.layers import axes
 from transformer_jax.layers.embeddings import apply_rope
@@ -74,7 +76,76 @@ def cached_attention(q, k, v, mask, scale):
   return jnp.swapaxes(out.reshape(b, h, t, d), 1, 2)
 
 
-KERNELS = ('dot_product_attention', 'einsum')
+def heads_first_attention(q, k, v, mask, scale):
+  """jax.nn.dot_product_attention's result (B, T, heads, head_dim), computed with the heads
+  before the positions and with its backward pass written out: the attention XLA:CPU runs fast.
+
+  q (B, T, heads, head_dim); k and v (B, S, kv_heads, head_dim); mask broadcastable to
+  (B, heads, T, S), or None. Each group's query heads are folded into the query axis, so that
+  every product is a batched matmul over (B, kv_heads) on operands laid out as it reads them.
+  The backward pass takes dQ, dK and dV from the saved probabilities, with
+  dS = P (dP - rowsum(dO O)) as flash attention does, rather than through the softmax's autodiff.
+
+  Why, measured on the reference LM's train step (B=32, T=64, 4 heads of 32, 2-core CPU): in
+  jax.nn.dot_product_attention's layout (B, T, heads, head_dim), XLA copies the operands around
+  each product and fuses the softmax's backward into a batched matmul that took 2 ms per layer;
+  this version took the step from 73 to 68 ms.
+  """
+  b, t, h, d = q.shape
+  kv_heads = k.shape[2]
+  group = h // kv_heads
+  q = q.reshape(b, t, kv_heads, group, d).transpose(0, 2, 3, 1, 4).reshape(b, kv_heads, -1, d)
+  k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+  if mask is not None:  # (B, 1 | kv_heads, 1 | group, T, S), as the grouped logits are
+    split = min(mask.shape[1], kv_heads)
+    mask = mask.reshape(mask.shape[0], split, mask.shape[1] // split, *mask.shape[2:])
+  out = _grouped_attention(q, k, v, mask, scale)
+  return out.reshape(b, kv_heads, group, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
+
+
+_HIDDEN = -0.7 * float(np.finfo(np.float32).max)  # the logit jax.nn.dot_product_attention masks to
+
+
+def _where_visible(x, mask, hidden):
+  """x (B, kv_heads, group * T, S) where mask (B, ., ., T, S) holds, else `hidden`."""
+  if mask is None:
+    return x
+  grouped = x.reshape(*x.shape[:2], -1, *mask.shape[-2:])
+  return jnp.where(mask, grouped, hidden).reshape(x.shape)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _grouped_attention(q, k, v, mask, scale):
+  return _grouped_attention_fwd(q, k, v, mask, scale)[0]
+
+
+def _grouped_attention_fwd(q, k, v, mask, scale):
+  logits = jnp.einsum('bkqd,bksd->bkqs', q, k, preferred_element_type=jnp.float32) * scale
+  probs = jax.nn.softmax(_where_visible(logits, mask, _HIDDEN), axis=-1)
+  out = jnp.einsum('bkqs,bksd->bkqd', probs.astype(v.dtype), v)
+  return out, (q, k, v, mask, probs, out)
+
+
+def _grouped_attention_bwd(scale, residuals, d_out):
+  q, k, v, mask, probs, out = residuals
+  d_v = jnp.einsum('bkqs,bkqd->bksd', probs.astype(d_out.dtype), d_out)
+  d_probs = jnp.einsum('bkqd,bksd->bkqs', d_out, v, preferred_element_type=jnp.float32)
+  rowsum = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), -1, keepdims=True)
+  # Hidden logits get no gradient, as through jnp.where (a fully masked row has P uniform).
+  d_logits = _where_visible(probs * (d_probs - rowsum) * scale, mask, 0.0).astype(q.dtype)
+  d_q = jnp.einsum('bkqs,bksd->bkqd', d_logits, k)
+  d_k = jnp.einsum('bkqs,bkqd->bksd', d_logits, q)
+  return d_q, d_k.astype(k.dtype), d_v.astype(v.dtype), None
+
+
+_grouped_attention.defvjp(_grouped_attention_fwd, _grouped_attention_bwd)
+
+KERNELS = ('dot_product_attention', 'heads_first', 'einsum')
+
+
+def _on_cpu() -> bool:
+  """Whether kernel='dot_product_attention' runs heads_first_attention: on XLA:CPU."""
+  return jax.default_backend() == 'cpu'
 
 
 class Attention(nn.Module):
@@ -89,8 +160,10 @@ class Attention(nn.Module):
   from its input; cross-attention (`is_cross`) from `kv_inputs`. With `rope_base`, queries and
   keys of self-attention are rotated by their `positions` (B, T) (default 0..T-1, after the
   cache index when decoding). `kernel` is 'dot_product_attention' (jax.nn's, cuDNN's flash
-  attention on a GPU) or 'einsum', the plain reference, which also sows the attention weights
-  into 'intermediates'. `init_std` None draws the kernels LeCun-normal.
+  attention on a GPU; on XLA:CPU `heads_first_attention`, the same numbers faster there),
+  'heads_first' (`heads_first_attention` on any backend) or 'einsum', the plain reference,
+  which also sows the attention weights into 'intermediates'. `init_std` None draws the kernels
+  LeCun-normal.
 
   With `cache_index` set, the 'cache' collection holds the keys and values (B * num_kv_heads,
   S, head_dim): self-attention writes its new ones at slots cache_index.. and attends over all S
@@ -150,9 +223,10 @@ class Attention(nn.Module):
       k, v = (axes.constrain(dense(self.kv_heads, 'kv_heads', name)(source), axes.KV_HEADS, None)
               for name in ('key', 'value'))
     if self.rope_base is not None and not self.is_cross:
-      if positions is None:
-        offset = 0 if cache_index is None else cache_index
-        positions = jnp.broadcast_to(jnp.arange(x.shape[1]) + offset, x.shape[:2])
+      if positions is None and cache_index is None:  # constant rotations (see apply_rope)
+        positions = np.arange(x.shape[1])[None]
+      elif positions is None:
+        positions = jnp.broadcast_to(jnp.arange(x.shape[1]) + cache_index, x.shape[:2])
       q = apply_rope(q, positions, self.rope_base)
       k = apply_rope(k, positions, self.rope_base)
     scale = self.head_dim ** -0.5
@@ -161,6 +235,8 @@ class Attention(nn.Module):
     elif self.kernel == 'einsum':
       out, weights = reference_attention(q, k, v, mask, scale)
       self.sow('intermediates', 'attention_weights', weights)
+    elif self.kernel == 'heads_first' or _on_cpu():
+      out = heads_first_attention(q, k, v, mask, scale)
     else:
       out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale)
     out = axes.constrain(out, axes.HEADS, None)

@@ -81,15 +81,23 @@ def sinusoidal(positions: jax.Array, width: int, base: float = 10000.0) -> jax.A
   return interleaved.reshape(positions.shape + (-1,))[..., :width]
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, base: float = 10000.0) -> jax.Array:
+def apply_rope(x: jax.Array, positions, base: float = 10000.0) -> jax.Array:
   """Rotary positions, half-split convention: rotate (x[:h], x[h:]) pairwise by p * base^(-i/h).
 
-  x: (B, T, heads, head_dim); positions: (B, T). Computed in float32.
+  x: (B, T, heads, head_dim); positions: (B, T), or (1, T) shared by every row. Computed in
+  float32. Positions given as a NumPy array (known when tracing, such as 0..T-1 in training)
+  make the rotations constants: computed from traced positions, XLA fuses the cosines and sines
+  into each product that uses them and recomputes them there for every head (about a
+  millisecond per layer of the reference LM's train step on a 2-core CPU).
   """
   half = x.shape[-1] // 2
   inv_freq = base ** (-np.arange(half, dtype=np.float32) / half)
-  angles = positions.astype(jnp.float32)[:, :, None, None] * inv_freq.reshape(1, 1, 1, -1)
-  cos, sin = jnp.cos(angles), jnp.sin(angles)
+  if isinstance(positions, np.ndarray):
+    angles = positions.astype(np.float32)[:, :, None, None] * inv_freq.reshape(1, 1, 1, -1)
+    cos, sin = np.cos(angles), np.sin(angles)
+  else:
+    angles = positions.astype(jnp.float32)[:, :, None, None] * inv_freq.reshape(1, 1, 1, -1)
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
   x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
   return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
 
