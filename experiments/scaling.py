@@ -188,9 +188,14 @@ def fit_with_intervals(log_x, log_loss, bootstrap: int, num_starts: int = FIT_ST
 
 
 def named_parameters(theta) -> dict:
-  out = {'E': math.exp(theta[0]), 'A': math.exp(theta[1]), 'alpha': theta[2]}
-  if len(theta) > 3:
-    out.update(B=math.exp(theta[3]), beta=theta[4])
+  """E, A, alpha (and B, beta) from theta = (log E, log A, alpha, log B, beta). A bootstrap refit
+  of a few runs can wander to a log coefficient past the float range: its coefficient is then
+  inf (an unbounded interval), not an error."""
+  with np.errstate(over='ignore'):
+    coefficient = lambda log_value: float(np.exp(np.float64(log_value)))
+    out = {'E': coefficient(theta[0]), 'A': coefficient(theta[1]), 'alpha': float(theta[2])}
+    if len(theta) > 3:
+      out.update(B=coefficient(theta[3]), beta=float(theta[4]))
   return out
 
 
@@ -198,7 +203,9 @@ def compute_optimal(p: dict, compute: float) -> dict:
   """N*(C), D*(C) minimizing E + A/N^alpha + B/D^beta subject to 6ND = C (Hoffmann et al.,
   appendix D.2): N* = G (C/6)^a, D* = (C/6)^b / G, a = beta/(alpha+beta), b = alpha/(alpha+beta),
   G = (alpha A / (beta B))^(1/(alpha+beta))."""
-  if p['alpha'] <= 0 or p['beta'] <= 0:  # a degenerate bootstrap refit: no finite optimum
+  degenerate = p['alpha'] <= 0 or p['beta'] <= 0 or not all(
+      0 < p[k] < math.inf for k in ('A', 'B'))
+  if degenerate:  # a degenerate bootstrap refit: no finite optimum
     return dict.fromkeys(('N', 'D', 'tokens_per_parameter'), math.nan)
   g = (p['alpha'] * p['A'] / (p['beta'] * p['B'])) ** (1 / (p['alpha'] + p['beta']))
   n = g * (compute / 6) ** (p['beta'] / (p['alpha'] + p['beta']))
@@ -378,8 +385,8 @@ def plots(results: list[dict], fits: dict) -> dict[str, Figure]:
   # Wide enough for the runs and the compute-optimal frontier through their compute range.
   frontier_n = [f['N'] for f in frontier if np.isfinite(f['N'])]
   frontier_d = [f['D'] for f in frontier if np.isfinite(f['D'])]
-  grid_n, grid_d = np.meshgrid(np.geomspace(min(n.min() / 2, *frontier_n), n.max() * 2, 120),
-                               np.geomspace(d.min() / 2, max(d.max() * 2, *frontier_d), 120))
+  grid_n, grid_d = np.meshgrid(np.geomspace(min([n.min() / 2, *frontier_n]), n.max() * 2, 120),
+                               np.geomspace(d.min() / 2, max([d.max() * 2, *frontier_d]), 120))
   levels = np.linspace(loss.min() - 0.1, loss.max() + 0.3, 21)  # the runs' range, not the extremes
   contours = ax.contourf(grid_n, grid_d, predict(p, grid_n, grid_d), levels=levels,
                          cmap='viridis', extend='both')

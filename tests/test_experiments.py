@@ -105,6 +105,15 @@ def test_compute_optimal_allocation_minimizes_the_loss_at_fixed_compute():
   assert 6 * optimal['N'] * optimal['D'] == pytest.approx(compute)
 
 
+def test_a_degenerate_refit_gives_unbounded_coefficients_and_no_optimum():
+  """A bootstrap refit of a few runs can reach log B = 1e3: B is inf, and its compute-optimal
+  allocation is NaN (left out of the percentiles) rather than an OverflowError."""
+  scaling = load_experiment('scaling')
+  p = scaling.named_parameters([0.2, 3.0, 0.3, 1e3, 0.5])
+  assert p['B'] == math.inf and p['A'] == pytest.approx(math.exp(3.0))
+  assert all(math.isnan(v) for v in scaling.compute_optimal(p, 1e13).values())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('name', sorted(FIGURES))
 def test_quick_mode_writes_the_results_folder(tmp_path, name):
