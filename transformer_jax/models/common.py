@@ -6,6 +6,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from transformer_jax.errors import ConfigError
 from transformer_jax.layers import (MLP, Attention, Block, BlockStack, LayerNorm, Linear, RMSNorm,
@@ -56,9 +57,14 @@ def text_embed(cfg: ModelConfig, **kwargs) -> TextEmbed:
       **kwargs)
 
 
-def default_positions(tokens: jax.Array, offset=0) -> jax.Array:
+def default_positions(tokens: jax.Array, offset=0) -> jax.Array | np.ndarray:
+  """(B, T): every row at offset, offset + 1, ... A traced offset (a decoding step's cache index)
+  gives a traced array; any other a NumPy one, constants when tracing, so that RoPE's rotations
+  are constants too (see apply_rope)."""
   b, t = tokens.shape
-  return jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32) + offset, (b, t))
+  if isinstance(offset, jax.Array):
+    return jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32) + offset, (b, t))
+  return np.broadcast_to(np.arange(t, dtype=np.int32) + offset, (b, t))
 
 
 def decoder_mask(positions, attention_mask=None, cache_index=None):

@@ -18,16 +18,13 @@ class DecoderLM(nn.Module):
   def __call__(self, tokens, positions=None, *, attention_mask=None, cache_index=None,
                deterministic=True):
     cfg = self.cfg
-    # The blocks take the caller's positions: without them, RoPE rotates by its own default
-    # positions, constants outside decoding (see apply_rope).
-    rope_positions = positions
     if positions is None:
       positions = common.default_positions(tokens, 0 if cache_index is None else cache_index)
     mask = common.decoder_mask(positions, attention_mask, cache_index)
     embed = common.text_embed(cfg, name='embed')
     x = nn.Dropout(cfg.dropout_rate)(embed(tokens, positions), deterministic=deterministic)
     x = common.stack(cfg, cfg.num_layers, name='decoder')(
-        x, mask, rope_positions, cache_index=cache_index, deterministic=deterministic)
+        x, mask, positions, cache_index=cache_index, deterministic=deterministic)
     if cfg.final_norm:
       x = common.norm(cfg)(name='final_norm')(x)
     return common.lm_head(cfg, name='head')(x, embed)

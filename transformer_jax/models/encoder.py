@@ -48,7 +48,6 @@ class EncoderMLM(nn.Module):
   def __call__(self, tokens, positions=None, *, valid=None, token_types=None,
                attention_mask=None, deterministic=True):
     cfg = self.cfg
-    rope_positions = positions  # None: RoPE's constant default (see apply_rope)
     if positions is None:
       positions = common.default_positions(tokens)
     mask = None if valid is None else padding_mask(valid, tokens.shape[1])
@@ -59,7 +58,7 @@ class EncoderMLM(nn.Module):
     if cfg.embed_norm and cfg.use_norm:
       x = common.norm(cfg)(name='embed_norm')(x)
     x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
-    x = common.stack(cfg, cfg.num_layers, name='encoder')(x, mask, rope_positions,
+    x = common.stack(cfg, cfg.num_layers, name='encoder')(x, mask, positions,
                                                           deterministic=deterministic)
     if cfg.final_norm:
       x = common.norm(cfg)(name='final_norm')(x)

@@ -31,19 +31,17 @@ class EncoderDecoder(nn.Module):
     positions = common.default_positions(inputs)
     mask = None if input_valid is None else padding_mask(input_valid, inputs.shape[1])
     x = self.dropout(self.embed(inputs, positions), deterministic=deterministic)
-    # RoPE's default positions are the same, as constants (see apply_rope).
-    x = self.encoder(x, mask, None, deterministic=deterministic)
+    x = self.encoder(x, mask, positions, deterministic=deterministic)
     return x if self.encoder_norm is None else self.encoder_norm(x)
 
   def decode(self, targets, encoded, input_valid=None, positions=None, *, attention_mask=None,
              cache_index=None, deterministic=True):
-    rope_positions = positions  # None: RoPE's default, constants outside decoding (apply_rope)
     if positions is None:
       positions = common.default_positions(targets, 0 if cache_index is None else cache_index)
     mask = common.decoder_mask(positions, attention_mask, cache_index)
     cross_mask = None if input_valid is None else padding_mask(input_valid, targets.shape[1])
     x = self.dropout(self.embed(targets, positions), deterministic=deterministic)
-    x = self.decoder(x, mask, rope_positions, encoded, cross_mask, cache_index,
+    x = self.decoder(x, mask, positions, encoded, cross_mask, cache_index,
                      deterministic=deterministic)
     if self.decoder_norm is not None:
       x = self.decoder_norm(x)
