@@ -192,11 +192,10 @@ class Attention(nn.Module):
   param_dtype: Any = jnp.float32
 
   def __post_init__(self):
-    kv_heads = self.num_kv_heads or self.num_heads
     if self.num_heads < 1 or self.head_dim < 1:
       raise ValueError(f'Attention needs num_heads >= 1 and head_dim >= 1, not {self.num_heads} '
                        f'and {self.head_dim}.')
-    if kv_heads < 1 or self.num_heads % kv_heads:
+    if self.kv_heads < 1 or self.num_heads % self.kv_heads:
       raise ValueError(f'num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}: '
                        'each group of query heads shares one key-value head.')
     if self.rope_base is not None and (self.head_dim % 2 or not self.rope_base > 1):

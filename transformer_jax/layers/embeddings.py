@@ -92,12 +92,9 @@ def apply_rope(x: jax.Array, positions, base: float = 10000.0) -> jax.Array:
   """
   half = x.shape[-1] // 2
   inv_freq = base ** (-np.arange(half, dtype=np.float32) / half)
-  if isinstance(positions, np.ndarray):
-    angles = positions.astype(np.float32)[:, :, None, None] * inv_freq.reshape(1, 1, 1, -1)
-    cos, sin = np.cos(angles), np.sin(angles)
-  else:
-    angles = positions.astype(jnp.float32)[:, :, None, None] * inv_freq.reshape(1, 1, 1, -1)
-    cos, sin = jnp.cos(angles), jnp.sin(angles)
+  xp = np if isinstance(positions, np.ndarray) else jnp
+  angles = positions.astype(np.float32)[:, :, None, None] * inv_freq.reshape(1, 1, 1, -1)
+  cos, sin = xp.cos(angles), xp.sin(angles)
   x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
   return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
 
