@@ -3,6 +3,7 @@ the memory plan per device on the run's mesh."""
 import jax
 
 from transformer_jax import accounting, config_lib, memory, models
+from transformer_jax.train import sharding
 
 
 def shape(cfg) -> str:
@@ -67,7 +68,7 @@ def device_memory(config) -> float | None:
 
 def memory_lines(config, cfg) -> list[str]:
   """The per-device plan of the train step (and a decoding cache) on the run's mesh and rules."""
-  sizes = memory.mesh_shape(config)
+  sizes = sharding.mesh_sizes(config.mesh)
   plan = memory.plan(config, sizes)
   mesh = ' x '.join(f'{axis}={size}' for axis, size in sizes.items())
   lines = [f'Memory per device on {plan.devices} devices ({mesh}, rule set '

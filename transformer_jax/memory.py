@@ -55,13 +55,6 @@ class Plan:
             + self.activations)
 
 
-def _axis_split(rules, mesh_shape: dict[str, int], name: str) -> int:
-  """How many ways the rules split the logical axis `name` over the mesh."""
-  mapped = nn.logical_to_mesh_axes((name,), rules)[0]
-  mapped = (mapped,) if isinstance(mapped, str) else tuple(mapped or ())
-  return math.prod(mesh_shape[a] for a in mapped)
-
-
 def _sharded_bytes(tree, shardings) -> int:
   return sum(math.prod(s.shard_shape(x.shape)) * jnp.dtype(x.dtype).itemsize
              for x, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)))
@@ -123,7 +116,7 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int] | None = None) 
   from transformer_jax.train import optim, setup, sharding  # pylint: disable=g-import-not-at-top
   cfg = models.model_config(config.model)
   family = models.registry.get(cfg.family)
-  sizes = mesh or mesh_shape(config)
+  sizes = mesh or sharding.mesh_sizes(config.mesh)
   abstract_mesh = jax.sharding.AbstractMesh(tuple(sizes.values()), tuple(sizes))
   rules = config_lib.sharding_rules(config)
   model = family.module(cfg)
@@ -133,7 +126,7 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int] | None = None) 
   shardings = sharding.state_shardings(boxed, abstract_mesh, rules)
   state = nn.meta.unbox(boxed)
   params = _sharded_bytes(state.params, shardings.params)
-  split = lambda name: _axis_split(rules, sizes, name)
+  split = lambda name: math.prod(sizes[a] for a in sharding.mesh_axes_of(name, rules))
   batch_bytes = sum(np.prod(shape) * itemsize for shape, itemsize in
                     _batch_shapes(cfg, family, config)) // split(axes.BATCH)
   kv = None
@@ -149,15 +142,6 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int] | None = None) 
               batch=int(batch_bytes),
               activations=activation_bytes(cfg, family, config, split), kv_cache=kv,
               devices=math.prod(sizes.values()))
-
-
-def mesh_shape(config) -> dict[str, int]:
-  """config.mesh as {axis: size}, -1 resolved over this machine's devices."""
-  shape = list(config.mesh.shape)
-  if -1 in shape:
-    rest = math.prod(s for s in shape if s != -1)
-    shape[shape.index(-1)] = jax.device_count() // rest
-  return dict(zip(config.mesh.axes, shape))
 
 
 def _batch_shapes(cfg, family, config):

@@ -21,18 +21,11 @@ def make_mesh(mesh_config) -> jax.sharding.Mesh:
   In a single process a shape may use fewer devices than there are (the first ones), which is
   how a test compares one device with eight.
   """
-  axes, shape = tuple(mesh_config.axes), list(mesh_config.shape)
+  axes = tuple(mesh_config.axes)
   if DATA_AXIS not in axes:
     raise ConfigError(f'mesh.axes={axes} must include {DATA_AXIS!r}: the batch is sharded on it.')
   devices = jax.device_count()
-  if shape.count(-1) > 1:
-    raise ConfigError('At most one mesh.shape entry may be -1.')
-  if -1 in shape:
-    rest = int(np.prod([s for s in shape if s != -1]))
-    if devices % rest:
-      raise ConfigError(f'mesh.shape={tuple(mesh_config.shape)}: the fixed axes take {rest} '
-                        f'devices, which does not divide the {devices} devices.')
-    shape[shape.index(-1)] = devices // rest
+  shape = tuple(mesh_sizes(mesh_config).values())
   used = int(np.prod(shape))
   if used > devices or (used < devices and jax.process_count() > 1):
     raise ConfigError(f'mesh.shape={tuple(mesh_config.shape)} needs {used} devices but '
@@ -40,8 +33,28 @@ def make_mesh(mesh_config) -> jax.sharding.Mesh:
                       'for one axis.')
   if used < devices:
     log.warning('The mesh uses %d of the %d devices.', used, devices)
-  return jax.make_mesh(tuple(shape), axes, axis_types=(jax.sharding.AxisType.Auto,) * len(axes),
+  return jax.make_mesh(shape, axes, axis_types=(jax.sharding.AxisType.Auto,) * len(axes),
                        devices=jax.devices()[:used])
+
+
+def mesh_sizes(mesh_config) -> dict[str, int]:
+  """mesh.shape as {axis: size}, a -1 entry resolved over this machine's devices."""
+  shape = list(mesh_config.shape)
+  if shape.count(-1) > 1:
+    raise ConfigError('At most one mesh.shape entry may be -1.')
+  if -1 in shape:
+    rest, devices = int(np.prod([s for s in shape if s != -1])), jax.device_count()
+    if devices % rest:
+      raise ConfigError(f'mesh.shape={tuple(mesh_config.shape)}: the fixed axes take {rest} '
+                        f'devices, which does not divide the {devices} devices.')
+    shape[shape.index(-1)] = devices // rest
+  return dict(zip(mesh_config.axes, shape))
+
+
+def mesh_axes_of(name: str | None, rules) -> tuple[str, ...]:
+  """The mesh axes the rules map the logical axis `name` to; none: it stays whole."""
+  mapped = nn.logical_to_mesh_axes((name,), rules)[0] if name else None
+  return (mapped,) if isinstance(mapped, str) else tuple(mapped or ())
 
 
 def state_shardings(abstract_boxed_state, mesh, rules):
@@ -62,8 +75,7 @@ def check_divisible(abstract_boxed_state, mesh_shape: dict[str, int], rules) -> 
     if not boxed(leaf):  # a parameter without axis names is replicated
       continue
     for dim, (size, name) in enumerate(zip(leaf.value.shape, leaf.names)):
-      mesh_axes = nn.logical_to_mesh_axes((name,), rules)[0] if name else None
-      mesh_axes = (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes or ())
+      mesh_axes = mesh_axes_of(name, rules)
       split = math.prod(mesh_shape[a] for a in mesh_axes)
       if size % split:
         where = '/'.join(str(getattr(k, 'key', k)) for k in path)
