@@ -4,6 +4,7 @@ import jax
 from ml_collections import config_flags
 
 from transformer_jax import run
+from transformer_jax.train import cpu_runtime
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'A config file, optionally with an argument: configs/vit_cifar.py:variant=S/4.',
@@ -39,6 +40,7 @@ def main(argv):
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   elif _DISTRIBUTED.value:
     jax.distributed.initialize()
+  cpu_runtime.configure()  # before anything starts the backend: it reads the dispatch setting
   with run.errors_as_messages(_TRACEBACK.value):
     overrides = config_flags.get_override_values(flags.FLAGS['config'])
     config = run.resolve_config(_CONFIG.value, overrides, _WORKDIR.value)

@@ -9,7 +9,7 @@ from absl import logging as absl_logging
 import ml_collections
 
 from transformer_jax import config_lib, convert, decode, describe, errors, models, train
-from transformer_jax.train import checkpoint, cpu_runtime
+from transformer_jax.train import checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,6 @@ def run(config, workdir: str | None, mode: str):
   if not workdir and not (starts_elsewhere and mode in ('eval', 'sample')):
     raise errors.ConfigError(f'--mode={mode} needs --workdir (checkpoints, metrics and the config '
                              'go there).')
-  cpu_runtime.configure()
   if mode == 'train':
     return train.train(config, workdir)
   if mode == 'eval':
