@@ -50,8 +50,7 @@ def build_run(config: ml_collections.ConfigDict) -> Run:
                                 config.training.grad_accum_steps)
   model = family.module(cfg)
   tx, schedule = optim.make_optimizer(config.optimizer, config.training.steps)
-  boxed = jax.eval_shape(functools.partial(initial_state, model, tx, family.example_inputs(cfg),
-                                           unbox=False), jax.random.key(0))
+  boxed = boxed_abstract_state(model, tx, family.example_inputs(cfg))
   state_sharding = sharding.state_shardings(boxed, mesh, config_lib.sharding_rules(config))
   abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                           nn.meta.unbox(boxed), state_sharding)
@@ -68,6 +67,13 @@ def initial_state(model: nn.Module, tx, inputs: tuple, rng, unbox: bool = True) 
   """A freshly initialized state (boxed with logical axis names unless `unbox`)."""
   state = state_of(tx, model.init(rng, *inputs)['params'])
   return nn.meta.unbox(state) if unbox else state
+
+
+def boxed_abstract_state(model: nn.Module, tx, inputs: tuple) -> TrainState:
+  """The initial state's shapes and dtypes, boxed with their logical axis names; nothing is
+  computed or allocated."""
+  return jax.eval_shape(functools.partial(initial_state, model, tx, inputs, unbox=False),
+                        jax.random.key(0))
 
 
 def checkpoint_dir(workdir: str) -> str:
