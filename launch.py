@@ -3,12 +3,14 @@ from absl import app, flags
 import jax
 from ml_collections import config_flags
 
-from transformer_jax import run
+from transformer_jax import config_lib, run
 from transformer_jax.train import cpu_runtime
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'A config file, optionally with an argument: configs/vit_cifar.py:variant=S/4.',
     lock_config=True)
+# Checks every --config.KEY flag against the file, naming the flag of a key that is not there.
+flags.FLAGS[_CONFIG.name].parser = config_lib.CheckedConfigFile(flags.FLAGS[_CONFIG.name])
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Checkpoints, metrics and the resolved config.')
 _MODE = flags.DEFINE_enum('mode', 'train', ['train', 'eval', 'sample', 'describe'], 'What to do.')
 _COORDINATOR = flags.DEFINE_string('coordinator_address', None,
@@ -29,7 +31,7 @@ def parse_flags(argv):
   except Exception as error:  # pylint: disable=broad-except  (any failure to parse the command)
     if '--traceback' in argv:
       raise
-    run.exit_with(run.flag_error_message(error, argv))
+    run.exit_with(run.flag_error_message(error))
 
 
 def main(argv):

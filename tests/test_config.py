@@ -135,6 +135,64 @@ def test_launch_prints_a_users_mistake_as_its_message_alone(flags, expected):
     assert result.stderr.strip().splitlines()[-1].startswith(expected.split(' ')[0])
 
 
+def keys_of(section) -> str:
+  return ', '.join(sorted(section.keys()))
+
+
+LLAMA_CONFIG = load_config(LLAMA)
+SECTIONS = 'data, mesh, model, optimizer, sample, training'
+# (flags, the line for the last one): each unknown key is named by its own flag, as typed.
+UNKNOWN = [
+    (['--config.data.name=text_file', '--config.optimizer.name=muon'],
+     "Unknown config key 'name' in --config.optimizer.name. The keys of optimizer are "
+     f'{keys_of(LLAMA_CONFIG.optimizer)}.'),
+    (['--config.training.num_steps=abc'],
+     'Unknown config key \'num_steps\' in --config.training.num_steps. Did you mean "steps" or '
+     '"grad_accum_steps"?'),
+    (['--config.training.steps=5', '--noconfig.data.downlod'],
+     'Unknown config key \'downlod\' in --noconfig.data.downlod. Did you mean "download"?'),
+    (['--config.lora.rank=4'],
+     f"Unknown config section 'lora' in --config.lora.rank. The sections are {SECTIONS}."),
+    (['--config.optimzer.learning_rate=1e-3'],
+     'Unknown config section \'optimzer\' in --config.optimzer.learning_rate. Did you mean '
+     f'"optimizer"? The sections are {SECTIONS}.'),
+    (['--config.model.lora.rank=4'],
+     "Unknown config section 'lora' in --config.model.lora.rank. model has no sections."),
+    (['--config.sed=1'], 'Unknown config key \'sed\' in --config.sed. Did you mean "seed"?'),
+    (['--config.workdir=/tmp/run'],
+     f"Unknown config key 'workdir' in --config.workdir. The keys are {keys_of(LLAMA_CONFIG)}."),
+    (['--config.model.width.x=3'],
+     "Unknown config key 'x' in --config.model.width.x: model.width is a value, not a section."),
+]
+
+
+@pytest.mark.parametrize('flags,line', UNKNOWN, ids=[f[-1] for f, _ in UNKNOWN])
+def test_an_unknown_key_is_named_by_its_flag_with_the_nearest_keys(flags, line):
+  assert config_lib.unknown_keys(LLAMA_CONFIG, ['launch.py', *flags]) == [line]
+
+
+def test_keys_the_config_has_pass_with_any_flag_syntax():
+  flags = ['--config.data.name', 'text_file', '--noconfig.data.download', '-config.seed=3',
+           '--config.mesh.shape[0]=1', '--config.model={}', '--workdir=/tmp/run']
+  assert config_lib.unknown_keys(LLAMA_CONFIG, ['launch.py', *flags]) == []
+
+
+@pytest.mark.parametrize('flags', [
+    ['--config.data.name=text_file', '--config.optimizer.name=muon'],
+    ['--config.optimizer.name=muon', '--config.data.name=text_file'],
+], ids=['after', 'before'])
+def test_launch_names_the_flag_of_an_unknown_key_whichever_flag_shares_its_name(flags):
+  result = launch(f'--config={LLAMA}', '--mode=describe', *flags, '--config.lora.rank=4')
+  assert result.returncode == 1
+  assert result.stderr.splitlines() == [UNKNOWN[0][1], UNKNOWN[3][1]]  # one line each, no traceback
+
+
+def test_launch_names_a_config_file_that_is_not_there(tmp_path):
+  result = launch(f'--config={tmp_path / "gpt.py"}', '--mode=describe')
+  assert result.returncode == 1
+  assert result.stderr == f'--config={tmp_path / "gpt.py"}: there is no such file.\n'
+
+
 def test_eval_on_a_workdir_reads_its_saved_data_location(tmp_path):
   text = tmp_path / 'text.txt'
   text.write_text('to be or not to be, that is the question. ' * 400)

@@ -1,12 +1,16 @@
 """Helpers for the config files under configs/: the base config and argument strings."""
 import dataclasses
+import difflib
 import importlib.util
 import json
 import os
 import pathlib
+import re
+import sys
 import types
 import typing
 
+from absl import flags
 import ml_collections
 from ml_collections import config_dict
 
@@ -191,6 +195,80 @@ def from_file(path, arg: str | None = None) -> ml_collections.ConfigDict:
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config(arg)
+
+
+class CheckedConfigFile(flags.ArgumentParser):
+  """The parser of a config_flags config file flag, wrapped: loads the file as config_flags does,
+  then checks each --config.KEY flag of the command line against it, where ml_collections'
+  own error names only the key's last part (which data.name and optimizer.name share)."""
+
+  def __init__(self, flag: flags.Flag):
+    self.name, self._load = flag.name, flag.parser
+
+  def parse(self, path):
+    if not os.path.isfile(path.partition(':')[0]):
+      raise ConfigError(f'--{self.name}={path}: there is no such file.')
+    config = self._load.parse(path)
+    problems = unknown_keys(config, flags.FLAGS.read_flags_from_files(sys.argv, force_gnu=False),
+                            self.name)
+    if problems:
+      raise ConfigError('\n'.join(problems))
+    return config
+
+  def flag_type(self):
+    return self._load.flag_type()
+
+
+def unknown_keys(config: ml_collections.ConfigDict, argv: list[str],
+                 flag: str = 'config') -> list[str]:
+  """One line for each --config.KEY flag of `argv` whose KEY `config` lacks, naming the flag as
+  typed and the nearest keys there are; an unknown section, the sections there are."""
+  lines = []
+  for arg in argv:
+    typed = arg.partition('=')[0]
+    match = re.fullmatch(rf'--?(?:no)?{flag}\.(.+)', typed)
+    problem = match and _unknown_part(config, typed, match[1].split('.'))
+    if problem:
+      lines.append(problem)
+  return lines
+
+
+def _unknown_part(config: ml_collections.ConfigDict, flag: str, parts: list[str]) -> str | None:
+  """What `flag`, which sets the key `parts`, names that `config` does not hold; None: nothing."""
+  section = config
+  for depth, part in enumerate(parts):
+    name = part.partition('[')[0]  # mesh.shape[0]: an item of the value, for config_flags
+    where = '.'.join(parts[:depth])
+    if not isinstance(section, ml_collections.ConfigDict):
+      return f'Unknown config key {parts[-1]!r} in {flag}: {where} is a value, not a section.'
+    if name not in section:
+      return _unknown_message(section, flag, where, name, is_section=depth < len(parts) - 1)
+    if name != part:
+      return None
+    section = section[name]
+  return None
+
+
+def _unknown_message(section: ml_collections.ConfigDict, flag: str, where: str, name: str,
+                     is_section: bool) -> str:
+  """The line for a key or section `name` that `section` (the config's `where`) lacks."""
+  keys = sorted(section.keys())
+  sections = [k for k in keys if isinstance(section[k], ml_collections.ConfigDict)]
+  near = difflib.get_close_matches(name, sections if is_section else keys)
+  suggestion = f' Did you mean {_either(near)}?' if near else ''
+  of = f' of {where}' if where else ''
+  if not is_section:
+    listed = '' if near else f' The keys{of} are {", ".join(keys)}.'
+    return f'Unknown config key {name!r} in {flag}.{suggestion}{listed}'
+  listed = (f'The sections{of} are {", ".join(sections)}.' if sections else
+            f'{where} has no sections.')
+  return f'Unknown config section {name!r} in {flag}.{suggestion} {listed}'
+
+
+def _either(names: list[str]) -> str:
+  """['a', 'b', 'c'] -> '"a", "b" or "c"'."""
+  quoted = [f'"{name}"' for name in names]
+  return ' or '.join(filter(None, (', '.join(quoted[:-1]), quoted[-1])))
 
 
 # Every numeric key outside config.model (ModelConfig checks its own), with its valid range.

@@ -39,21 +39,16 @@ def exit_with(message: str):
   sys.exit(1)
 
 
-def flag_error_message(error: Exception, argv: list[str]) -> str:
-  """One line for a command line that fails to parse. ml_collections reports an unknown key as
-  an AttributeError around a KeyError whose text holds its 'Did you mean' hint, and an error in
-  a config file with that file's traceback in the message."""
-  cause = error.args[0] if error.args else error
-  if isinstance(cause, KeyError):
-    key, _, hint = str(cause.args[0]).partition('\n')
-    given = [a.partition('=')[0] for a in argv if a.startswith('--config.') and
-             a.partition('=')[0].split('.')[-1] == key.strip("'")]
-    return (f'Unknown config key {key} in {given[0] if given else "a --config flag"}. '
-            f'{hint}'.strip())
+def flag_error_message(error: Exception) -> str:
+  """What to print for a command line that fails to parse: an error in a config file with the
+  first and last lines of that file's traceback, a mistake in the --config.KEY flags with a line
+  for each (absl recasts config_lib.CheckedConfigFile's error, keeping it as the context)."""
   text = str(error) or type(error).__name__
   if 'Traceback (most recent call last)' in text:
     lines = [line for line in text.splitlines() if line.strip()]
-    text = f'{lines[0]} {lines[-1]}'
+    return f'{lines[0]} {lines[-1]}'
+  if isinstance(error.__context__, errors.UserError):
+    return str(error.__context__)
   return text
 
 
