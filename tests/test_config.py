@@ -10,7 +10,7 @@ import pytest
 
 from helpers import CONFIG_FILES, ROOT, load_config
 from train_helpers import small_config
-from transformer_jax import config_lib, model_config, run, train
+from transformer_jax import config_lib, model_config, run
 from transformer_jax.errors import ConfigError
 
 LLAMA = ROOT / 'configs' / 'llama_shakespeare.py'
@@ -86,8 +86,15 @@ def test_bad_settings_stop_before_anything_is_written_or_compiled(tmp_path):
                          ({'data.seq_len': 32, 'model.positions': 'learned'}, 'data.seq_len'),
                          ({'data.eval_steps': 0}, 'data.eval_steps')]:
     with pytest.raises(ConfigError, match=key):
-      train.train(small_config(**overrides), str(tmp_path))
+      run.run(small_config(**overrides), str(tmp_path), 'train')
     assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize('mode', ['train', 'eval', 'sample', 'describe'])
+def test_every_mode_checks_the_config_before_reading_anything(tmp_path, mode):
+  with pytest.raises(ConfigError, match='optimizer.grad_clip_norm'):
+    run.run(small_config(**{'optimizer.grad_clip_norm': -1.0}), str(tmp_path), mode)
+  assert not os.listdir(tmp_path)
 
 
 def test_sequences_longer_than_the_learned_position_table_are_refused():

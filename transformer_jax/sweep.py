@@ -3,7 +3,7 @@
 A sweep is a list of `Run`s: a name, the config file's argument string and overrides of config
 keys. `values` (one key over values), `args` (config argument strings) and `named` (named sets of
 overrides) build axes; `product` crosses them, as big_vision's sweeps do. `run_all` trains each
-run in its own workdir with `train.train`: a finished run is read back instead of repeated, one
+run in its own workdir with `run.run`: a finished run is read back instead of repeated, one
 that stopped midway resumes from its latest checkpoint. `summary` reads a run's metrics.jsonl, and
 `write_results` writes an experiment's results folder: results.json, README.md and PNG plots.
 """
@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import ml_collections
 
-from transformer_jax import config_lib, run as run_lib, train
+from transformer_jax import config_lib, run as run_lib
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def run_all(runs: list[Run], make_config: Callable[[Run], ml_collections.ConfigD
 
 
 def train_once(config: ml_collections.ConfigDict, run_dir: str) -> None:
-  """train.train, unless run_dir already holds this config's finished (or diverged) run.
+  """Trains with run.run, unless run_dir already holds this config's finished (or diverged) run.
 
   A loss that turns NaN or Inf ends the run as 'diverged': an outcome to report, not an error.
   The status, the wall time of the call that finished it and the load average go to
@@ -124,7 +124,7 @@ def train_once(config: ml_collections.ConfigDict, run_dir: str) -> None:
   start, load = time.time(), os.getloadavg()
   status, error = 'finished', None
   try:
-    train.train(config, run_dir)
+    run_lib.run(config, run_dir, 'train')
   except FloatingPointError as exception:
     status, error = 'diverged', str(exception)
     log.warning('%s diverged: %s', run_dir, error)

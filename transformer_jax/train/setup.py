@@ -39,8 +39,8 @@ class Run:
 
 
 def build_run(config: ml_collections.ConfigDict) -> Run:
-  """Validates the config, finds the data and lays out the state; compiles nothing."""
-  config_lib.validate(config)
+  """Finds the data and lays out the state of a config that config_lib.validate passed (run.run
+  validates it); compiles nothing."""
   cfg = models.model_config(config.model)
   family = models.registry.get(cfg.family)
   dataset = data.make_data(config.data, family.task, seed=config.seed)
