@@ -16,7 +16,7 @@ for them. Each model also writes 600 characters after 'ROMEO:' with and without 
 
   python experiments/long_context.py --quick
   nice -n 19 python experiments/long_context.py --manual_dir DIR_WITH_input.txt \\
-      --tfds_data_dir /tmp/tfds
+      --tfds_data_dir TFDS_DIR
 
 Writes experiments/results/long_context/: results.json, README.md and loss_vs_position.png.
 """

@@ -11,7 +11,7 @@ and the peak learning rate (an axis of LEARNING_RATES) differ.
 
   python experiments/norm_order.py --quick
   nice -n 19 python experiments/norm_order.py \\
-      --manual_dir ../shared/data/tinyshakespeare --tfds_data_dir /tmp/tfds
+      --manual_dir DIR --tfds_data_dir TFDS_DIR
 
 Writes experiments/results/norm_order/: results.json, README.md (final losses) and
 norm_order.png (training loss and gradient norm against the step).

@@ -19,7 +19,7 @@ the original images.
 
   python experiments/patch_sweep.py --quick
   nice -n 19 python experiments/patch_sweep.py \\
-      --manual_dir ../shared/data/cifar10 --tfds_data_dir /tmp/tfds
+      --manual_dir DIR --tfds_data_dir TFDS_DIR
 
 Writes experiments/results/patch_sweep/: results.json, README.md and the plots accuracy against
 patch size, FLOPs against tokens, accuracy against FLOPs, and the resize.
