@@ -157,7 +157,7 @@ def bar_chart(table: dict) -> Figure:
 
 
 def main(argv=None):
-  sweep.main(NAME, __doc__, run, argv)
+  sweep.main(NAME, run, argv)
 
 
 if __name__ == '__main__':

@@ -216,7 +216,7 @@ def curves(results: list[dict]) -> Figure:
 
 
 def main(argv=None):
-  sweep.main(NAME, __doc__, run, argv)
+  sweep.main(NAME, run, argv)
 
 
 if __name__ == '__main__':

@@ -439,7 +439,7 @@ def plots(results: list[dict], fits: dict) -> dict[str, Figure]:
 
 
 def main(argv=None):
-  sweep.main(NAME, __doc__, run, argv)
+  sweep.main(NAME, run, argv)
 
 
 if __name__ == '__main__':
