@@ -2,7 +2,7 @@
 embedding LayerNorm, token types, tied MLM head; 15% of positions selected (80/10/10).
 The vocabulary is the 65 characters plus [MASK].
   python launch.py --config configs/bert_shakespeare.py --workdir /tmp/bert \
-      --config.data.manual_dir=../shared/data/tinyshakespeare
+      --config.data.manual_dir=DIR
 """
 from transformer_jax import config_lib
 

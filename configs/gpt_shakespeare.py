@@ -1,7 +1,7 @@
 """A GPT-2 style character model of TinyShakespeare (nanoGPT's shakespeare-char recipe, half as
 wide for a CPU): LayerNorm, GELU MLP (4D), learned positions, biases, tied unembedding, dropout.
   python launch.py --config configs/gpt_shakespeare.py --workdir /tmp/gpt \
-      --config.data.manual_dir=../shared/data/tinyshakespeare
+      --config.data.manual_dir=DIR
 """
 from transformer_jax import config_lib
 

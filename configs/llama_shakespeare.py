@@ -6,7 +6,7 @@ decay 0.1 on every parameter, constant learning rate 3e-3, batch 32 of 64 charac
 Initialized like the same model in PyTorch with its default initializers: embedding rows
 N(0, 1), dense kernels N(0, 0.05^2) (PyTorch's U(+-1/sqrt(128)) has standard deviation 0.051).
   python launch.py --config configs/llama_shakespeare.py --workdir /tmp/llama \
-      --config.data.manual_dir=../shared/data/tinyshakespeare
+      --config.data.manual_dir=DIR
 """
 from transformer_jax import config_lib
 

@@ -1,7 +1,7 @@
 """A ViT on CIFAR-10 (32x32), sized by `variant`: NAME/PATCH with NAME in XS, Ti, S, M, B, L.
 
   python launch.py --config configs/vit_cifar.py:variant=S/4 --workdir /tmp/vit \
-      --config.data.manual_dir=../shared/data/cifar10
+      --config.data.manual_dir=DIR
 Ti/4 (width 192, 4x4 patches, a [CLS] token): 65 tokens, a patch embedding of 9,408 parameters
 and positions of 12,480. Training: AdamW, cosine with warmup, label smoothing 0.1, crop-and-flip
 augmentation, 100 epochs.

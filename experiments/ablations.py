@@ -8,7 +8,7 @@ of the held-out 10% of TinyShakespeare (1,728 windows of 64 characters).
 
   python experiments/ablations.py --quick      # seconds: synthetic text, tiny model
   nice -n 19 python experiments/ablations.py \\
-      --manual_dir ../shared/data/tinyshakespeare --tfds_data_dir /tmp/tfds
+      --manual_dir DIR --tfds_data_dir TFDS_DIR
 
 Writes experiments/results/ablations/: results.json, README.md (the table against a published
 PyTorch run of the same ablation at three seed values, with the ranking check) and
@@ -157,7 +157,7 @@ def bar_chart(table: dict) -> Figure:
 
 
 def main(argv=None):
-  sweep.main(NAME, __doc__, run, argv)
+  sweep.main(NAME, run, argv)
 
 
 if __name__ == '__main__':

@@ -1,8 +1,8 @@
 """Decoding speed: the cached loop against naive recomputation and the memory-bandwidth bound.
 
   python experiments/bench_decode.py --quick     # seconds: reference LM, 32 new tokens
-  python experiments/bench_decode.py --torch_python PYTHON_WITH_TORCH   # the full table
-                                                   # (about 40 minutes on 2 shared cores)
+  python experiments/bench_decode.py --torch_python PYTHON_WITH_TORCH --torch_reference_dir DIR
+                                                   # the full table (about 40 minutes on 2 cores)
   python experiments/bench_decode.py --models reference_lm --batches 1 --new_tokens 1024,4096 \
       --no_naive                                   # some rows only: the flags select them
 
@@ -22,14 +22,18 @@ Models: the reference character LM (configs/llama_shakespeare.py) and GPT-2 smal
 (configs/gpt2_small.py), random weights, float32 compute (--dtype), max_len raised to prompt + N
 where that is larger.
 Timings exclude compilation. Other processes share the cores: the load average is printed.
+The PyTorch reference, torch_reference.py in --torch_reference_dir, is a PyTorch implementation of
+the reference LM (not part of this repository) whose `--gen` mode prints a line
+`RESULT {"generation": ...}` with its naive generation's tokens/s; without it that row is skipped.
+Measured figures: experiments/results/bench_decode/README.md.
 """
-import argparse
 import json
 import os
 import pathlib
 import subprocess
 import time
 
+from absl import app, flags
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -40,7 +44,31 @@ from transformer_jax.train import metrics
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONFIGS = {'reference_lm': 'llama_shakespeare.py', 'gpt2_small': 'gpt2_small.py'}
-TORCH_REFERENCE = ROOT.parent / 'shared' / 'baselines' / 'torch_reference.py'
+
+_MODELS = flags.DEFINE_list('models', ['reference_lm', 'gpt2_small'],
+                            f'Models to time, of {sorted(CONFIGS)}; empty: only the PyTorch row.')
+_NEW_TOKENS = flags.DEFINE_list('new_tokens', ['256', '1024'], 'New tokens per row.')
+_BATCHES = flags.DEFINE_list('batches', ['1', '32'], 'Batch sizes.')
+_WINDOWS = flags.DEFINE_list('windows', ['0', '64'], 'Cache windows to time, 0: the whole context.')
+_NO_NAIVE = flags.DEFINE_bool('no_naive', False, 'Skip naive recomputation (its buffer of prompt + '
+                              'N tokens does not fit in memory at batch 32 and 4,096 tokens).')
+_PROMPT_LEN = flags.DEFINE_integer('prompt_len', 6, "6: 'ROMEO:', as the reference.")
+_NAIVE_BUDGET_S = flags.DEFINE_float('naive_budget_s', 20.0, 'Time the naive loop for about this '
+                                     'long per row, then scale.')
+_REPEATS = flags.DEFINE_integer('repeats', 2, 'Cached runs per row, the best kept (no repeat after '
+                                '20 s).')
+_DTYPE = flags.DEFINE_string('dtype', 'float32', "Compute dtype; '' keeps the config's (GPT-2 "
+                             'small says bfloat16, which a CPU runs through conversions).')
+_TORCH = flags.DEFINE_string('torch_python', None, 'A Python with torch, to time the PyTorch '
+                             'reference of the reference LM.')
+_TORCH_DIR = flags.DEFINE_string('torch_reference_dir', None, 'The folder holding the PyTorch '
+                                 'reference torch_reference.py.')
+_TORCH_THREADS = flags.DEFINE_integer('torch_threads', 1, 'Its threads: 2 threads collapse (to '
+                                      'about 2% of the speed) while other processes hold a core; '
+                                      '1 does not.')
+_JSON_OUT = flags.DEFINE_string('json_out', None, 'Also write the rows here as JSON.')
+_QUICK = flags.DEFINE_bool('quick', False, 'Reference LM, 32 new tokens, batches 1 and 4: a check '
+                           'that it runs.')
 
 
 def model_config(name: str, max_len: int, dtype: str | None):
@@ -130,12 +158,12 @@ def torch_reference(python: str, script: str, new_tokens: int, threads: int) -> 
   return {key: value['tokens_per_s'] for key, value in result['generation'].items()}
 
 
-def time_row(name: str, model, params, prompt, new_tokens: int, window: int | None, args,
-             bandwidth: float, flops: float) -> dict:
+def time_row(name: str, model, params, prompt, new_tokens: int, window: int | None,
+             naive_budget_s: float | None, bandwidth: float, flops: float) -> dict:
   """One row of the table: the cached loop (whole context or a window), naive recomputation of
-  the whole context unless skipped, and the bounds."""
+  the whole context for about `naive_budget_s` (None: skipped), and the bounds."""
   batch, prompt_len = prompt.shape
-  cached = cached_seconds(model, params, prompt, new_tokens, args.repeats, window)
+  cached = cached_seconds(model, params, prompt, new_tokens, _REPEATS.value, window)
   read, compute = bounds_per_step(model.cfg, params, batch, prompt_len, new_tokens, bandwidth,
                                   flops, window)
   row = dict(model=name, dtype=model.cfg.dtype, batch=batch, new_tokens=new_tokens,
@@ -143,8 +171,8 @@ def time_row(name: str, model, params, prompt, new_tokens: int, window: int | No
              cached_ms_per_step=1e3 * cached / new_tokens, bytes_bound_ms_per_step=1e3 * read,
              flops_bound_ms_per_step=1e3 * compute,
              times_bound=cached / new_tokens / max(read, compute))
-  if window is None and not args.no_naive:
-    naive, steps = naive_seconds(model, params, prompt, new_tokens, args.naive_budget_s)
+  if window is None and naive_budget_s is not None:
+    naive, steps = naive_seconds(model, params, prompt, new_tokens, naive_budget_s)
     row.update(naive_tokens_per_s=batch * new_tokens / naive, speedup=naive / cached,
                naive_steps_timed=steps)
   return row
@@ -161,43 +189,17 @@ def format_row(row: dict) -> str:
           f'{row["times_bound"]:>6.1f}x  {row.get("naive_steps_timed", "-")}')
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--models', default='reference_lm,gpt2_small')
-  parser.add_argument('--new_tokens', default='256,1024')
-  parser.add_argument('--batches', default='1,32')
-  parser.add_argument('--windows', default='0,64',
-                      help='cache windows to time, 0: the whole context')
-  parser.add_argument('--no_naive', action='store_true',
-                      help='skip naive recomputation (its buffer of prompt + N tokens does not '
-                           'fit in memory at batch 32 and 4,096 tokens)')
-  parser.add_argument('--prompt_len', type=int, default=6, help="6: 'ROMEO:', as the reference")
-  parser.add_argument('--naive_budget_s', type=float, default=20.0,
-                      help='time the naive loop for about this long per row, then scale')
-  parser.add_argument('--repeats', type=int, default=2,
-                      help='cached runs per row, the best kept (no repeat after 20 s)')
-  parser.add_argument('--dtype', default='float32',
-                      help="compute dtype; '' keeps the config's (GPT-2 small says bfloat16, "
-                           'which a CPU runs through conversions)')
-  parser.add_argument('--torch_python', default=None,
-                      help='a Python with torch, to time the PyTorch reference of the reference LM')
-  parser.add_argument('--torch_reference', default=str(TORCH_REFERENCE),
-                      help='the PyTorch reference script')
-  parser.add_argument('--torch_threads', type=int, default=1,
-                      help='its threads: its README used 2, but 2 threads collapse (to about 2%% '
-                           'of the speed) while other processes hold a core; 1 does not')
-  parser.add_argument('--json_out', default=None, help='also write the rows here as JSON')
-  parser.add_argument('--quick', action='store_true',
-                      help='reference LM, 32 new tokens, batches 1 and 4: a check that it runs')
-  args = parser.parse_args()
-  if args.quick:
-    args.models, args.new_tokens, args.batches = 'reference_lm', '32', '1,4'
-    args.naive_budget_s = 2.0
-  names = [name for name in args.models.split(',') if name]  # '' times only the reference
-  token_counts = [int(n) for n in args.new_tokens.split(',')]
-  batches = [int(b) for b in args.batches.split(',')]
-  windows = [int(w) or None for w in args.windows.split(',')]
-
+def main(argv):
+  del argv
+  names, token_counts, batches = _MODELS.value, _NEW_TOKENS.value, _BATCHES.value
+  naive_budget_s = None if _NO_NAIVE.value else _NAIVE_BUDGET_S.value
+  if _QUICK.value:
+    names, token_counts, batches, naive_budget_s = ['reference_lm'], ['32'], ['1', '4'], 2.0
+  token_counts, batches = [int(n) for n in token_counts], [int(b) for b in batches]
+  windows = [int(w) or None for w in _WINDOWS.value]
+  with_torch = bool(_TORCH.value and _TORCH_DIR.value)
+  if not with_torch:
+    print('No PyTorch row: it needs --torch_python and --torch_reference_dir (see the docstring).')
   print(f'load average before: {load_average()} ({os.cpu_count()} cores), jax {jax.__version__} '
         f'on {jax.devices()[0].platform}')
   bandwidth = copy_bandwidth()
@@ -209,32 +211,32 @@ def main():
         f'{"naive tok/s":>11} {"speed-up":>8} {"ms/step":>8} {"bytes ms":>8} {"FLOPs ms":>8} '
         f'{"x bound":>7}  naive steps timed')
   for name in names:
-    cfg = model_config(name, args.prompt_len + max(token_counts), args.dtype)
+    cfg = model_config(name, _PROMPT_LEN.value + max(token_counts), _DTYPE.value)
     model = models.build(cfg)
     example = models.example_inputs(cfg)
     params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), *example)['params'])
     for batch in batches:
       for new_tokens in token_counts:
         prompt = jnp.asarray(np.random.default_rng(batch).integers(
-            0, cfg.vocab_size, (batch, args.prompt_len)), jnp.int32)
+            0, cfg.vocab_size, (batch, _PROMPT_LEN.value)), jnp.int32)
         for window in windows:
-          rows.append(time_row(name, model, params, prompt, new_tokens, window, args,
-                               bandwidth, flops))
+          rows.append(time_row(name, model, params, prompt, new_tokens, window,
+                               naive_budget_s, bandwidth, flops))
           print(format_row(rows[-1]), flush=True)
-  if args.torch_python:
+  if with_torch:
+    script = os.path.join(_TORCH_DIR.value, 'torch_reference.py')
     for new_tokens in token_counts:
-      rates = torch_reference(args.torch_python, args.torch_reference, new_tokens,
-                              args.torch_threads)
-      rows.append(dict(model='reference_lm', reference='pytorch', threads=args.torch_threads,
+      rates = torch_reference(_TORCH.value, script, new_tokens, _TORCH_THREADS.value)
+      rows.append(dict(model='reference_lm', reference='pytorch', threads=_TORCH_THREADS.value,
                        batch=1, new_tokens=new_tokens, **rates))
-      print(f'PyTorch reference ({args.torch_threads} threads), reference LM, batch 1, '
+      print(f'PyTorch reference ({_TORCH_THREADS.value} threads), reference LM, batch 1, '
             f'{new_tokens} new tokens: naive {rates["full_context_no_crop"]:.1f} tok/s over the '
             f'whole context, {rates["crop_ctx_to_block_size"]:.1f} tok/s cropped to 64 tokens',
             flush=True)
   print(f'load average after: {load_average()}')
-  if args.json_out:
-    pathlib.Path(args.json_out).write_text(json.dumps(rows, indent=2))
+  if _JSON_OUT.value:
+    pathlib.Path(_JSON_OUT.value).write_text(json.dumps(rows, indent=2))
 
 
 if __name__ == '__main__':
-  main()
+  app.run(main)

@@ -14,11 +14,11 @@ import os
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '')
                            + ' --xla_force_host_platform_device_count=8').strip()
 
-import argparse  # noqa: E402
 import pathlib  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 
+from absl import app, flags  # noqa: E402
 import jax  # noqa: E402
 
 from transformer_jax import config_lib, memory  # noqa: E402
@@ -28,6 +28,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 LAYOUTS = {'DP': (('data',), (8,), 'dp'), 'FSDP': (('data',), (8,), 'fsdp'),
            'TP': (('data', 'model'), (4, 2), 'tp'),
            'FSDP+TP': (('data', 'model'), (4, 2), 'fsdp_tp')}
+
+_STEPS = flags.DEFINE_integer('steps', 20, 'Timed steps per layout (after 2 warm-up steps).')
 
 
 def step_seconds(config, steps: int) -> list[float]:
@@ -48,11 +50,8 @@ def step_seconds(config, steps: int) -> list[float]:
   return times[2:]
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument('--steps', type=int, default=20)
-  args = parser.parse_args()
+def main(argv):
+  del argv
   print(f'{jax.device_count()} devices; load average {os.getloadavg()[0]:.2f} at the start')
   print('| layout | mesh | median ms per step | planned memory per device |')
   print('|---|---|---|---|')
@@ -61,7 +60,7 @@ def main():
     config.data.update(name='synthetic', alphabet=''.join(map(chr, range(33, 98))))
     config.update(rule_set=rule_set)
     config.mesh.update(axes=axes, shape=shape)
-    times = step_seconds(config, args.steps)
+    times = step_seconds(config, _STEPS.value)
     planned = memory.plan(config).train_total
     print(f'| {name} | {"x".join(map(str, shape))} | {1e3 * statistics.median(times):.1f} | '
           f'{planned / 2**20:.1f} MiB |')
@@ -69,4 +68,4 @@ def main():
 
 
 if __name__ == '__main__':
-  main()
+  app.run(main)

@@ -1,14 +1,20 @@
 """Training-step speed: step time, throughput, achieved FLOP/s and MFU against this machine's
 measured float32 matmul peak, for the two reference models (the character LM of
 configs/llama_shakespeare.py, and a wider one; the ViT of configs/vit_reference.py at batch 128),
-beside the PyTorch references of the same models when their interpreter is given.
+beside PyTorch implementations of the same models when they are given.
 
   python experiments/bench_train.py                      # JAX only
-  python experiments/bench_train.py --torch_python /path/to/venv/bin/python
+  python experiments/bench_train.py --torch_python PYTHON_WITH_TORCH --torch_reference_dir DIR
   python experiments/bench_train.py --models lm128,vit   # a subset
 A benchmark, not a test: it prints figures, each with the 1-minute load average beside it.
 Timings on shared machines drift, so the script interleaves the JAX and PyTorch runs and reports
 each `--repeats` times.
+
+The PyTorch references are two scripts in --torch_reference_dir: torch_reference.py (the reference
+LM) and torch_vit_reference.py (the reference ViT), PyTorch implementations of the same models
+(the same blocks, initialization and optimizer) that take the flags passed in `benchmark` and
+print a line `RESULT {"median_step_ms": ...}`. They are not part of this repository; without
+them the PyTorch column is skipped. Measured figures: experiments/results/bench_train/README.md.
 """
 import functools
 import json
@@ -25,15 +31,15 @@ from transformer_jax import accounting, config_lib
 from transformer_jax.train import cpu_runtime, metrics, setup, sharding, step as step_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-BASELINES = ROOT.parent / 'shared' / 'baselines'
 
 _STEPS = flags.DEFINE_integer('steps', 30, 'Timed steps per measurement (after 3 warm-up steps).')
 _MODELS = flags.DEFINE_list('models', ['lm128', 'lm512', 'vit'],
                             'lmWIDTH: the reference LM at that width (128 is the reference, '
                             'heads of 32); vit: the reference ViT at batch 128.')
 _TORCH = flags.DEFINE_string('torch_python', None, 'Python of a venv with torch, to run the '
-                             'PyTorch references (torch_reference.py, torch_vit_reference.py) '
-                             'beside the JAX step.')
+                             'PyTorch references beside the JAX step.')
+_TORCH_DIR = flags.DEFINE_string('torch_reference_dir', None, 'The folder holding the PyTorch '
+                                 'references torch_reference.py and torch_vit_reference.py.')
 _REPEATS = flags.DEFINE_integer('repeats', 2, 'Interleaved JAX / PyTorch measurements.')
 
 
@@ -71,7 +77,7 @@ def jax_step_times(config, steps: int) -> list[float]:
 
 
 def torch_step_ms(script: str, args: list[str]) -> float:
-  command = [_TORCH.value, str(BASELINES / script), *args, '--threads', '2']
+  command = [_TORCH.value, os.path.join(_TORCH_DIR.value, script), *args, '--threads', '2']
   out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
   result = json.loads(next(line for line in out.splitlines() if line.startswith('RESULT '))[7:])
   return result['median_step_ms']
@@ -106,6 +112,10 @@ def main(argv):
   cpu_runtime.configure()  # as launch.py runs a step
   print(f'jax {jax.__version__}, {jax.devices()[0].device_kind}, {os.cpu_count()} CPUs, '
         f'load average {os.getloadavg()[0]:.2f}')
+  with_torch = bool(_TORCH.value and _TORCH_DIR.value)
+  if not with_torch:
+    print('No PyTorch column: it needs --torch_python and --torch_reference_dir (see the '
+          'docstring).')
   peak = metrics.measured_matmul_flops()
   print(f'float32 matmul peak (best jitted square matmul): {peak / 1e9:.1f} GFLOP/s')
   for name in _MODELS.value:
@@ -120,7 +130,7 @@ def main(argv):
     for _ in range(_REPEATS.value):
       report('jax', statistics.median(jax_step_times(config, _STEPS.value)), flops_per_step,
              items, unit, peak)
-      if _TORCH.value:
+      if with_torch:
         report('pytorch', torch_step_ms(script, torch_args) / 1e3, flops_per_step, items, unit,
                peak)
   print(f'load average at the end {os.getloadavg()[0]:.2f}')

@@ -24,7 +24,7 @@ D*(C) follow from the joint fit with C = 6ND.
 
   python experiments/scaling.py --quick
   nice -n 19 python experiments/scaling.py \\
-      --manual_dir ../shared/data/tinyshakespeare --tfds_data_dir /tmp/tfds
+      --manual_dir DIR --tfds_data_dir TFDS_DIR
 """
 import itertools
 import math
@@ -439,7 +439,7 @@ def plots(results: list[dict], fits: dict) -> dict[str, Figure]:
 
 
 def main(argv=None):
-  sweep.main(NAME, __doc__, run, argv)
+  sweep.main(NAME, run, argv)
 
 
 if __name__ == '__main__':

@@ -1,8 +1,6 @@
 """Checkpoints are never lost: a checkpoint that does not fit the config is refused with a message
 and left where it is, eval and sample read parameters only and write nothing, a new run can start
 from another run's parameters, and checkpoints written by earlier code still restore."""
-import json
-import os
 import pathlib
 import shutil
 
@@ -13,7 +11,7 @@ import pytest
 from train_helpers import losses, small_config
 from transformer_jax import config_lib, run, train
 from transformer_jax.errors import CheckpointMismatchError, ConfigError
-from transformer_jax.train import checkpoint, setup
+from transformer_jax.train import checkpoint, metrics, setup
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / 'fixtures' / 'checkpoints'
 
@@ -25,8 +23,7 @@ def snapshot(directory):
 
 
 def logged_eval(workdir, step):
-  rows = [json.loads(line) for line in open(os.path.join(workdir, 'metrics.jsonl'))]
-  return [r for r in rows if r['step'] == step and 'eval_loss' in r][-1]
+  return [r for r in metrics.read_metrics(workdir) if r['step'] == step and 'eval_loss' in r][-1]
 
 
 @pytest.fixture(scope='module')

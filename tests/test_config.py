@@ -1,6 +1,5 @@
 """Every config value is checked before anything is read or compiled, with one message that names
 the key and a value that works; a workdir's saved config is the default for later commands."""
-import json
 import math
 import os
 import subprocess
@@ -12,6 +11,7 @@ from helpers import CONFIG_FILES, ROOT, load_config
 from train_helpers import small_config
 from transformer_jax import config_lib, model_config, run
 from transformer_jax.errors import ConfigError
+from transformer_jax.train import metrics
 
 LLAMA = ROOT / 'configs' / 'llama_shakespeare.py'
 NAN = math.nan
@@ -209,7 +209,7 @@ def test_eval_on_a_workdir_reads_its_saved_data_location(tmp_path):
                    f'--config.data.path={text}', '--config.training.steps=2',
                    '--config.training.eval_every=2', '--config.mesh.shape=(1,)')
   assert trained.returncode == 0, trained.stderr
-  logged = [json.loads(line) for line in open(workdir / 'metrics.jsonl') if 'eval_loss' in line]
+  logged = [row for row in metrics.read_metrics(workdir) if 'eval_loss' in row]
   evaluated = launch(config, f'--workdir={workdir}', '--mode=eval')  # no data flags
   assert evaluated.returncode == 0, evaluated.stderr
   assert f"'eval_loss': {logged[-1]['eval_loss']}" in evaluated.stderr

@@ -14,7 +14,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from train_helpers import losses, read_metrics, small_config
+from train_helpers import losses, small_config, training_rows
 from transformer_jax import train
 from transformer_jax.train import checkpoint, loop, metrics, optim, step as step_lib
 
@@ -115,7 +115,7 @@ def test_non_finite_loss_names_the_step_and_last_checkpoint(tmp_path):
 def test_eval_mode_reads_the_latest_checkpoint(tmp_path):
   config = small_config(steps=2, **{'training.eval_every': 2})
   train.train(config, str(tmp_path))
-  logged = [json.loads(r) for r in open(tmp_path / 'metrics.jsonl') if 'eval_loss' in r][-1]
+  logged = [r for r in metrics.read_metrics(tmp_path) if 'eval_loss' in r][-1]
   result = train.evaluate(config, str(tmp_path))
   assert result['step'] == 2
   assert result['eval_loss'] == pytest.approx(logged['eval_loss'], abs=1e-6)
@@ -123,24 +123,33 @@ def test_eval_mode_reads_the_latest_checkpoint(tmp_path):
 
 def test_metrics_and_config_are_written(tmp_path):
   train.train(small_config(steps=2), str(tmp_path))
-  row = read_metrics(tmp_path)[2]
+  row = training_rows(tmp_path)[2]
   assert {'loss', 'accuracy', 'learning_rate', 'grad_norm', 'tokens_per_sec'} <= set(row)
   assert os.path.exists(tmp_path / 'config.json')
   assert glob.glob(str(tmp_path / 'tensorboard' / 'events.out.tfevents.*'))
 
 
+def test_read_metrics_keeps_every_row_in_order_and_names_a_broken_line(tmp_path):
+  rows = [{'step': 2, 'loss': 1.5}, {'step': 2, 'eval_loss': 1.25}, {'step': 2, 'loss': 1.0}]
+  (tmp_path / 'metrics.jsonl').write_text(''.join(json.dumps(row) + '\n' for row in rows))
+  assert metrics.read_metrics(tmp_path) == rows
+  assert training_rows(tmp_path) == {2: {'step': 2, 'loss': 1.0}}  # the later row of a step wins
+  with open(tmp_path / 'metrics.jsonl', 'a') as f:
+    f.write('{"step": 3, "lo')  # a line cut short
+  with pytest.raises(ValueError, match=r'metrics.jsonl, line 4, is not a JSON row'):
+    metrics.read_metrics(tmp_path)
+
+
 def eval_rows(workdir):
-  rows = [json.loads(line) for line in open(os.path.join(workdir, 'metrics.jsonl'))]
-  return {r['step']: r['eval_loss'] for r in rows if 'eval_loss' in r}
+  return {r['step']: r['eval_loss'] for r in metrics.read_metrics(workdir) if 'eval_loss' in r}
 
 
 def drop_eval_rows(workdir, step):
   """metrics.jsonl as a run killed before finishing its evaluation at `step` left it."""
-  path = os.path.join(workdir, 'metrics.jsonl')
-  rows = [line for line in open(path) if not ('eval_loss' in line and
-                                               json.loads(line)['step'] == step)]
-  with open(path, 'w') as f:
-    f.writelines(rows)
+  rows = [row for row in metrics.read_metrics(workdir)
+          if not ('eval_loss' in row and row['step'] == step)]
+  with open(os.path.join(workdir, metrics.METRICS_FILE), 'w') as f:
+    f.writelines(json.dumps(row) + '\n' for row in rows)
 
 
 def test_a_run_stopped_before_its_final_evaluation_evaluates_on_resume(tmp_path):
@@ -217,7 +226,7 @@ def test_the_console_shows_the_first_step_at_once_and_the_held_out_results(tmp_p
   config = small_config(steps=4, **{'training.log_every': 1000, 'training.eval_every': 4})
   train.train(config, str(tmp_path))
   assert progress_steps(caplog) == [1, 4]  # step 1 at once, then the last (logged) step
-  assert list(read_metrics(tmp_path)) == [4]  # the jsonl keeps to log_every
+  assert list(training_rows(tmp_path)) == [4]  # the jsonl keeps to log_every
   assert 'step 4 | held-out loss' in caplog.text
 
 

@@ -1,8 +1,7 @@
 """Small training configs and readers of a run's metrics, for the training tests."""
-import json
-import os
 
 from transformer_jax import config_lib
+from transformer_jax.train import metrics
 
 TINY_MODELS = {
     'decoder': dict(family='decoder', vocab_size=32, max_len=16, **config_lib.STYLES['llama']),
@@ -29,19 +28,13 @@ def small_config(family='decoder', steps=6, **overrides):
   return config
 
 
-def read_metrics(workdir):
-  """{step: metrics} of the training lines of workdir/metrics.jsonl (later lines win)."""
-  rows = {}
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    for line in f:
-      row = json.loads(line)
-      if 'loss' in row:
-        rows[row['step']] = row
-  return rows
+def training_rows(workdir):
+  """{step: metrics} of the training rows of workdir/metrics.jsonl (later rows win)."""
+  return {row['step']: row for row in metrics.read_metrics(workdir) if 'loss' in row}
 
 
 def losses(workdir):
-  return {step: row['loss'] for step, row in sorted(read_metrics(workdir).items())}
+  return {step: row['loss'] for step, row in sorted(training_rows(workdir).items())}
 
 
 def get_config(arg=None):

@@ -7,7 +7,6 @@ run in its own workdir with `run.run`: a finished run is read back instead of re
 that stopped midway resumes from its latest checkpoint. `summary` reads a run's metrics.jsonl, and
 `write_results` writes an experiment's results folder: results.json, README.md and PNG plots.
 """
-import argparse
 import dataclasses
 import functools
 import itertools
@@ -22,9 +21,11 @@ import sys
 import time
 from typing import Any, Callable, Iterable, Mapping
 
+from absl import app, flags
 import ml_collections
 
 from transformer_jax import config_lib, run as run_lib
+from transformer_jax.train.metrics import read_metrics
 
 log = logging.getLogger(__name__)
 
@@ -154,10 +155,8 @@ def summary(run_dir: str) -> dict:
   the first (it pays for warm-up) where there are others.
   """
   train_rows, eval_rows = {}, {}
-  with open(os.path.join(run_dir, 'metrics.jsonl')) as f:
-    for line in f:
-      row = json.loads(line)
-      (eval_rows if 'eval_loss' in row else train_rows)[row['step']] = row
+  for row in read_metrics(run_dir):
+    (eval_rows if 'eval_loss' in row else train_rows)[row['step']] = row
   train_curve = [train_rows[s] for s in sorted(train_rows)]
   eval_curve = [eval_rows[s] for s in sorted(eval_rows)]
   rates = [row['examples_per_sec'] for row in train_curve if 'examples_per_sec' in row]
@@ -214,38 +213,49 @@ def machine_seconds(results: list[dict]) -> float:
   return sum(r['train_seconds'] for r in results)
 
 
-def parse_flags(name: str, description: str, argv=None) -> argparse.Namespace:
-  """The flags every experiment script takes; `.data` holds the data-location overrides and
-  `.command` the exact command line, as written into the results."""
-  root = pathlib.Path(__file__).resolve().parent.parent
-  parser = argparse.ArgumentParser(description=description,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument('--quick', action='store_true',
-                      help='The whole pipeline on tiny settings and synthetic data, in seconds.')
-  parser.add_argument('--workdir', help='Where the runs (checkpoints, metrics) go. Default: '
-                      f'/tmp/transformer_jax_experiments/{name}[-quick].')
-  parser.add_argument('--results', help=f'The results folder. Default: experiments/results/{name}, '
-                      'or WORKDIR/results with --quick.')
-  parser.add_argument('--manual_dir', help='config.data.manual_dir: local files to prepare the '
-                      'dataset from (for example ../shared/data/tinyshakespeare).')
-  parser.add_argument('--tfds_data_dir', help='config.data.tfds_data_dir (outside the repository).')
+_QUICK = flags.DEFINE_bool('quick', False, 'The whole pipeline on tiny settings and synthetic '
+                           'data, in seconds.')
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Where the runs (checkpoints, metrics) go. '
+                               'Default: /tmp/transformer_jax_experiments/NAME[-quick].')
+_RESULTS = flags.DEFINE_string('results', None, 'The results folder. Default: '
+                               'experiments/results/NAME, or WORKDIR/results with --quick.')
+_MANUAL_DIR = flags.DEFINE_string('manual_dir', None, 'config.data.manual_dir: local files to '
+                                  'prepare the dataset from.')
+_TFDS_DATA_DIR = flags.DEFINE_string('tfds_data_dir', None, 'config.data.tfds_data_dir (outside '
+                                     'the repository).')
+# Where the data lies on one machine means nothing on another: the command written into the
+# results names these flags with a placeholder.
+DATA_FLAGS = {'manual_dir': 'DIR', 'tfds_data_dir': 'TFDS_DIR'}
+
+
+def parse_flags(name: str, argv=None) -> dict:
+  """The flags every experiment script takes, from `argv` (default: the command line): quick,
+  workdir, results, data (the data-location overrides) and command (the command line as
+  written into the results)."""
   argv = sys.argv[1:] if argv is None else list(argv)
-  flags = parser.parse_args(argv)
-  flags.workdir = (flags.workdir
-                   or f'/tmp/transformer_jax_experiments/{name}' + '-quick' * flags.quick)
-  flags.results = flags.results or (os.path.join(flags.workdir, 'results') if flags.quick
-                                    else str(root / 'experiments' / 'results' / name))
-  flags.data = {f'data.{key}': getattr(flags, key) for key in ('manual_dir', 'tfds_data_dir')
-                if getattr(flags, key)}
+  app.define_help_flags()
+  flags.FLAGS.unparse_flags()  # a second parse in one process starts from the defaults
+  app.parse_flags_with_usage([f'experiments/{name}.py', *argv])
+  root = pathlib.Path(__file__).resolve().parent.parent
+  workdir = (_WORKDIR.value
+             or f'/tmp/transformer_jax_experiments/{name}' + '-quick' * _QUICK.value)
+  results = _RESULTS.value or (os.path.join(workdir, 'results') if _QUICK.value
+                               else str(root / 'experiments' / 'results' / name))
+  words = ['--quick'] if _QUICK.value else []
+  for flag in (_WORKDIR, _RESULTS, _MANUAL_DIR, _TFDS_DATA_DIR):
+    if flag.present:
+      words += [f'--{flag.name}', DATA_FLAGS.get(flag.name, flag.value)]
   nice = 'nice -n 19 ' if os.nice(0) >= 19 else ''
-  flags.command = f'{nice}python experiments/{name}.py {shlex.join(argv)}'.strip()
-  return flags
+  return {'quick': _QUICK.value, 'workdir': workdir, 'results': results,
+          'data': {f'data.{flag.name}': flag.value for flag in (_MANUAL_DIR, _TFDS_DATA_DIR)
+                   if flag.value},
+          'command': f'{nice}python experiments/{name}.py {shlex.join(words)}'.strip()}
 
 
-def main(name: str, description: str, run: Callable, argv=None) -> None:
+def main(name: str, run: Callable, argv=None) -> None:
   """An experiment script's entry point: its flags, logging, then run(quick, workdir, results,
   data, command)."""
-  flags = parse_flags(name, description, argv)
+  parsed = parse_flags(name, argv)
   run_lib.configure_logging()
   logging.basicConfig(level=logging.INFO, format='%(asctime)s %(message)s')
-  run(flags.quick, flags.workdir, flags.results, flags.data, flags.command)
+  run(parsed['quick'], parsed['workdir'], parsed['results'], parsed['data'], parsed['command'])

@@ -47,13 +47,27 @@ def peak_flops_per_device(configured: float | None) -> tuple[float | None, str]:
                 '(experiments/bench_train.py measures it) to report MFU')
 
 
+def read_metrics(workdir) -> list[dict]:
+  """Every row of workdir/metrics.jsonl, in the order written: training rows (with 'loss') and
+  held-out rows (with 'eval_loss'). The file is appended to, so a resumed run repeats the steps
+  after its checkpoint; a line that is not JSON raises, naming the file and the line."""
+  path = os.path.join(workdir, METRICS_FILE)
+  rows = []
+  with open(path) as f:
+    for number, line in enumerate(f, 1):
+      try:
+        rows.append(json.loads(line))
+      except json.JSONDecodeError as error:
+        raise ValueError(f'{path}, line {number}, is not a JSON row ({error}): '
+                         'fix or delete that line.') from error
+  return rows
+
+
 def logged_eval_steps(workdir: str) -> set[int]:
   """The steps with a held-out result in workdir/metrics.jsonl."""
-  path = os.path.join(workdir, METRICS_FILE)
-  if not os.path.exists(path):
+  if not os.path.exists(os.path.join(workdir, METRICS_FILE)):
     return set()
-  with open(path) as f:
-    return {row['step'] for row in map(json.loads, f) if 'eval_loss' in row}
+  return {row['step'] for row in read_metrics(workdir) if 'eval_loss' in row}
 
 
 def _duration(seconds: float) -> str:
