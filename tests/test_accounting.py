@@ -1,9 +1,18 @@
-"""Parameter, FLOP and KV-cache counts against counts worked out by hand: GPT-2 small, ViT-B/16,
-a small GPT-style decoder, LLaMA-2 70B's cache and the reference models."""
+"""Parameter, FLOP and KV-cache counts against independent ones: the initialized trees, the
+matrix products of the traced forward and backward passes, XLA's cost analysis and published
+sizes (GPT-2 small, ViT-B/16, LLaMA-2 70B's cache), and the reference models."""
+import importlib
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
 import pytest
+from jax.extend import core as jax_core
 
 from helpers import CONFIG_FILES, ROOT, load_config
-from transformer_jax import accounting, config_lib, models
+from transformer_jax import accounting, config_lib, layers, models
+from transformer_jax.models import common
 
 GPT2_SMALL = dict(family='decoder', vocab_size=50257, max_len=1024, width=768, num_layers=12,
                   num_heads=12, **config_lib.STYLES['gpt2'])
@@ -21,12 +30,45 @@ def both_counts(model):
   return analytic
 
 
-def test_one_block_at_768_has_12d2_plus_13d():
-  # An encoder with no embedding, positions or head to subtract: count one block's parts.
+def tree_size(tree) -> int:
+  return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(tree))
+
+
+def _jaxprs_in(params):
+  for value in params.values():
+    for item in value if isinstance(value, (tuple, list)) else (value,):
+      if isinstance(item, (jax_core.ClosedJaxpr, jax_core.Jaxpr)):
+        yield getattr(item, 'jaxpr', item)
+
+
+def matmul_flops(jaxpr) -> int:
+  """2 FLOPs per multiply-add of every dot_general that `jaxpr` runs, in nested jaxprs too (a
+  scan's body `length` times)."""
+  total = 0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == 'dot_general':
+      (_, rhs_contracted), (_, rhs_batch) = eqn.params['dimension_numbers']
+      lhs, rhs = (var.aval.shape for var in eqn.invars)
+      total += 2 * math.prod(lhs) * math.prod(
+          size for i, size in enumerate(rhs) if i not in (*rhs_contracted, *rhs_batch))
+    total += eqn.params.get('length', 1) * sum(map(matmul_flops, _jaxprs_in(eqn.params)))
+  return total
+
+
+def test_one_block_at_768_has_12d2_plus_13d(rng):
+  # A decoder with no embedding, positions or head to speak of: count one block's parts.
   block = dict(family='decoder', vocab_size=1, max_len=1, width=768, num_layers=1, num_heads=12)
   counts = both_counts(block)
-  assert counts['attention'] + counts['mlp'] + counts['norms'] - 2 * 768 == 7_087_872
-  assert 12 * 768 ** 2 + 13 * 768 == 7_087_872
+  blocks = counts['attention'] + counts['mlp'] + counts['norms'] - 2 * 768  # less the final norm
+  assert blocks == 7_087_872
+  # A Block initialized alone, and GPT-2's checkpoint, whose block holds ln_1, attn.c_attn
+  # (768, 2304), attn.c_proj (768, 768), ln_2, mlp.c_fc (768, 3072) and mlp.c_proj (3072, 768).
+  alone = jax.eval_shape(common.block(models.model_config(block))().init, rng,
+                         jnp.zeros((1, 1, 768)))
+  assert tree_size(alone) == blocks
+  gpt2_block = [(2, 768), (768, 2304), (2304,), (768, 768), (768,), (2, 768), (768, 3072),
+                (3072,), (3072, 768), (768,)]
+  assert sum(math.prod(shape) for shape in gpt2_block) == blocks
 
 
 def test_gpt2_small():
@@ -59,10 +101,11 @@ def test_reference_lm_and_vit():
 def test_cifar_vit_ti4_patch_and_position_embeddings():
   model = load_config(CONFIG_FILES[0].parent / 'vit_cifar.py', 'variant=Ti/4').model
   counts = both_counts(model)
-  patch_embedding = 3 * 4 * 4 * 192 + 192
-  positions = 65 * 192
-  assert (patch_embedding, positions) == (9_408, 12_480)
-  assert counts['embedding'] == patch_embedding + positions + 192  # + the [CLS] token
+  tree = models.abstract_variables(model)['params']
+  # A (4, 4, 3, 192) patch kernel and its bias, 64 patches + [CLS] positions, the [CLS] token.
+  sizes = {name: tree_size(tree[name]) for name in ('patch_embed', 'pos_embed', 'cls_token')}
+  assert sizes == {'patch_embed': 9_408, 'pos_embed': 12_480, 'cls_token': 192}
+  assert counts['embedding'] == sum(sizes.values())
 
 
 @pytest.mark.parametrize('path', CONFIG_FILES, ids=lambda p: p.stem)
@@ -94,12 +137,18 @@ def test_no_kv_cache_without_causal_mask():
 
 def test_gpt2_small_flops_per_token():
   # GPT-2 small (Radford et al. 2019): N = 84,934,656 block weights + 38,597,376 unembedding
-  # weights multiplied per token; forward 2N + 4LTD at T = 1024 (QK^T and AV over all T keys),
-  # training 3 times the forward (6N, Kaplan et al. 2020).
+  # weights multiplied per token; forward 2N + 4LTD at T = 1024 (QK^T and AV over all T keys:
+  # 37,748,736), training 3 times the forward (6N, Kaplan et al. 2020). Independently: the
+  # matrix products the traced forward pass and its gradient run, per token of a 1024-token row.
   flops = accounting.flops_per_token(GPT2_SMALL, 1024)
-  attention = 4 * 12 * 1024 * 768
-  assert attention == 37_748_736
-  assert flops['forward'] == 2 * (84_934_656 + 38_597_376) + attention
+  model = models.build(GPT2_SMALL)
+  params = nn.meta.unbox(models.abstract_variables(GPT2_SMALL)['params'])
+  tokens = jax.ShapeDtypeStruct((1, 1024), jnp.int32)
+  forward = lambda p, t: model.apply({'params': p}, t).sum()
+  assert flops['forward'] == matmul_flops(jax.make_jaxpr(forward)(params, tokens).jaxpr) / 1024
+  assert flops['forward'] == 2 * (84_934_656 + 38_597_376) + 37_748_736
+  assert flops['train'] == matmul_flops(
+      jax.make_jaxpr(jax.value_and_grad(forward))(params, tokens).jaxpr) / 1024
   assert flops['train'] == 3 * flops['forward']
   assert round(flops['forward'] / 1e6) == 285 and round(flops['train'] / 1e6) == 854
   assert f'{flops["train"] * 10e9:.1e}' == '8.5e+18'
@@ -133,3 +182,29 @@ def test_xla_counts_the_formulas_flops_plus_the_element_wise_work(name):
   counted = accounting.xla_flops(models.build(cfg), *inputs)
   analytic = accounting.forward_flops(cfg, seq_len)['total']
   assert 1.0 <= counted / analytic <= 1.1, counted / analytic
+
+
+class Projection(nn.Module):
+  """A module of one's own: x (B, 4) -> (B, 3), one weight matrix."""
+
+  @nn.compact
+  def __call__(self, x):
+    return layers.Linear((3,), ('embed',), ('mlp',), use_bias=False, name='proj')(x)
+
+
+def test_a_module_of_ones_own_is_sent_to_the_counts_that_take_any_model(rng):
+  module, x = Projection(), jnp.ones((2, 4))
+  for count in (accounting.param_counts, accounting.counted_params, accounting.forward_flops,
+                accounting.flops_per_token, lambda model: accounting.kv_cache_bytes(model, 16)):
+    with pytest.raises(TypeError, match=r'not Projection: .* accounting\.count_params\(params\) '
+                                        r'.* accounting\.xla_flops\(module, \*inputs\)'):
+      count(module)
+  # What the message names counts it: 12 weights, 2 * 2 * 4 * 3 FLOPs.
+  assert accounting.count_params(module.init(rng, x)['params'])['total'] == 12
+  assert accounting.xla_flops(module, x) == 48
+
+
+def test_no_kv_cache_formula_for_a_family_registered_without_formulas():
+  importlib.import_module('conv_family')  # registers 'conv_lm', without formulas
+  with pytest.raises(ValueError, match="family 'conv_lm' registers none: measure its cache"):
+    accounting.kv_cache_bytes(dict(family='conv_lm', vocab_size=10, width=32, num_heads=4), 16)

@@ -1,4 +1,6 @@
 """The shared layers against examples worked out by hand and independent computations."""
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -328,3 +330,68 @@ def test_linear_refuses_an_input_without_the_dimensions_it_contracts(rng):
   linear = layers.Linear((4,), ('heads', 'head_dim'), ('embed',))
   with pytest.raises(ValueError, match=r'contracts the last 2 dimensions'):
     linear.init(rng, jnp.ones((2, 8)))
+
+
+class ResidualTanh(nn.Module):
+  """A block of one's own that meets BlockStack's contract: x + tanh(x W + b), W (D, D)."""
+  deterministic: bool = True
+  scanned: bool = False
+
+  @nn.compact
+  def __call__(self, x, mask, positions, encoded, cross_mask, cache_index):
+    del mask, positions, encoded, cross_mask, cache_index
+    x = x + jnp.tanh(layers.Linear((x.shape[-1],), ('embed',), ('embed',), init_std=1.0,
+                                   name='dense')(x))
+    return (x, None) if self.scanned else x
+
+
+class WithoutScannedField(nn.Module):
+  deterministic: bool = True
+
+  def __call__(self, x, mask, positions, encoded, cross_mask, cache_index):
+    return x
+
+
+class TakingOnlyXAndMask(ResidualTanh):
+  def __call__(self, x, mask):
+    return x
+
+
+class ReturningXWhenScanned(ResidualTanh):
+  def __call__(self, x, *args):
+    return x
+
+
+class ReturningTheWrongWidth(ResidualTanh):
+  def __call__(self, x, *args):
+    return x[..., :1], None
+
+
+def test_a_block_of_ones_own_stacks_scanned_and_unrolled_alike(rng):
+  x = jax.random.normal(rng, (2, 3, 4))
+  unrolled = layers.BlockStack(functools.partial(ResidualTanh), num_layers=3)
+  params = nn.meta.unbox(unrolled.init(rng, x)['params'])
+  expected = np.asarray(x, np.float64)
+  for i in range(3):
+    dense = jax.tree.map(np.asarray, params[f'block_{i}']['dense'])
+    expected = expected + np.tanh(expected @ dense['kernel'] + dense['bias'])
+  np.testing.assert_allclose(unrolled.apply({'params': params}, x), expected, rtol=1e-5)
+  scanned = layers.BlockStack(functools.partial(ResidualTanh), num_layers=3, scan=True)
+  got = scanned.apply({'params': models.stack_layers(params)}, x)
+  np.testing.assert_allclose(got, unrolled.apply({'params': params}, x), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize('block,scan,problem', [
+    (WithoutScannedField, False, 'has no field scanned'),
+    (TakingOnlyXAndMask, False, r'cannot be called as BlockStack calls it'),
+    (functools.partial(ResidualTanh, scanned=True), False, 'binds scanned'),
+    (functools.partial(ResidualTanh, name='mine'), True, 'binds name'),
+    (ReturningXWhenScanned, True, r'returned an array \(2, 3, 4\) with scanned=True, not \(x,'),
+    (ReturningTheWrongWidth, True, r'turned x \(2, 3, 4\) float32 into \(2, 3, 1\) float32'),
+    (functools.partial(ReturningTheWrongWidth), False, 'returned a tuple with scanned=False'),
+])
+def test_a_block_that_misses_the_contract_is_told_so(rng, block, scan, problem):
+  block = block if isinstance(block, functools.partial) else functools.partial(block)
+  with pytest.raises(ValueError, match=problem) as error:
+    layers.BlockStack(block, num_layers=2, scan=scan).init(rng, jnp.ones((2, 3, 4)))
+  assert 'a block stacked by BlockStack is a Flax module class' in str(error.value)

@@ -84,6 +84,32 @@ def test_scanned_stack_equals_unrolled(rng, family, remat):
   assert jax.tree.all(jax.tree.map(np.array_equal, models.unstack_layers(stacked), params))
 
 
+def axis_names(boxed):
+  return jax.tree.map(lambda box: box.names, boxed,
+                      is_leaf=lambda leaf: isinstance(leaf, nn.Partitioned))
+
+
+@pytest.mark.parametrize('family', ['decoder', 'vit'])
+@pytest.mark.parametrize('from_scanned', [True, False])
+def test_stack_and_unstack_the_boxed_params_init_returns(rng, family, from_scanned):
+  # Boxed as init returns them, the parameters keep axis names that match the other stack's
+  # init: a scanned stack's have a leading 'layers' axis, an unrolled stack's not.
+  configs = [tiny(family, num_layers=3, scan_layers=scan, **FAMILY_OPTIONS[family])
+             for scan in (from_scanned, not from_scanned)]
+  source, target = [models.build(cfg) for cfg in configs]
+  inputs = (TOKENS,) if family == 'decoder' else models.example_inputs(configs[0], 2)
+  params = source.init(rng, *inputs)['params']
+  move, move_back = ((models.unstack_layers, models.stack_layers) if from_scanned
+                     else (models.stack_layers, models.unstack_layers))
+  moved = move(params)
+  assert axis_names(moved) == axis_names(models.abstract_variables(configs[1])['params'])
+  np.testing.assert_allclose(target.apply({'params': moved}, *inputs),
+                             source.apply({'params': params}, *inputs), rtol=1e-6, atol=1e-6)
+  back = move_back(moved)
+  assert axis_names(back) == axis_names(params)
+  assert jax.tree.all(jax.tree.map(np.array_equal, back, params))
+
+
 def test_scanned_params_carry_a_layers_axis(rng):
   cfg = tiny('decoder', num_layers=3, scan_layers=True)
   boxed = models.build(cfg).init(rng, TOKENS)['params']

@@ -146,17 +146,29 @@ def vit_flops(cfg: ModelConfig, seq_len=None, target_len=None) -> dict[str, int]
 
 # By config, through the family's registry entry.
 
+def _config_of(model, function: str) -> ModelConfig:
+  """The validated config of `model`; a module, a tree or anything else that is not a model
+  config gets the error naming the counts that work for any model."""
+  if not (isinstance(model, (ModelConfig, Mapping)) or hasattr(model, 'to_dict')):
+    raise TypeError(f'accounting.{function} reads a model config (a ConfigDict, dict or '
+                    f'ModelConfig of a registered family), not {type(model).__name__}: for a model '
+                    'of your own, count its parameters with accounting.count_params(params) and '
+                    'its FLOPs with accounting.xla_flops(module, *inputs).')
+  return models.model_config(model)
+
+
 def param_counts(model: ModelConfig | Mapping[str, Any]) -> dict[str, int]:
   """Analytic parameter count by part, and 'total', by the family's formula; a family without
   one (a family of your own) is counted from its initialized tree."""
-  cfg = models.model_config(model)
+  cfg = _config_of(model, 'param_counts')
   formula = models.registry.get(cfg.family).param_counts
   return formula(cfg) if formula else counted_params(cfg)
 
 
 def counted_params(model: ModelConfig | Mapping[str, Any]) -> dict[str, int]:
   """Parameter count by part from the initialized tree's shapes (nothing is allocated)."""
-  return count_params(nn.meta.unbox(models.abstract_variables(model)['params']))
+  cfg = _config_of(model, 'counted_params')
+  return count_params(nn.meta.unbox(models.abstract_variables(cfg)['params']))
 
 
 def forward_flops(model: ModelConfig | Mapping[str, Any], seq_len: int | None = None,
@@ -168,7 +180,7 @@ def forward_flops(model: ModelConfig | Mapping[str, Any], seq_len: int | None = 
   encoder-decoder whose target has target_len tokens (default seq_len). A ViT's length is its
   patch count (+1 for [CLS]). A family without formulas gets XLA's count as 'dense'.
   """
-  cfg = models.model_config(model)
+  cfg = _config_of(model, 'forward_flops')
   family = models.registry.get(cfg.family)
   if family.forward_flops:
     flops = family.forward_flops(cfg, seq_len, target_len)
@@ -183,7 +195,7 @@ def forward_flops(model: ModelConfig | Mapping[str, Any], seq_len: int | None = 
 def flops_per_token(model, seq_len: int | None = None) -> dict[str, float]:
   """Forward and training FLOPs per predicted token (per image for a ViT): 2N + 4LTD and
   3 (2N + 4LTD) for a decoder with a context of T tokens."""
-  flops = forward_flops(model, seq_len)
+  flops = forward_flops(_config_of(model, 'flops_per_token'), seq_len)
   forward = flops['total'] / flops['tokens']
   return {'forward': forward, 'train': 3 * forward,
           'attention_share': flops['attention'] / flops['total']}
@@ -195,8 +207,13 @@ def kv_cache_bytes(model, seq_len: int, batch: int = 1, dtype: Any = None,
   head_dim numbers each (plus the cross-attention keys and values of `source_len` encoder
   outputs for an encoder-decoder). dtype defaults to the model's compute dtype. With a sliding
   `window`, T is the ring's min(window, seq_len) slots, however long the sequence grows."""
-  cfg = models.model_config(model)
-  decoding = models.registry.get(cfg.family).decoding
+  cfg = _config_of(model, 'kv_cache_bytes')
+  family = models.registry.get(cfg.family)
+  if family.param_counts is None:
+    raise ValueError(f'kv_cache_bytes has the formula of the families that register theirs, '
+                     f'and family {cfg.family!r} registers none: measure its cache, the nbytes of '
+                     'the leaves of transformer_jax.decode.init_cache(model, batch, seq_len).')
+  decoding = family.decoding
   if decoding is None:
     raise ValueError(f'A {cfg.family!r} model has no causal mask, so it has no KV cache: '
                      'a new token would change the keys and values of every earlier one.')

@@ -1,5 +1,7 @@
 """The transformer block (pre-LN or post-LN, optional cross-attention, ablations) and its stack."""
+import dataclasses
 import functools
+import inspect
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -18,6 +20,15 @@ REMAT_POLICIES = {
 }
 
 ModuleFactory = Callable[..., nn.Module]  # called with name=..., e.g. functools.partial(MLP, ...)
+LAYERS = 'layers'  # the scanned stack's name, and the logical name of its parameters' layer axis
+# What BlockStack passes a block, positionally, after x; and the fields it sets.
+BLOCK_ARGUMENTS = ('mask', 'positions', 'encoded', 'cross_mask', 'cache_index')
+BLOCK_FIELDS = ('deterministic', 'scanned')
+BLOCK_CONTRACT = (
+    'a block stacked by BlockStack is a Flax module class bound by functools.partial, with '
+    'fields `deterministic` and `scanned` (and neither they nor `name` bound), whose __call__ '
+    'takes (x, mask, positions, encoded, cross_mask, cache_index) positionally and returns x '
+    "of the input's shape and dtype, (x, None) when scanned=True (see BlockStack's docstring)")
 
 
 class Block(nn.Module):
@@ -34,6 +45,9 @@ class Block(nn.Module):
   ablations keep a sublayer's place but make it write nothing: use_attention=False or
   use_mlp=False adds zero to the residual stream (a post-LN block still normalizes there), and
   use_residual=False drops the `x +` of every sublayer.
+
+  Block meets the contract of a block that BlockStack stacks (BLOCK_CONTRACT; see BlockStack):
+  a block of one's own that meets it can replace this one.
   """
   attention: ModuleFactory
   mlp: ModuleFactory
@@ -57,6 +71,13 @@ class Block(nn.Module):
   @nn.compact
   def __call__(self, x, mask=None, positions=None, encoded=None, cross_mask=None,
                cache_index=None):
+    """x (B, T, D) -> (B, T, D); ((B, T, D), None) when `scanned`.
+
+    mask: boolean, broadcastable to (B, heads, T, S), True where a query sees a key (None: every
+    key); positions (B, T), RoPE's (None: 0..T-1); encoded (B, S_enc, D), the keys and values of
+    cross-attention (None after a decoding prefill, which cached them); cross_mask over them;
+    cache_index: the 'cache' slot of x's first token when decoding (None: no cache).
+    """
     x = axes.constrain(x, axes.EMBED)  # the residual stream between blocks
     attend = lambda h: self.attention(name='attn')(h, mask=mask, positions=positions,
                                                    cache_index=cache_index)
@@ -81,11 +102,23 @@ class Block(nn.Module):
 
 class BlockStack(nn.Module):
   """`num_layers` blocks, unrolled (block_0, block_1, ...) or stacked with nn.scan (`scan`:
-  'layers', with a leading layer axis, so that compile time does not grow with depth), each
-  rematerialized by `remat_policy` (a key of REMAT_POLICIES).
+  one module named LAYERS whose parameters have a leading layer axis named LAYERS, so that
+  compile time does not grow with depth), each rematerialized by `remat_policy` (a key of
+  REMAT_POLICIES).
 
-  `block` is the Block class with its arguments bound: functools.partial(Block, attention=...,
-  mlp=...).
+  `block` is a block class with its arguments bound: functools.partial(Block, attention=...,
+  mlp=...), or a block of one's own that meets the same contract (BLOCK_CONTRACT, checked when
+  the stack is built and when it calls the block):
+  - a Flax module class with the fields `deterministic` and `scanned`, which BlockStack
+    constructs as block(deterministic=..., name='block_<i>') unrolled and as
+    block(deterministic=..., scanned=True, name=LAYERS) under nn.scan (so the partial binds
+    none of these three);
+  - its __call__ takes (x, mask, positions, encoded, cross_mask, cache_index) positionally, as
+    BlockStack.__call__ received them (each but x may be None), x the residual stream (B, T, D);
+  - it returns the new x, of x's shape and dtype: with scanned=True, (x, None), nn.scan's carry
+    and its (empty) per-layer output.
+  Under nn.scan, the 'params' and 'cache' variables get the leading layer axis, the 'params' and
+  'dropout' rngs differ per layer, and every layer gets the same arguments after x.
   """
   block: Any
   num_layers: int
@@ -93,11 +126,7 @@ class BlockStack(nn.Module):
   remat_policy: str = 'none'
 
   def __post_init__(self):
-    if not (isinstance(self.block, functools.partial) and isinstance(self.block.func, type)
-            and issubclass(self.block.func, nn.Module)):
-      raise ValueError('BlockStack.block must be a module class with its arguments bound by '
-                       'functools.partial, such as functools.partial(Block, attention=..., '
-                       'mlp=...).')
+    _check_block(self.block)
     if self.remat_policy not in REMAT_POLICIES:
       raise ValueError(f'Unknown remat_policy {self.remat_policy!r}: use one of '
                        f'{list(REMAT_POLICIES)}.')
@@ -108,18 +137,63 @@ class BlockStack(nn.Module):
   @nn.compact
   def __call__(self, x, mask=None, positions=None, encoded=None, cross_mask=None,
                cache_index=None, deterministic=True):
+    """x (B, T, D) -> (B, T, D) through every block; the other arguments as Block takes them."""
     block = self.block.func
     if self.remat_policy != 'none':
       block = nn.remat(block, policy=REMAT_POLICIES[self.remat_policy], prevent_cse=not self.scan)
     bound = dict(self.block.keywords, deterministic=deterministic)
     args = (mask, positions, encoded, cross_mask, cache_index)
     if self.scan:
-      stack = nn.scan(block, variable_axes={'params': 0, 'cache': 0},
+      def scanned_layer(layer, carry, *args):
+        return _checked_output(layer(carry, *args), carry, self.block.func, scanned=True)
+      stack = nn.scan(scanned_layer, variable_axes={'params': 0, 'cache': 0},
                       split_rngs={'params': True, 'dropout': True},
                       in_axes=(nn.broadcast,) * len(args), length=self.num_layers,
-                      metadata_params={nn.PARTITION_NAME: 'layers'})
-      x, _ = stack(*self.block.args, **bound, scanned=True, name='layers')(x, *args)
+                      metadata_params={nn.PARTITION_NAME: LAYERS})
+      x, _ = stack(block(*self.block.args, **bound, scanned=True, name=LAYERS), x, *args)
       return x
     for i in range(self.num_layers):
-      x = block(*self.block.args, **bound, name=f'block_{i}')(x, *args)
+      y = block(*self.block.args, **bound, name=f'block_{i}')(x, *args)
+      x = _checked_output(y, x, self.block.func, scanned=False)
     return x
+
+
+def _contract_error(problem: str) -> ValueError:
+  return ValueError(f'{problem}: {BLOCK_CONTRACT}.')
+
+
+def _check_block(block: Any) -> None:
+  """Raises the contract's error where `block` cannot be stacked: its class, fields and call."""
+  if not (isinstance(block, functools.partial) and isinstance(block.func, type)
+          and issubclass(block.func, nn.Module)):
+    raise _contract_error(f'BlockStack.block is {block!r}, not a module class bound by '
+                          'functools.partial, such as functools.partial(Block, attention=..., '
+                          'mlp=...)')
+  name = block.func.__name__
+  missing = set(BLOCK_FIELDS) - {field.name for field in dataclasses.fields(block.func)}
+  if missing:
+    raise _contract_error(f'Block class {name} has no field {" or ".join(sorted(missing))}')
+  if bound := {*BLOCK_FIELDS, 'name'} & set(block.keywords):
+    raise _contract_error(f'The partial of {name} binds {", ".join(sorted(bound))}, which '
+                          'BlockStack sets')
+  try:
+    inspect.signature(block.func.__call__).bind(None, None, *BLOCK_ARGUMENTS)
+  except TypeError as e:
+    raise _contract_error(f'{name}.__call__ cannot be called as BlockStack calls it ({e})') from e
+
+
+def _checked_output(out: Any, x: jax.Array, block_class: type, scanned: bool) -> Any:
+  """`out` where it is what the contract says a block returns for x, else the contract's error."""
+  name = block_class.__name__
+  if scanned:
+    if not (isinstance(out, tuple) and len(out) == 2 and out[1] is None):
+      what = (f'a tuple of {len(out)}' if isinstance(out, tuple)
+              else f'an array {out.shape}' if hasattr(out, 'shape') else type(out).__name__)
+      raise _contract_error(f'{name} returned {what} with scanned=True, not (x, None)')
+    shape, dtype = getattr(out[0], 'shape', None), getattr(out[0], 'dtype', None)
+    if (shape, dtype) != (x.shape, x.dtype):
+      raise _contract_error(f'{name} turned x {x.shape} {x.dtype} into {shape} {dtype}, which '
+                            'nn.scan cannot carry')
+  elif isinstance(out, tuple):
+    raise _contract_error(f'{name} returned a tuple with scanned=False, not x')
+  return out

@@ -54,6 +54,8 @@ class TextEmbed(nn.Module):
       self.types = table('types', self.type_vocab_size, 'types')
 
   def __call__(self, ids, positions, token_types=None):
+    """ids (B, T) int, positions (B, T) int, token_types (B, T) int or None (type 0) ->
+    (B, T, width) in `dtype`."""
     x = jnp.take(self.tokens, ids, axis=0).astype(jnp.float32)
     if self.scale:
       x = x * np.sqrt(self.width).astype(np.float32)
@@ -67,6 +69,7 @@ class TextEmbed(nn.Module):
     return x.astype(self.dtype)
 
   def attend(self, x):
+    """x (..., width) -> float32 logits (..., vocab_size): the tied unembedding x E^T."""
     flat = x.reshape(-1, x.shape[-1]).astype(self.dtype)
     logits = jnp.dot(flat, self.tokens.astype(flat.dtype).T, preferred_element_type=jnp.float32)
     return logits.reshape(x.shape[:-1] + (self.vocab_size,))
@@ -114,6 +117,7 @@ class PatchEmbed(nn.Module):
 
   @nn.compact
   def __call__(self, images: jax.Array) -> jax.Array:
+    """images (B, H, W, C) -> (B, H/P * W/P, features), patches read row by row."""
     p = self.patch_size
     conv = nn.Conv(
         self.features, (p, p), strides=(p, p), padding='VALID', dtype=self.dtype,

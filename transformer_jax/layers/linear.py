@@ -52,6 +52,8 @@ class Linear(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
+    """x (..., *in_shape) -> (..., *features), in `out_dtype` (default: `dtype`); in_shape is
+    x's last len(in_axes) dimensions."""
     features, num_in = tuple(self.features), len(self.in_axes)
     if x.ndim <= num_in:
       raise ValueError(f'Linear contracts the last {num_in} dimensions {tuple(self.in_axes)} of '

@@ -41,6 +41,7 @@ class MLP(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
+    """x (..., D) -> (..., out_features or D), in `dtype`."""
     dense = lambda features, in_axis, out_axis, name: Linear(
         (features,), (in_axis,), (out_axis,), use_bias=self.use_bias, init_std=self.init_std,
         dtype=self.dtype, param_dtype=self.param_dtype, name=name)

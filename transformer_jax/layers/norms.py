@@ -17,6 +17,7 @@ class LayerNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
+    """x (..., D) -> (..., D), normalized over D in float32, returned in `dtype`."""
     x32 = x.astype(jnp.float32)
     mean = x32.mean(-1, keepdims=True)
     var = jnp.square(x32 - mean).mean(-1, keepdims=True)
@@ -39,6 +40,7 @@ class RMSNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
+    """x (..., D) -> (..., D), normalized over D in float32, returned in `dtype`."""
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.square(x32).mean(-1, keepdims=True) + self.eps)
     y = y * _param(self, 'scale', nn.initializers.ones, x)

@@ -6,6 +6,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer_jax.layers.block import LAYERS
 from transformer_jax.model_config import ModelConfig, validate
 from transformer_jax.models import decoder, encoder, encoder_decoder, registry, vit
 
@@ -46,26 +47,48 @@ def init_params(model, rng, unbox: bool = True):
   return nn.meta.unbox(variables['params']) if unbox else variables['params']
 
 
+_LAYER_AXIS = {nn.PARTITION_NAME: LAYERS}  # what nn.scan tells a box about the axis it adds
+
+
+def _is_box(leaf) -> bool:
+  return isinstance(leaf, nn.meta.AxisMetadata)
+
+
+def _layer(leaf, i: int):
+  """Layer i of a stacked parameter; a box (as init returns them) loses its 'layers' name."""
+  if not _is_box(leaf):
+    return leaf[i]
+  if isinstance(leaf, nn.Partitioned) and leaf.names[:1] != (LAYERS,):
+    raise ValueError(f'A stacked parameter has axis names {leaf.names}, which do not start with '
+                     f'{LAYERS!r}: it was not stacked by nn.scan or stack_layers.')
+  return jax.tree.map(lambda a: a[i], leaf).remove_axis(0, _LAYER_AXIS)
+
+
 def unstack_layers(tree):
-  """Scanned parameters ('layers', leading layer axis) -> unrolled ones (block_0, block_1, ...)."""
+  """Scanned parameters ('layers', leading layer axis) -> unrolled ones (block_0, block_1, ...),
+  arrays or boxed with axis names as init returns them (the names lose 'layers')."""
   if not isinstance(tree, Mapping):
     return tree
   out = {}
   for key, value in tree.items():
-    if key == 'layers':
+    if key == LAYERS:
       num = jax.tree.leaves(value)[0].shape[0]
-      out.update({f'block_{i}': jax.tree.map(lambda a, i=i: a[i], value) for i in range(num)})
+      out.update({f'block_{i}': jax.tree.map(lambda a, i=i: _layer(a, i), value, is_leaf=_is_box)
+                  for i in range(num)})
     else:
       out[key] = unstack_layers(value)
   return out
 
 
 def stack_layers(tree):
-  """Unrolled parameters (block_0, block_1, ...) -> scanned ones ('layers', leading layer axis)."""
+  """Unrolled parameters (block_0, block_1, ...) -> scanned ones ('layers', leading layer axis),
+  arrays or boxed with axis names as init returns them (the names gain 'layers', as nn.scan's)."""
   if not isinstance(tree, Mapping):
     return tree
   blocks = sorted((k for k in tree if k.startswith('block_')), key=lambda k: int(k[6:]))
   out = {k: stack_layers(v) for k, v in tree.items() if not k.startswith('block_')}
   if blocks:
-    out['layers'] = jax.tree.map(lambda *a: jnp.stack(a), *(tree[k] for k in blocks))
+    stacked = jax.tree.map(lambda *a: jnp.stack(a), *(tree[k] for k in blocks))
+    out[LAYERS] = jax.tree.map(lambda a: a.add_axis(0, _LAYER_AXIS) if _is_box(a) else a,
+                               stacked, is_leaf=_is_box)
   return out

@@ -94,6 +94,8 @@ class LmHead(nn.Module):
 
   @nn.compact
   def __call__(self, x, embed: TextEmbed):
+    """x (B, T, D) -> float32 logits (B, T, vocab_size); `embed` is the model's TextEmbed,
+    whose table the tied head reads."""
     if self.tied:
       logits = embed.attend(x)
     else:

@@ -17,6 +17,12 @@ class DecoderLM(nn.Module):
   @nn.compact
   def __call__(self, tokens, positions=None, *, attention_mask=None, cache_index=None,
                deterministic=True):
+    """tokens (B, T) int -> float32 logits (B, T, V).
+
+    positions (B, T) int; attention_mask boolean (B, 1, T, T), AND-ed with the causal mask; with
+    `cache_index` (the cache slot of the first token) the whole mask (B, 1, T, S) over the
+    cache's S slots (see causal_mask).
+    """
     cfg = self.cfg
     if positions is None:
       positions = common.default_positions(tokens, 0 if cache_index is None else cache_index)

@@ -24,6 +24,7 @@ class MlmHead(nn.Module):
 
   @nn.compact
   def __call__(self, x, embed):
+    """x (B, T, D) -> float32 logits (B, T, vocab_size); `embed` is the model's TextEmbed."""
     dense = lambda features, out_axis, name, **kw: Linear(
         (features,), ('embed',), (out_axis,), init_std=self.init_std, dtype=self.dtype,
         param_dtype=self.param_dtype, name=name, **kw)
@@ -47,6 +48,11 @@ class EncoderMLM(nn.Module):
   @nn.compact
   def __call__(self, tokens, positions=None, *, valid=None, token_types=None,
                attention_mask=None, deterministic=True):
+    """tokens (B, T) int -> float32 logits (B, T, V).
+
+    positions, valid (bool), token_types: (B, T) each; attention_mask boolean (B, 1, T, T),
+    AND-ed with the padding mask of `valid`.
+    """
     cfg = self.cfg
     if positions is None:
       positions = common.default_positions(tokens)

@@ -28,6 +28,7 @@ class EncoderDecoder(nn.Module):
     self.head = common.lm_head(cfg)
 
   def encode(self, inputs, input_valid=None, *, deterministic=True):
+    """inputs (B, S) int, input_valid (B, S) bool -> encoded (B, S, D)."""
     positions = common.default_positions(inputs)
     mask = None if input_valid is None else padding_mask(input_valid, inputs.shape[1])
     x = self.dropout(self.embed(inputs, positions), deterministic=deterministic)
@@ -36,6 +37,12 @@ class EncoderDecoder(nn.Module):
 
   def decode(self, targets, encoded, input_valid=None, positions=None, *, attention_mask=None,
              cache_index=None, deterministic=True):
+    """targets (B, T) int, encoded (B, S, D) (None once a cached prefill holds it) -> float32
+    logits (B, T, V).
+
+    input_valid (B, S) bool; positions (B, T) int; attention_mask and cache_index as the
+    decoder's (see DecoderLM.__call__).
+    """
     if positions is None:
       positions = common.default_positions(targets, 0 if cache_index is None else cache_index)
     mask = common.decoder_mask(positions, attention_mask, cache_index)
@@ -48,6 +55,8 @@ class EncoderDecoder(nn.Module):
     return self.head(x, self.embed)
 
   def __call__(self, inputs, targets, input_valid=None, *, deterministic=True):
+    """inputs (B, S) int, targets (B, T) int, input_valid (B, S) bool -> float32 logits
+    (B, T, V)."""
     encoded = self.encode(inputs, input_valid, deterministic=deterministic)
     return self.decode(targets, encoded, input_valid, deterministic=deterministic)
 

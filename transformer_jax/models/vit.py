@@ -68,6 +68,7 @@ class ViT(nn.Module):
     return x[:, 0] if cfg.pool == 'cls' else x.mean(axis=1)
 
   def __call__(self, images, *, deterministic=True):
+    """images (B, H, W, C) -> float32 logits (B, num_classes)."""
     return self.head(self.encode(images, deterministic=deterministic))
 
 
