@@ -9,7 +9,7 @@ import pytest
 
 from helpers import init, tiny
 from transformer_jax import config_lib, kernels, layers, models
-from transformer_jax.layers import PatchEmbed, attention, causal_mask, resize_position_grid
+from transformer_jax.layers import PatchEmbed, causal_mask, resize_position_grid
 from transformer_jax.models import common
 
 EYE = np.eye(2, dtype=np.float32)
@@ -299,8 +299,8 @@ def test_layers_are_usable_alone_with_plain_arguments(rng):
                                out_features=48)
   params = attention.init(rng, x)
   assert attention.apply(params, x).shape == (2, 6, 48)
-  # Without positions, RoPE rotates by 0..T-1.
-  positions = jnp.broadcast_to(jnp.arange(6), (2, 6))
+  # Without positions, RoPE rotates by 0..T-1 (as given, known when tracing: NumPy).
+  positions = np.broadcast_to(np.arange(6), (2, 6))
   np.testing.assert_allclose(attention.apply(params, x),
                              attention.apply(params, x, positions=positions), rtol=1e-6)
   mlp = layers.MLP(hidden=64, activation='swiglu', out_features=16)

@@ -10,9 +10,9 @@ def check(mask) -> None:
   if mask is None:
     return
   if mask.dtype != bool:
-    raise TypeError(f'Attention masks are boolean, True where a query sees a key; got a {mask.dtype} '
-                    'mask. An additive mask (0 visible, -inf or -1e9 hidden) converts with '
-                    '`mask = additive_mask == 0`.')
+    raise TypeError(f'Attention masks are boolean, True where a query sees a key; got a '
+                    f'{mask.dtype} mask. An additive mask (0 visible, -inf or -1e9 hidden) '
+                    'converts with `mask = additive_mask == 0`.')
   if mask.ndim != 4:
     raise ValueError(f'Attention masks are (B | 1, heads | 1, T, S); got shape {mask.shape}.')
 
