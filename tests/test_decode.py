@@ -9,7 +9,7 @@ import optax
 import pytest
 
 from helpers import tiny
-from transformer_jax import accounting, config_lib, decode, layers, models
+from transformer_jax import accounting, config_lib, decode, kernels, layers, models
 from transformer_jax.train import losses
 
 # Three prompts of different lengths in one batch, start-aligned; the tail of a short row is
@@ -364,8 +364,8 @@ def test_cached_attention_over_the_folded_cache_matches_the_reference():
   @jax.jit
   def both(q, k, v, mask):
     folded = lambda x: jnp.swapaxes(x, 1, 2).reshape(-1, x.shape[1], x.shape[3])
-    return (layers.reference_attention(q, k, v, mask, 8 ** -0.5)[0],
-            layers.cached_attention(q, folded(k), folded(v), mask, 8 ** -0.5))
+    return (kernels.reference.attention(q, k, v, mask, scale=8 ** -0.5),
+            kernels.cache.attention(q, folded(k), folded(v), mask, scale=8 ** -0.5))
 
   noise = np.random.default_rng(0)
   q = noise.standard_normal((2, 3, 4, 8), np.float32)

@@ -1,4 +1,5 @@
 """The shared layers against examples worked out by hand and independent computations."""
+import dataclasses
 import functools
 
 import flax.linen as nn
@@ -8,8 +9,8 @@ import numpy as np
 import pytest
 
 from helpers import init, tiny
-from transformer_jax import config_lib, layers, models
-from transformer_jax.layers import PatchEmbed, attention, causal_mask, resize_position_grid
+from transformer_jax import config_lib, kernels, layers, models
+from transformer_jax.layers import PatchEmbed, causal_mask, resize_position_grid
 from transformer_jax.models import common
 
 EYE = np.eye(2, dtype=np.float32)
@@ -19,7 +20,7 @@ def worked_example_block():
   """A pre-LN block small enough to work out by hand: T = D = 2, one head, LayerNorm, no biases,
   all weights I, d_ff = 2 with ReLU and W2 = I/2."""
   cfg = tiny('encoder', width=2, num_heads=1, d_ff=2, mlp='relu', use_bias=False,
-             norm='layernorm', norm_bias=False, attention_kernel='einsum')
+             norm='layernorm', norm_bias=False, attention_kernel='reference')
   params = {
       'attn': {name: {'kernel': EYE.reshape(2, 1, 2)} for name in ('query', 'key', 'value')},
       'attn_norm': {'scale': np.ones(2, np.float32)},
@@ -44,7 +45,7 @@ def test_block_matches_its_values_worked_out_by_hand():
 def test_shapes_through_one_block(rng):
   # B = 2, T = 5, D = 64, H = 4, d_ff = 4D. Queries are laid out (B, T, H, d_k), not the
   # head-major (B, H, T, d_k); the attention weights are (B, H, T, T).
-  cfg = tiny('encoder', width=64, num_heads=4, attention_kernel='einsum')
+  cfg = tiny('encoder', width=64, num_heads=4, attention_kernel='reference')
   x = jax.random.normal(rng, (2, 5, 64))
   block = common.block(cfg)()
   params = block.init(rng, x, None, jnp.zeros((2, 5), jnp.int32))
@@ -126,8 +127,8 @@ def test_position_grid_resize_keeps_cls_row(rng):
 
 
 def test_gqa_equals_mha_with_repeated_kv_heads(rng):
-  gqa_cfg = tiny('decoder', num_kv_heads=2, use_bias=True)
-  mha_cfg = tiny('decoder', num_kv_heads=4, use_bias=True)
+  gqa_cfg = tiny('decoder', num_kv_heads=2, use_bias=True, attention_kernel='xla')
+  mha_cfg = tiny('decoder', num_kv_heads=4, use_bias=True, attention_kernel='xla')
   x = jax.random.normal(rng, (2, 6, 32))
   positions = jnp.broadcast_to(jnp.arange(6), (2, 6))
   mask = causal_mask(jnp.arange(6), positions, 6)
@@ -149,7 +150,8 @@ def test_kernel_matches_einsum_reference(rng, kv_heads):
   q = jax.random.normal(rng, (2, 5, 4, 8))
   k, v = jax.random.normal(jax.random.key(1), (2, 2, 7, kv_heads, 8))
   mask = jax.random.bernoulli(jax.random.key(2), 0.7, (2, 1, 5, 7)).at[..., 0].set(True)
-  expected, weights = layers.reference_attention(q, k, v, mask, 8 ** -0.5)
+  expected = kernels.reference.attention(q, k, v, mask, scale=8 ** -0.5)
+  weights = kernels.reference.weights(q, k, mask, 8 ** -0.5)
   got = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=8 ** -0.5)
   np.testing.assert_allclose(got, expected, atol=1e-5)
   np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
@@ -164,8 +166,8 @@ def _attention_grads(attend, q, k, v, weights):
 
 @pytest.mark.parametrize('kv_heads,mask_kind', [(4, 'causal'), (2, 'causal'), (1, 'padding'),
                                                 (4, 'per_head'), (2, 'none'), (4, 'empty_row')])
-def test_heads_first_attention_equals_jax_nn_with_gradients(rng, kv_heads, mask_kind):
-  """The CPU path of kernel='dot_product_attention' against jax.nn's: outputs and the gradients
+def test_cpu_kernel_equals_jax_nn_with_gradients(rng, kv_heads, mask_kind):
+  """The CPU kernel against jax.nn's attention: outputs and the gradients
   of the queries, keys and values, for each GQA grouping and kind of mask (a fully masked query
   row included, whose softmax is uniform in both)."""
   b, t, s, h, d = 2, 5, 7, 4, 8
@@ -180,7 +182,7 @@ def test_heads_first_attention_equals_jax_nn_with_gradients(rng, kv_heads, mask_
            'empty_row': jnp.ones((b, 1, t, s), bool).at[1, 0, 2].set(False)}
   mask = masks[mask_kind]
   got, got_grads = _attention_grads(
-      lambda q, k, v: layers.heads_first_attention(q, k, v, mask, d ** -0.5), q, k, v, weights)
+      lambda q, k, v: kernels.cpu.attention(q, k, v, mask, scale=d ** -0.5), q, k, v, weights)
   expected, grads = _attention_grads(
       lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask, scale=d ** -0.5), q, k, v,
       weights)
@@ -189,22 +191,21 @@ def test_heads_first_attention_equals_jax_nn_with_gradients(rng, kv_heads, mask_
     np.testing.assert_allclose(got_grad, grad, atol=1e-6)
 
 
-def test_cpu_attention_gives_a_decoders_loss_and_gradients(rng, monkeypatch):
-  """The reference LM's blocks (RoPE, GQA) train to the same loss and gradients through
-  heads_first_attention, XLA:CPU's default, as through jax.nn.dot_product_attention."""
+def test_cpu_kernel_gives_a_decoders_loss_and_gradients(rng):
+  """The reference LM's blocks (RoPE, GQA) train to the same loss and gradients through the CPU
+  kernel, the one 'auto' picks on XLA:CPU, as through XLA's."""
   cfg = tiny('decoder', num_kv_heads=2, positions='rope', mlp='swiglu', norm='rmsnorm')
   tokens = jax.random.randint(rng, (2, 12), 0, cfg.vocab_size)
   params = init(cfg, rng, tokens)
-  model = models.build(cfg)
 
-  def loss_and_grads():
+  def loss_and_grads(kernel):
+    model = models.build(dataclasses.replace(cfg, attention_kernel=kernel))
     loss = lambda p: jnp.mean(jax.nn.log_softmax(model.apply({'params': p}, tokens))[..., 3])
     return jax.value_and_grad(loss)(params)
 
-  assert attention._on_cpu()
-  cpu_loss, cpu_grads = loss_and_grads()
-  monkeypatch.setattr(attention, '_on_cpu', lambda: False)
-  loss, grads = loss_and_grads()
+  assert models.attention_kernel(cfg, 'cpu').name == 'cpu'
+  cpu_loss, cpu_grads = loss_and_grads('cpu')
+  loss, grads = loss_and_grads('xla')
   np.testing.assert_allclose(cpu_loss, loss, atol=1e-6)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), cpu_grads, grads)
 
@@ -299,8 +300,8 @@ def test_layers_are_usable_alone_with_plain_arguments(rng):
                                out_features=48)
   params = attention.init(rng, x)
   assert attention.apply(params, x).shape == (2, 6, 48)
-  # Without positions, RoPE rotates by 0..T-1.
-  positions = jnp.broadcast_to(jnp.arange(6), (2, 6))
+  # Without positions, RoPE rotates by 0..T-1 (as given, known when tracing: NumPy).
+  positions = np.broadcast_to(np.arange(6), (2, 6))
   np.testing.assert_allclose(attention.apply(params, x),
                              attention.apply(params, x, positions=positions), rtol=1e-6)
   mlp = layers.MLP(hidden=64, activation='swiglu', out_features=16)

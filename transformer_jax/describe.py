@@ -38,6 +38,8 @@ def describe(config) -> str:
   for part in accounting.PARTS:
     if counted[part] or part != 'other':
       lines.append(f'  {part:<10} {counted[part]:>14,} {counted[part] / total:>7.1%}')
+  kernel = models.attention_kernel(cfg, jax.devices()[0].platform)
+  lines.append(f'Attention kernel: {kernel.name} ({kernel.reason})')
   seq_len = config.data.get('seq_len') or cfg.max_len if family.unit == 'token' else None
   flops = accounting.flops_per_token(cfg, seq_len)
   unit = f'token at T={seq_len}' if family.unit == 'token' else family.unit

@@ -10,7 +10,8 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 
 from transformer_jax.errors import ConfigError
-from transformer_jax.layers import attention, block, mlp
+from transformer_jax import kernels
+from transformer_jax.layers import block, mlp
 from transformer_jax.ranges import COUNT, FRACTION, Range
 
 NORMS = ('layernorm', 'rmsnorm')
@@ -18,7 +19,7 @@ POSITIONS = ('learned', 'sinusoidal', 'rope', 'none')
 POOLS = ('cls', 'mean')
 # What each option may be, from the layers that take it.
 CHOICES = {'norm': NORMS, 'norm_position': block.NORM_POSITIONS, 'mlp': mlp.KINDS,
-           'positions': POSITIONS, 'pool': POOLS, 'attention_kernel': attention.KERNELS,
+           'positions': POSITIONS, 'pool': POOLS,
            'remat_policy': tuple(block.REMAT_POLICIES)}
 # The valid range of every numeric field.
 RANGES = {
@@ -81,7 +82,8 @@ class ModelConfig:
   init_std: float | None = 0.02
   embed_init_std: float = 0.02
   # Execution.
-  attention_kernel: str = 'dot_product_attention'
+  # A name of transformer_jax.kernels; 'auto' picks by the platform the step is compiled for.
+  attention_kernel: str = 'auto'
   scan_layers: bool = False
   remat_policy: str = 'none'
   dtype: str = 'float32'
@@ -149,6 +151,7 @@ def validate(cfg: ModelConfig) -> ModelConfig:
     valid.check(f'model.{name}', getattr(cfg, name), getattr(defaults, name))
   for name, allowed in CHOICES.items():
     _choice(name, getattr(cfg, name), allowed)
+  _choice('attention_kernel', cfg.attention_kernel, tuple(kernels.names()))
   for name in ('dtype', 'param_dtype'):
     try:
       jnp.dtype(getattr(cfg, name))

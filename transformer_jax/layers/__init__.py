@@ -1,8 +1,6 @@
 """Layers shared by every family, each usable alone with plain arguments: one attention, one MLP,
 one block and its stack, the norms and the embeddings."""
-from transformer_jax.layers.attention import (Attention, cached_attention, causal_mask,
-                                              heads_first_attention, padding_mask,
-                                              reference_attention)
+from transformer_jax.layers.attention import Attention, causal_mask, padding_mask
 from transformer_jax.layers.block import Block, BlockStack
 from transformer_jax.layers.embeddings import (PatchEmbed, TextEmbed, apply_rope,
                                                resize_position_grid, sinusoidal)

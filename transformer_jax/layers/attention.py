@@ -1,5 +1,4 @@
 """Multi-head attention (MHA, GQA, MQA; self and cross) with its KV cache, and mask helpers."""
-import functools
 from typing import Any
 
 import flax.linen as nn
@@ -7,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer_jax import kernels
 from transformer_jax.layers import axes
 from transformer_jax.layers.embeddings import apply_rope
 from transformer_jax.layers.linear import Linear
@@ -41,116 +41,6 @@ def padding_mask(valid: jax.Array, num_queries: int) -> jax.Array:
   return jnp.broadcast_to(valid[:, None, None, :], (valid.shape[0], 1, num_queries, valid.shape[1]))
 
 
-def reference_attention(q, k, v, mask, scale):
-  """Plain einsum attention with a float32 softmax, the check on `jax.nn.dot_product_attention`.
-
-  Returns the output (B, T, heads, head_dim) and the attention weights (B, heads, T, S).
-  """
-  b, t, h, d = q.shape
-  kv_heads = k.shape[2]
-  q = q.reshape(b, t, kv_heads, h // kv_heads, d)
-  logits = jnp.einsum('btkgd,bskd->bkgts', q, k, preferred_element_type=jnp.float32) * scale
-  if mask is not None:
-    logits = jnp.where(mask[:, :, None], logits, jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-  out = jnp.einsum('bkgts,bskd->btkgd', probs, v).reshape(b, t, h, d)
-  return out, probs.reshape(b, h, t, -1)
-
-
-def cached_attention(q, k, v, mask, scale):
-  """Queries (B, T, heads, head_dim) over a cache of keys and values (B * kv_heads, S, head_dim),
-  with a float32 softmax; returns (B, T, heads, head_dim).
-
-  Each group's query heads are folded into the query axis, so that both products are batched
-  matmuls over the cache's leading axis that read it in the order it is stored. The same
-  products with the batch and the heads as two axes, as `heads_first_attention` computes them
-  for training, decoded the reference LM 6 times slower at batch 32 (821 against 4,914 tokens/s
-  over 1,024 tokens, whole context): XLA copied the cache at every step.
-  """
-  b, t, h, d = q.shape
-  kv_heads = k.shape[0] // b
-  q = jnp.swapaxes(q, 1, 2).reshape(b * kv_heads, h // kv_heads * t, d)
-  logits = jnp.einsum('nqd,nsd->nqs', q, k, preferred_element_type=jnp.float32) * scale
-  if mask is not None:
-    grouped = logits.reshape(b, kv_heads, h // kv_heads, t, -1)
-    logits = jnp.where(mask[:, :, None], grouped, jnp.finfo(jnp.float32).min).reshape(logits.shape)
-  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-  out = jnp.einsum('nqs,nsd->nqd', probs, v)
-  return jnp.swapaxes(out.reshape(b, h, t, d), 1, 2)
-
-
-def heads_first_attention(q, k, v, mask, scale):
-  """jax.nn.dot_product_attention's result (B, T, heads, head_dim), computed with the heads
-  before the positions and with its backward pass written out: the attention XLA:CPU runs fast.
-
-  q (B, T, heads, head_dim); k and v (B, S, kv_heads, head_dim); mask broadcastable to
-  (B, heads, T, S), or None. Each group's query heads are folded into the query axis, so that
-  every product is a batched matmul over (B, kv_heads) on operands laid out as it reads them.
-  The backward pass takes dQ, dK and dV from the saved probabilities, with
-  dS = P (dP - rowsum(dO O)) as flash attention does, rather than through the softmax's autodiff.
-
-  Why, measured on the reference LM's train step (B=32, T=64, 4 heads of 32, 2-core CPU): in
-  jax.nn.dot_product_attention's layout (B, T, heads, head_dim), XLA copies the operands around
-  each product and fuses the softmax's backward into a batched matmul that took 2 ms per layer;
-  this version took the step from 73 to 68 ms.
-  """
-  b, t, h, d = q.shape
-  kv_heads = k.shape[2]
-  group = h // kv_heads
-  q = q.reshape(b, t, kv_heads, group, d).transpose(0, 2, 3, 1, 4).reshape(b, kv_heads, -1, d)
-  k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
-  if mask is not None:  # (B, 1 | kv_heads, 1 | group, T, S), as the grouped logits are
-    split = min(mask.shape[1], kv_heads)
-    mask = mask.reshape(mask.shape[0], split, mask.shape[1] // split, *mask.shape[2:])
-  out = _grouped_attention(q, k, v, mask, scale)
-  return out.reshape(b, kv_heads, group, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
-
-
-_HIDDEN = -0.7 * float(np.finfo(np.float32).max)  # the logit jax.nn.dot_product_attention masks to
-
-
-def _where_visible(x, mask, hidden):
-  """x (B, kv_heads, group * T, S) where mask (B, ., ., T, S) holds, else `hidden`."""
-  if mask is None:
-    return x
-  grouped = x.reshape(*x.shape[:2], -1, *mask.shape[-2:])
-  return jnp.where(mask, grouped, hidden).reshape(x.shape)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _grouped_attention(q, k, v, mask, scale):
-  return _grouped_attention_fwd(q, k, v, mask, scale)[0]
-
-
-def _grouped_attention_fwd(q, k, v, mask, scale):
-  logits = jnp.einsum('bkqd,bksd->bkqs', q, k, preferred_element_type=jnp.float32) * scale
-  probs = jax.nn.softmax(_where_visible(logits, mask, _HIDDEN), axis=-1)
-  out = jnp.einsum('bkqs,bksd->bkqd', probs.astype(v.dtype), v)
-  return out, (q, k, v, mask, probs, out)
-
-
-def _grouped_attention_bwd(scale, residuals, d_out):
-  q, k, v, mask, probs, out = residuals
-  d_v = jnp.einsum('bkqs,bkqd->bksd', probs.astype(d_out.dtype), d_out)
-  d_probs = jnp.einsum('bkqd,bksd->bkqs', d_out, v, preferred_element_type=jnp.float32)
-  rowsum = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), -1, keepdims=True)
-  # Hidden logits get no gradient, as through jnp.where (a fully masked row has P uniform).
-  d_logits = _where_visible(probs * (d_probs - rowsum) * scale, mask, 0.0).astype(q.dtype)
-  d_q = jnp.einsum('bkqs,bksd->bkqd', d_logits, k)
-  d_k = jnp.einsum('bkqs,bkqd->bksd', d_logits, q)
-  return d_q, d_k.astype(k.dtype), d_v.astype(v.dtype), None
-
-
-_grouped_attention.defvjp(_grouped_attention_fwd, _grouped_attention_bwd)
-
-KERNELS = ('dot_product_attention', 'heads_first', 'einsum')
-
-
-def _on_cpu() -> bool:
-  """Whether kernel='dot_product_attention' runs heads_first_attention: on XLA:CPU."""
-  return jax.default_backend() == 'cpu'
-
-
 class Attention(nn.Module):
   """softmax(Q K^T / sqrt(head_dim) + mask) V over `num_heads` query heads and `num_kv_heads`
   key-value heads (MHA; GQA; MQA with one), self- or cross-attention, with its KV cache.
@@ -159,28 +49,23 @@ class Attention(nn.Module):
     params = attention.init(rng, x)  # x (B, T, D)
     y = attention.apply(params, x, mask=causal_mask(jnp.arange(T), positions, T))  # (B, T, D)
 
-  The output has `out_features` (default: the input's width). Self-attention takes its keys
-  from its input; cross-attention (`is_cross`) from `kv_inputs`. With `rope_base`, queries and
-  keys of self-attention are rotated by their `positions` (B, T) (default 0..T-1, after the
-  cache index when decoding). `kernel` is 'dot_product_attention' (jax.nn's, cuDNN's flash
-  attention on a GPU; on XLA:CPU `heads_first_attention`, the same numbers faster there),
-  'heads_first' (`heads_first_attention` on any backend) or 'einsum', the plain reference,
-  which also sows the attention weights into 'intermediates'. `init_std` None draws the kernels
-  LeCun-normal.
+  The layer projects queries, keys and values, rotates them (RoPE), keeps the cache and projects
+  the heads back; the softmax(QK^T)V between is `kernel`: a name of `transformer_jax.kernels`
+  ('xla', 'cpu', 'reference', or one registered there) or a function of the kernels' signature.
+  'auto' is resolved before a layer is built, by the platform the step is compiled for
+  (`kernels.resolve`, which `models.build` calls). The output has `out_features` (default: the
+  input's width). Self-attention takes its keys from its input; cross-attention (`is_cross`)
+  from `kv_inputs`. With `rope_base`, queries and keys of self-attention are rotated by their
+  `positions` (B, T) (default 0..T-1, after the cache index when decoding). `init_std` None
+  draws the kernels LeCun-normal. Where the 'intermediates' collection is mutable, the layer
+  sows the attention weights (B, heads, T, S) there, computed by the reference kernel.
 
   With `cache_index` set, the 'cache' collection holds the keys and values (B * num_kv_heads,
   S, head_dim): self-attention writes its new ones at slots cache_index.. and attends over all S
   slots (the caller's mask hides slots not yet written; a sliding-window cache is a ring of S
   slots that the caller indexes modulo S, see `causal_mask`); cross-attention stores them when
   given `kv_inputs` and reads them back when called without. Attention over the cache is
-  `cached_attention`, whatever `kernel` says.
-
-  The cache layout is for XLA:CPU, where a decoding step is bound by reading the cache. With
-  slots before heads (B, S, kv_heads, head_dim), each step copied and transposed the whole cache
-  (6x slower at batch 32 and 1,030 slots, through jax.nn.dot_product_attention or an einsum);
-  with heads before slots but batch and heads apart, XLA still copied the cache several times
-  per step at batch 1 (its size-1 batch axis is reshaped away between the in-place update and
-  the product). One leading axis lets the update and both products use the cache as stored.
+  `kernels.cache.attention`, which reads that layout as it is stored.
   """
   num_heads: int
   head_dim: int
@@ -189,7 +74,7 @@ class Attention(nn.Module):
   use_bias: bool = True
   out_features: int | None = None  # None: the input's width
   is_cross: bool = False
-  kernel: str = 'dot_product_attention'
+  kernel: str | kernels.Kernel = 'xla'
   init_std: float | None = 0.02
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
@@ -205,8 +90,7 @@ class Attention(nn.Module):
       raise ValueError(f'RoPE rotates pairs of channels with frequencies rope_base^(-i/h): it '
                        f'needs an even head_dim (not {self.head_dim}) and rope_base > 1 (not '
                        f'{self.rope_base}).')
-    if self.kernel not in KERNELS:
-      raise ValueError(f'Unknown attention kernel {self.kernel!r}: use one of {list(KERNELS)}.')
+    kernels.resolve(self.kernel)  # an unknown name, or 'auto' left unresolved, fails here
     super().__post_init__()
 
   @property
@@ -215,6 +99,14 @@ class Attention(nn.Module):
 
   @nn.compact
   def __call__(self, x, kv_inputs=None, *, mask=None, positions=None, cache_index=None):
+    """x (B, T, D) -> (B, T, out_features).
+
+    kv_inputs (B, S, D'): cross-attention's keys and values (None in a cached decoding step,
+    which reads them from the cache). mask: boolean (B | 1, heads | 1, T, S), True where a query
+    sees a key; None: every key. positions (B, T): RoPE's token positions. cache_index: the
+    cache slot of the first of the T queries (decoding), or None (no cache).
+    """
+    kernels.masks.check(mask)
     dense = lambda heads, axis, name: Linear(
         (heads, self.head_dim), ('embed',), (axis, 'head_dim'), use_bias=self.use_bias,
         init_std=self.init_std, dtype=self.dtype, param_dtype=self.param_dtype, name=name)
@@ -233,14 +125,11 @@ class Attention(nn.Module):
       k = apply_rope(k, positions, self.rope_base)
     scale = self.head_dim ** -0.5
     if cache_index is not None:
-      out = cached_attention(q, *self._cached(k, v, cache_index), mask, scale)
-    elif self.kernel == 'einsum':
-      out, weights = reference_attention(q, k, v, mask, scale)
-      self.sow('intermediates', 'attention_weights', weights)
-    elif self.kernel == 'heads_first' or _on_cpu():
-      out = heads_first_attention(q, k, v, mask, scale)
+      out = kernels.cache.attention(q, *self._cached(k, v, cache_index), mask, scale=scale)
     else:
-      out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale)
+      out = kernels.resolve(self.kernel).fn(q, k, v, mask, scale=scale)
+      if self.is_mutable_collection('intermediates'):
+        self.sow('intermediates', 'attention_weights', kernels.reference.weights(q, k, mask, scale))
     out = axes.constrain(out, axes.HEADS, None)
     return Linear((self.out_features or x.shape[-1],), ('heads', 'head_dim'), ('embed',),
                   use_bias=self.use_bias, init_std=self.init_std, dtype=self.dtype,

@@ -19,6 +19,29 @@ def kernel_init(std: float | None, in_axes: int = 1, out_axes: int = 1):
       out_axis=tuple(range(in_axes, in_axes + out_axes)))
 
 
+def contract(x: jax.Array, kernel: jax.Array, num_in: int, out_dtype=None) -> jax.Array:
+  """x's last `num_in` dimensions contracted with the kernel's first `num_in`: (..., *in) x
+  (*in, *out) -> (..., *out).
+
+  Compiled for XLA:CPU, the product runs as one 2-D matmul over all leading positions, (B*T, in)
+  x (in, out): XLA:CPU computes the weight gradient of that form much faster than that of the
+  batched one. On other platforms it is the plain contraction, which XLA:TPU runs moving fewer
+  bytes (experiments/results/bench_train has both measurements).
+  """
+  in_size, lead = math.prod(kernel.shape[:num_in]), x.shape[:x.ndim - num_in]
+
+  def flattened(x, kernel):
+    y = jnp.dot(x.reshape(-1, in_size), kernel.reshape(in_size, -1),
+                preferred_element_type=out_dtype)
+    return y.reshape(lead + kernel.shape[num_in:])
+
+  def batched(x, kernel):
+    dims = ((tuple(range(x.ndim - num_in, x.ndim)), tuple(range(num_in))), ((), ()))
+    return jax.lax.dot_general(x, kernel, dims, preferred_element_type=out_dtype)
+
+  return jax.lax.platform_dependent(x, kernel, cpu=flattened, default=batched)
+
+
 class Linear(nn.Module):
   """y = x W + b: the trailing len(in_axes) dimensions of x contracted into `features`.
 
@@ -27,10 +50,7 @@ class Linear(nn.Module):
 
   `in_axes` and `out_axes` are the logical names of the contracted and the output dimensions
   (what sharding rules refer to); their lengths say how many dimensions each side has. The
-  kernel keeps the natural multi-dimensional shape, in_shape + features, but the product runs as
-  one 2-D matmul over all leading positions: on XLA's CPU backend the weight gradient of a
-  (B*T, D) product is markedly cheaper than that of a (B, T, D) one, and it is no slower
-  elsewhere.
+  kernel keeps the natural multi-dimensional shape, in_shape + features (see `contract`).
   """
   features: Sequence[int]
   in_axes: Sequence[str]
@@ -64,14 +84,10 @@ class Linear(nn.Module):
         'kernel', nn.with_logical_partitioning(kernel_init(self.init_std, num_in, len(features)),
                                                (*self.in_axes, *self.out_axes)),
         in_shape + features, self.param_dtype)
-    lead = x.shape[:x.ndim - num_in]
-    y = jnp.dot(x.reshape(-1, math.prod(in_shape)).astype(self.dtype),
-                kernel.reshape(math.prod(in_shape), -1).astype(self.dtype),
-                preferred_element_type=self.out_dtype)
-    y = y.reshape(lead + features)
+    y = contract(x.astype(self.dtype), kernel.astype(self.dtype), num_in, self.out_dtype)
     if self.use_bias:
       bias = self.param('bias', nn.with_logical_partitioning(nn.initializers.zeros,
                                                               tuple(self.out_axes)),
                         features, self.param_dtype)
-      y = y + bias.astype(y.dtype).reshape((1,) * len(lead) + features)
+      y = y + bias.astype(y.dtype).reshape((1,) * (y.ndim - len(features)) + features)
     return y

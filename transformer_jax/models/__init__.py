@@ -1,11 +1,13 @@
 """The families, built from a config: `build(config.model)`. Each family is one entry of
 `registry` (the four below register themselves on import)."""
+import dataclasses
 from typing import Any, Mapping
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer_jax import kernels
 from transformer_jax.layers.block import LAYERS
 from transformer_jax.model_config import ModelConfig, validate
 from transformer_jax.models import decoder, encoder, encoder_decoder, registry, vit
@@ -24,9 +26,18 @@ def family_of(model: ModelConfig | Mapping[str, Any]) -> registry.Family:
   return registry.get(model_config(model).family)
 
 
-def build(model: ModelConfig | Mapping[str, Any]) -> nn.Module:
-  """The Flax module of `model.family`, after validating every option."""
+def attention_kernel(model: ModelConfig | Mapping[str, Any],
+                     platform: str | None = None) -> kernels.Choice:
+  """The attention kernel `model` runs when compiled for `platform` ('cpu', 'gpu', 'tpu'; None:
+  the platform JAX computes on here, jax.default_backend())."""
+  return kernels.resolve(model_config(model).attention_kernel, platform or jax.default_backend())
+
+
+def build(model: ModelConfig | Mapping[str, Any], platform: str | None = None) -> nn.Module:
+  """The Flax module of `model.family`, after validating every option, with the attention kernel
+  for `platform` (see `attention_kernel`)."""
   cfg = model_config(model)
+  cfg = dataclasses.replace(cfg, attention_kernel=attention_kernel(cfg, platform).name)
   return registry.get(cfg.family).module(cfg)
 
 

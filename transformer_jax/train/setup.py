@@ -48,7 +48,10 @@ def build_run(config: ml_collections.ConfigDict) -> Run:
   mesh = sharding.make_mesh(config.mesh)
   sharding.check_batches_divide(config.data.batch_size, dataset.eval_batch_size, mesh,
                                 config.training.grad_accum_steps)
-  model = family.module(cfg)
+  platform = mesh.devices.flat[0].platform
+  kernel = models.attention_kernel(cfg, platform)
+  log.info('Attention kernel: %s (%s).', kernel.name, kernel.reason)
+  model = models.build(cfg, platform)
   tx, schedule = optim.make_optimizer(config.optimizer, config.training.steps)
   boxed = boxed_abstract_state(model, tx, family.example_inputs(cfg))
   state_sharding = sharding.state_shardings(boxed, mesh, config_lib.sharding_rules(config))

@@ -1,0 +1,129 @@
+"""The attention kernels: each equals the einsum reference, and the one a model runs is chosen by
+the platform it is compiled for, by name, or as a function."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import tiny
+from transformer_jax import kernels, layers, models
+
+
+def _inputs(kv_heads, b=2, t=5, s=7, h=4, d=8):
+  q = jax.random.normal(jax.random.key(0), (b, t, h, d))
+  k, v = jax.random.normal(jax.random.key(1), (2, b, s, kv_heads, d))
+  return q, k, v
+
+
+@pytest.mark.parametrize('name', ['xla', 'cpu'])
+@pytest.mark.parametrize('kv_heads,mask_shape', [(4, (2, 1, 5, 7)), (2, (2, 4, 5, 7)),
+                                                 (1, (1, 1, 5, 7)), (2, None)])
+def test_each_kernel_equals_the_reference_with_gradients(name, kv_heads, mask_shape):
+  """Outputs and the gradients of q, k and v, for each grouping and mask broadcast (a per-head
+  mask included)."""
+  q, k, v = _inputs(kv_heads)
+  mask = None if mask_shape is None else (
+      jax.random.bernoulli(jax.random.key(2), 0.6, mask_shape).at[..., 0].set(True))
+  cotangent = jax.random.normal(jax.random.key(3), q.shape)
+
+  def out_and_grads(kernel):
+    attend = lambda q, k, v: kernel(q, k, v, mask, scale=8 ** -0.5)
+    loss = lambda q, k, v: jnp.sum(attend(q, k, v) * cotangent)
+    return attend(q, k, v), jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+  got, got_grads = out_and_grads(kernels.resolve(name).fn)
+  expected, grads = out_and_grads(kernels.reference.attention)
+  np.testing.assert_allclose(got, expected, atol=1e-6)
+  for got_grad, grad in zip(got_grads, grads):
+    np.testing.assert_allclose(got_grad, grad, atol=1e-5)
+
+
+def test_auto_picks_by_the_platform_it_is_given():
+  assert kernels.resolve('auto', 'cpu').name == 'cpu'
+  for platform in ('gpu', 'tpu'):
+    choice = kernels.resolve('auto', platform)
+    assert (choice.name, choice.fn) == ('xla', kernels.xla.attention)
+    assert choice.reason.startswith(f'auto on {platform}: ')
+  with pytest.raises(ValueError, match='picks by the platform the step is compiled for'):
+    kernels.resolve('auto')
+  with pytest.raises(ValueError, match='picks by the platform'):
+    layers.Attention(num_heads=2, head_dim=8, kernel='auto')
+
+
+def test_former_kernel_names_resolve_to_their_kernels():
+  """Configs saved before the kernels had names of their own still build the same model."""
+  assert kernels.resolve('dot_product_attention', 'cpu').name == 'cpu'
+  assert kernels.resolve('dot_product_attention', 'tpu').name == 'xla'
+  assert kernels.resolve('heads_first').fn is kernels.cpu.attention
+  assert kernels.resolve('einsum').fn is kernels.reference.attention
+  cfg = tiny('decoder', attention_kernel='dot_product_attention')
+  assert models.attention_kernel(cfg, 'cpu').name == 'cpu'
+
+
+def _forward_jaxpr(model, params, tokens) -> str:
+  return str(jax.make_jaxpr(lambda p: model.apply({'params': p}, tokens))(params))
+
+
+def test_the_model_runs_the_kernel_of_the_platform_it_is_built_for(rng):
+  """models.build(cfg, platform) picks for that platform, not for the machine compiling: built
+  for a TPU on this CPU, the model runs XLA's attention (no custom_vjp of the CPU kernel)."""
+  cfg = tiny('decoder')
+  tokens = jnp.zeros((2, 8), jnp.int32)
+  params = models.build(cfg, 'cpu').init(rng, tokens)['params']
+  assert 'custom_vjp_call' in _forward_jaxpr(models.build(cfg, 'cpu'), params, tokens)
+  assert 'custom_vjp_call' not in _forward_jaxpr(models.build(cfg, 'tpu'), params, tokens)
+
+
+def test_a_function_or_a_registered_name_is_the_kernel_the_layer_runs(rng, monkeypatch):
+  calls = []
+
+  def spy(q, k, v, mask=None, *, scale):
+    calls.append(q.shape)
+    return kernels.reference.attention(q, k, v, mask, scale=scale)
+
+  x = jax.random.normal(rng, (2, 6, 32))
+  attention = layers.Attention(num_heads=4, head_dim=8, kernel=spy)
+  params = attention.init(rng, x)
+  expected = layers.Attention(num_heads=4, head_dim=8, kernel='xla').apply(params, x)
+  np.testing.assert_allclose(attention.apply(params, x), expected, atol=1e-6)
+  assert calls and calls[-1] == (2, 6, 4, 8)
+  monkeypatch.setitem(kernels._KERNELS, 'spy', spy)  # as kernels.register('spy', spy) adds it
+  cfg = tiny('decoder', attention_kernel='spy')
+  calls.clear()
+  tokens = jnp.zeros((2, 8), jnp.int32)
+  models.build(cfg).init(rng, tokens)
+  assert len(calls) == cfg.num_layers
+  assert models.attention_kernel(cfg, 'tpu').reason == 'chosen by name'
+
+
+def test_a_float_mask_is_refused_with_how_to_convert_it(rng):
+  """An additive mask (0 visible, -1e9 hidden) would read as 'all visible' if taken as a
+  boolean one."""
+  x = jax.random.normal(rng, (1, 4, 16))
+  attention = layers.Attention(num_heads=2, head_dim=8)
+  params = attention.init(rng, x)
+  additive = jnp.where(jnp.tril(jnp.ones((4, 4), bool)), 0.0, -1e9)[None, None]
+  with pytest.raises(TypeError, match=r'boolean.*additive_mask == 0'):
+    attention.apply(params, x, mask=additive)
+  causal = attention.apply(params, x, mask=additive == 0)
+  np.testing.assert_allclose(causal, attention.apply(params, x, mask=layers.causal_mask(
+      jnp.arange(4), jnp.arange(4)[None], 4)), atol=1e-6)
+
+
+def test_describe_names_the_kernel_and_why():
+  from transformer_jax import config_lib, describe
+  config = config_lib.from_file('configs/llama_shakespeare.py')
+  config.model.vocab_size = 65
+  text = describe.describe(config)
+  assert ('Attention kernel: cpu (auto on cpu: XLA:CPU runs the step fastest with the heads '
+          'before the positions and the backward pass written out)') in text
+  config.model.attention_kernel = 'reference'
+  assert 'Attention kernel: reference (chosen by name)' in describe.describe(config)
+
+
+def test_an_unknown_kernel_name_fails_in_the_config_check():
+  from transformer_jax.errors import ConfigError
+  with pytest.raises(ConfigError, match=r"Unknown attention_kernel 'flash'.*'auto'"):
+    models.model_config(dataclasses.asdict(tiny('decoder')) | {'attention_kernel': 'flash'})

@@ -1,0 +1,81 @@
+"""Attention kernels: softmax(Q K^T * scale) V, one signature for all.
+
+    out = kernel(q, k, v, mask=None, *, scale)
+
+q (B, T, heads, head_dim); k, v (B, S, kv_heads, head_dim), kv_heads dividing heads (each group
+of heads // kv_heads query heads shares one key-value head: MHA, GQA, MQA); mask boolean
+(B | 1, heads | 1, T, S), True where a query sees a key, or None; out (B, T, heads, head_dim) in
+v's dtype. The softmax runs in float32; a query that sees no key weighs every key alike.
+
+Kernels by name:
+  'reference'  plain einsums (`reference.attention`): the definition the others are tested by.
+  'xla'        `jax.nn.dot_product_attention(implementation='xla')`: any platform.
+  'cpu'        heads before positions, with the backward pass written out: fastest on XLA:CPU.
+  'auto'       chosen by the platform the step is compiled for (`resolve`).
+A function of that signature may be passed wherever a name is, or registered under a name of its
+own (`register`) so that a config can select it (`--config.model.attention_kernel=NAME`). Fused
+platform kernels (cuDNN through implementation='cudnn', Pallas splash attention on TPU) join the
+same way, and `auto` then picks them for their platform.
+"""
+import dataclasses
+from typing import Callable
+
+from transformer_jax.kernels import cache, cpu, masks, reference, xla
+
+__all__ = ['Choice', 'Kernel', 'cache', 'masks', 'names', 'reference', 'register', 'resolve']
+
+Kernel = Callable  # (q, k, v, mask=None, *, scale) -> out
+
+_KERNELS: dict[str, Kernel] = {
+    'reference': reference.attention, 'xla': xla.attention, 'cpu': cpu.attention}
+# The kernel 'auto' picks for each platform (jax.Device.platform), and why.
+_AUTO = {
+    'cpu': ('cpu', "XLA:CPU runs the step fastest with the heads before the positions and the "
+                   "backward pass written out"),
+}
+_AUTO_DEFAULT = ('xla', 'no kernel of its own is registered for this platform')
+# Names earlier configs saved: the default kernel then meant what 'auto' means now.
+_RENAMED = {'dot_product_attention': 'auto', 'heads_first': 'cpu', 'einsum': 'reference'}
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+  """A resolved kernel: its name, the function, and why it was chosen."""
+  name: str
+  fn: Kernel
+  reason: str
+
+
+def register(name: str, fn: Kernel, platform: str | None = None) -> None:
+  """Makes `fn` selectable as `name`; with `platform`, 'auto' picks it there."""
+  if name == 'auto' or name in _RENAMED:
+    raise ValueError(f'{name!r} is reserved: register the kernel under another name.')
+  _KERNELS[name] = fn
+  if platform is not None:
+    _AUTO[platform] = (name, f'registered as the kernel for {platform}')
+
+
+def names() -> list[str]:
+  """Every name `resolve` takes."""
+  return ['auto', *_KERNELS, *_RENAMED]
+
+
+def resolve(kernel: str | Kernel, platform: str | None = None) -> Choice:
+  """The kernel to run for `platform` ('cpu', 'gpu', 'tpu': the platform of the devices the step
+  is compiled for, which need not be the machine's own). Only 'auto' reads the platform."""
+  if callable(kernel):
+    return Choice(getattr(kernel, '__name__', repr(kernel)), kernel, 'passed as a function')
+  name = _RENAMED.get(kernel, kernel)
+  if name == 'auto':
+    if platform is None:
+      raise ValueError(f"attention kernel {kernel!r} picks by the platform the step is compiled "
+                       "for: resolve it with kernels.resolve('auto', platform), as models.build "
+                       "does, or name a kernel.")
+    chosen, why = _AUTO.get(platform, _AUTO_DEFAULT)
+    return Choice(chosen, _KERNELS[chosen], f'auto on {platform}: {why}')
+  if name not in _KERNELS:
+    raise ValueError(f'Unknown attention kernel {kernel!r}: use one of {names()}, a function '
+                     '(q, k, v, mask=None, *, scale) -> out, or register one '
+                     '(transformer_jax.kernels.register).')
+  return Choice(name, _KERNELS[name], 'chosen by name' if name == kernel else
+                f'{kernel!r} is the former name of {name!r}')
