@@ -127,3 +127,23 @@ def test_an_unknown_kernel_name_fails_in_the_config_check():
   from transformer_jax.errors import ConfigError
   with pytest.raises(ConfigError, match=r"Unknown attention_kernel 'flash'.*'auto'"):
     models.model_config(dataclasses.asdict(tiny('decoder')) | {'attention_kernel': 'flash'})
+
+
+def _lowered(fn, platform, *args) -> str:
+  """The StableHLO of `fn` lowered for `platform`, which this machine need not have."""
+  return jax.export.export(jax.jit(fn), platforms=[platform])(*args).mlir_module()
+
+
+def test_linear_runs_as_one_matmul_only_when_compiled_for_the_cpu():
+  """Both forms equal NumPy's contraction; XLA:CPU gets the (B*T, in) matmul, a TPU the plain
+  contraction of (B, T, heads, head_dim)."""
+  from transformer_jax.layers import linear
+  x = np.random.default_rng(0).standard_normal((2, 3, 4, 5), np.float32)
+  kernel = np.random.default_rng(1).standard_normal((4, 5, 6), np.float32)
+  expected = np.einsum('bthd,hdf->btf', x, kernel)
+  for form in (linear._as_one_matmul, linear._as_contraction):
+    np.testing.assert_allclose(form(x, kernel, 2, None), expected, rtol=1e-5)
+  np.testing.assert_allclose(linear.contract(x, kernel, 2), expected, rtol=1e-5)
+  contract = lambda x, kernel: linear.contract(x, kernel, 2)
+  assert 'tensor<6x20xf32>' in _lowered(contract, 'cpu', x, kernel)
+  assert 'tensor<6x20xf32>' not in _lowered(contract, 'tpu', x, kernel)

@@ -1,4 +1,5 @@
 """The one dense layer every projection uses, with logical axis names on its parameters."""
+import functools
 import math
 from typing import Any, Sequence
 
@@ -28,18 +29,20 @@ def contract(x: jax.Array, kernel: jax.Array, num_in: int, out_dtype=None) -> ja
   batched one. On other platforms it is the plain contraction, which XLA:TPU runs moving fewer
   bytes (experiments/results/bench_train has both measurements).
   """
-  in_size, lead = math.prod(kernel.shape[:num_in]), x.shape[:x.ndim - num_in]
+  forms = [functools.partial(form, num_in=num_in, out_dtype=out_dtype)
+           for form in (_as_one_matmul, _as_contraction)]
+  return jax.lax.platform_dependent(x, kernel, cpu=forms[0], default=forms[1])
 
-  def flattened(x, kernel):
-    y = jnp.dot(x.reshape(-1, in_size), kernel.reshape(in_size, -1),
-                preferred_element_type=out_dtype)
-    return y.reshape(lead + kernel.shape[num_in:])
 
-  def batched(x, kernel):
-    dims = ((tuple(range(x.ndim - num_in, x.ndim)), tuple(range(num_in))), ((), ()))
-    return jax.lax.dot_general(x, kernel, dims, preferred_element_type=out_dtype)
+def _as_one_matmul(x, kernel, num_in, out_dtype):
+  in_size = math.prod(kernel.shape[:num_in])
+  y = jnp.dot(x.reshape(-1, in_size), kernel.reshape(in_size, -1), preferred_element_type=out_dtype)
+  return y.reshape(x.shape[:x.ndim - num_in] + kernel.shape[num_in:])
 
-  return jax.lax.platform_dependent(x, kernel, cpu=flattened, default=batched)
+
+def _as_contraction(x, kernel, num_in, out_dtype):
+  dims = ((tuple(range(x.ndim - num_in, x.ndim)), tuple(range(num_in))), ((), ()))
+  return jax.lax.dot_general(x, kernel, dims, preferred_element_type=out_dtype)
 
 
 class Linear(nn.Module):
