@@ -68,12 +68,8 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
   results = sweep.run_all(sweep_runs(quick), lambda r: sweep.config_for(r, CONFIG, *base), workdir)
   table = variant_table(results)
   figures = {NAME: bar_chart(table)}
-  markdown = (sweep.smoke_report(TITLE, results, command) if quick
-              else report(table, results, command))
-  sweep.write_results(results_dir or f'{workdir}/results',
-                      {'command': command, 'table': table, 'runs': results}, markdown, figures,
-                      smoke=quick)
-  return {'table': table, 'markdown': markdown, 'figures': figures}
+  return sweep.finish(TITLE, command, results, lambda: report(table, results, command), figures,
+                      results_dir or f'{workdir}/results', quick, table=table)
 
 
 def variant_table(results: list[dict]) -> dict[str, dict]:

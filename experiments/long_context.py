@@ -74,10 +74,8 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
     result.update(measure(make_config(run_spec), f'{workdir}/{run_spec.dirname}',
                           QUICK_ROWS if quick else None, QUICK_SAMPLE if quick else SAMPLE))
   figures = {'loss_vs_position': curves(results)}
-  markdown = sweep.smoke_report(TITLE, results, command) if quick else report(results, command)
-  sweep.write_results(results_dir or f'{workdir}/results', {'command': command, 'runs': results},
-                      markdown, figures, smoke=quick)
-  return {'runs': results, 'markdown': markdown, 'figures': figures}
+  return sweep.finish(TITLE, command, results, lambda: report(results, command), figures,
+                      results_dir or f'{workdir}/results', quick)
 
 
 def measure(config, run_dir: str, max_rows: int | None, sample: dict) -> dict:

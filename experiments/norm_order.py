@@ -65,10 +65,8 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
   base = [FULL, QUICK if quick else {}, data or {}]
   results = sweep.run_all(sweep_runs(quick), lambda r: sweep.config_for(r, CONFIG, *base), workdir)
   figures = {NAME: curves(results)}
-  markdown = sweep.smoke_report(TITLE, results, command) if quick else report(results, command)
-  sweep.write_results(results_dir or f'{workdir}/results', {'command': command, 'runs': results},
-                      markdown, figures, smoke=quick)
-  return {'runs': results, 'markdown': markdown, 'figures': figures}
+  return sweep.finish(TITLE, command, results, lambda: report(results, command), figures,
+                      results_dir or f'{workdir}/results', quick)
 
 
 def setting(result: dict, key: str):

@@ -85,12 +85,8 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
   resize = resize_accuracies(config, f'{workdir}/{resize_run.dirname}',
                              2 * config.model.image_size)
   figures = plots(results, resize)
-  markdown = (sweep.smoke_report(TITLE, results, command) if quick
-              else report(results, resize, command))
-  sweep.write_results(results_dir or f'{workdir}/results',
-                      {'command': command, 'runs': results, 'resize': resize}, markdown, figures,
-                      smoke=quick)
-  return {'runs': results, 'resize': resize, 'markdown': markdown, 'figures': figures}
+  return sweep.finish(TITLE, command, results, lambda: report(results, resize, command), figures,
+                      results_dir or f'{workdir}/results', quick, resize=resize)
 
 
 def costs(config) -> dict:

@@ -98,12 +98,8 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
   fits = (fit_all(results, bootstrap=10, num_starts=QUICK_FIT_STARTS) if quick
           else fit_all(results, bootstrap))
   figures = plots(results, fits)
-  markdown = (sweep.smoke_report(TITLE, results, command) if quick
-              else report(results, fits, command))
-  sweep.write_results(results_dir or f'{workdir}/results',
-                      {'command': command, 'runs': results, 'fits': fits}, markdown, figures,
-                      smoke=quick)
-  return {'runs': results, 'fits': fits, 'markdown': markdown, 'figures': figures}
+  return sweep.finish(TITLE, command, results, lambda: report(results, fits, command), figures,
+                      results_dir or f'{workdir}/results', quick, fits=fits)
 
 
 def sizes(config) -> dict:

@@ -192,6 +192,16 @@ def smoke_report(title: str, results: list[dict], command: str) -> str:
   return '\n'.join(lines) + '\n'
 
 
+def finish(title: str, command: str, results: list[dict], report: Callable[[], str],
+           figures: Mapping[str, Any], results_dir: str, quick: bool, **extra) -> dict:
+  """An experiment's last step: its README (`report()`, or the smoke report of a --quick run),
+  results.json ({command, runs, **extra}) and figures written to `results_dir`; returns them."""
+  markdown = smoke_report(title, results, command) if quick else report()
+  write_results(results_dir, {'command': command, 'runs': results, **extra}, markdown, figures,
+                smoke=quick)
+  return {'runs': results, **extra, 'markdown': markdown, 'figures': figures}
+
+
 def write_results(results_dir, payload: dict, markdown: str, figures: Mapping[str, Any],
                   smoke: bool = False) -> None:
   """results.json (payload), README.md (markdown) and each matplotlib Figure as <name>.png;
