@@ -63,7 +63,8 @@ def test_one_block_at_768_has_12d2_plus_13d(rng):
   assert blocks == 7_087_872
   # A Block initialized alone, and GPT-2's checkpoint, whose block holds ln_1, attn.c_attn
   # (768, 2304), attn.c_proj (768, 768), ln_2, mlp.c_fc (768, 3072) and mlp.c_proj (3072, 768).
-  alone = jax.eval_shape(common.block(models.model_config(block))().init, rng,
+  named_kernel = models.model_config(block | {'attention_kernel': 'xla'})
+  alone = jax.eval_shape(common.block(named_kernel)().init, rng,
                          jnp.zeros((1, 1, 768)))
   assert tree_size(alone) == blocks
   gpt2_block = [(2, 768), (768, 2304), (2304,), (768, 768), (768,), (2, 768), (768, 3072),
