@@ -12,6 +12,7 @@ from ml_collections import config_dict
 
 from transformer_jax.errors import ConfigError
 from transformer_jax import models
+from transformer_jax.data.pipeline import DATA_DEFAULTS, DATA_TYPES
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.ranges import COUNT, FRACTION, Range
 
@@ -77,32 +78,6 @@ def vit_variant(variant: str) -> dict:
                      f'{list(VIT_SIZES)} (for example "S/4").')
   width, depth, heads = VIT_SIZES[name]
   return dict(width=width, num_layers=depth, num_heads=heads, patch_size=int(patch))
-
-
-# Every key make_data reads from config.data, with its default (None or missing: the default).
-DATA_DEFAULTS = {
-    'name': None,  # 'cifar10' | 'tiny_shakespeare' | 'text_file' | 'seq2seq_reverse' | ...
-    'tfds_data_dir': None,  # TFDS data dir; None: TFDS's default (TFDS_DATA_DIR or ~/...)
-    'manual_dir': None,  # local source files to prepare a dataset from (see sources.py)
-    'download': True,  # whether a dataset that is not prepared may be downloaded
-    'path': None,  # text_file: any UTF-8 file
-    'seq_len': 64,  # characters per window; source and target length of seq2seq
-    'batch_size': 128,  # the GLOBAL batch, split evenly over the processes
-    'eval_batch_size': None,  # None: batch_size
-    'eval_steps': -1,  # eval batches; -1 or None: every full batch of the held-out split
-    'eval_examples': 1024,  # held-out size of generated data; synthetic trains on 9x as much
-    'augment': True,  # image training batches: random crop of the 4-pixel-padded image + flip
-    'mlm_probability': 0.15,  # encoder: share of positions selected for the MLM loss
-    'alphabet': 'abcdefghijklmnopqrstuvwxyz',  # symbols of generated text and seq2seq data
-    'seq2seq_min_len': 1,  # shortest source, in symbols
-    'seq2seq_max_len': None,  # longest source; None: seq_len - 1 (the target needs its EOS)
-    'image_size': 32,  # synthetic images: height and width
-    'num_classes': 10,  # synthetic images: classes
-    'num_threads': 2,  # grain threads assembling training batches ahead of the device
-    'prefetch_buffer_size': 4,  # training batches grain keeps ready
-}
-DATA_TYPES = {'name': str, 'tfds_data_dir': str, 'manual_dir': str, 'path': str,
-              'eval_batch_size': int, 'seq2seq_max_len': int}
 
 
 def base_config() -> ml_collections.ConfigDict:
