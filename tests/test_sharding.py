@@ -10,7 +10,7 @@ import pytest
 
 from helpers import ROOT, load_config
 from train_helpers import losses, small_config
-from transformer_jax import config_lib, train
+from transformer_jax import train
 from transformer_jax.errors import ConfigError
 from transformer_jax.train import setup, sharding, step as step_lib
 
@@ -102,11 +102,11 @@ def test_a_dimension_the_mesh_does_not_divide_is_refused_before_compiling(tmp_pa
 def test_a_rule_set_needs_its_mesh_axis():
   config = small_config(rule_set='tp')  # the mesh has only 'data'
   with pytest.raises(ConfigError, match=r"rule_set='tp' splits over the mesh axis 'model'"):
-    config_lib.validate(config)
+    sharding.rules_of(config)
 
 
 def test_explicit_rules_come_before_the_rule_set():
   config = small_config(rule_set='tp', sharding_rules=(('mlp', None),))
-  rules = config_lib.sharding_rules(config)
+  rules = sharding.rules_of(config)
   assert rules[0] == ('mlp', None) and ('mlp', 'model') in rules
-  assert config_lib.sharding_rules(small_config(rule_set='fsdp'))[1] == ('embed', 'data')
+  assert sharding.rules_of(small_config(rule_set='fsdp'))[1] == ('embed', 'data')

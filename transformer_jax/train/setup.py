@@ -38,9 +38,11 @@ class Run:
   abstract_state: TrainState  # ShapeDtypeStructs, with those shardings
 
 
+
 def build_run(config: ml_collections.ConfigDict) -> Run:
   """Validates the config, finds the data and lays out the state; compiles nothing."""
   config_lib.validate(config)
+  rules = sharding.rules_of(config)
   cfg = models.model_config(config.model)
   family = models.registry.get(cfg.family)
   dataset = data.make_data(config.data, family.task, seed=config.seed)
@@ -51,11 +53,11 @@ def build_run(config: ml_collections.ConfigDict) -> Run:
   model = family.module(cfg)
   tx, schedule = optim.make_optimizer(config.optimizer, config.training.steps)
   boxed = boxed_abstract_state(model, tx, family.example_inputs(cfg))
-  state_sharding = sharding.state_shardings(boxed, mesh, config_lib.sharding_rules(config))
+  state_sharding = sharding.state_shardings(boxed, mesh, rules)
   abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                           nn.meta.unbox(boxed), state_sharding)
   return Run(config, cfg, family, model, dataset, mesh, tx, schedule,
-             StepSettings.of(config, family), state_sharding, abstract)
+             StepSettings.of(config, family, rules), state_sharding, abstract)
 
 
 def state_of(tx: optax.GradientTransformation, params) -> TrainState:
