@@ -92,5 +92,12 @@ def get(name: str) -> Family:
   return _FAMILIES[name]
 
 
+def of_module(module) -> Family | None:
+  """The registered family whose config `module` carries (`module.cfg.family`); None for a
+  module of one's own."""
+  name = getattr(getattr(module, 'cfg', None), 'family', None)
+  return _FAMILIES.get(name) if isinstance(name, str) else None
+
+
 def names() -> list[str]:
   return sorted(_FAMILIES)
