@@ -12,7 +12,7 @@ from helpers import ROOT, load_config
 from train_helpers import losses, small_config
 from transformer_jax import train
 from transformer_jax.errors import ConfigError
-from transformer_jax.train import setup, sharding, step as step_lib
+from transformer_jax.train import setup, sharding
 
 # (mesh shape over ('data', 'model'), rule set); d_ff=96 so that 2 and 4 divide the MLP.
 MESHES = {'8x1 dp': ((8, 1), 'dp'), '4x2 tp': ((4, 2), 'tp'), '2x4 tp': ((2, 4), 'tp'),
@@ -56,8 +56,7 @@ def test_eight_devices_by_rules_give_the_losses_of_one(tmp_path, one_device_loss
 def compiled_collectives(config):
   """[(collective, element count of its result)] of the compiled train step, and the run."""
   run = setup.build_run(config)
-  step = step_lib.make_train_step(run.model, run.family, run.tx, run.schedule, run.mesh,
-                                  run.state_sharding, run.step_settings)
+  step = run.train_step
   batch = sharding.global_batch(run.data.train_batch(0), run.mesh)
   text = step.lower(run.abstract_state, batch).compile().as_text()
   found = re.findall(r'= \w+\[([\d,]*)\]\S* (all-reduce|all-gather|reduce-scatter)\(', text)

@@ -17,7 +17,7 @@ from transformer_jax.errors import CheckpointMismatchError, ConfigError, UserErr
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.models.registry import Family
 from transformer_jax.train import checkpoint, optim, sharding
-from transformer_jax.train.step import StepSettings, TrainState
+from transformer_jax.train.step import StepSettings, TrainState, make_eval_step, make_train_step
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,19 @@ class Run:
   state_sharding: TrainState  # a NamedSharding per leaf
   abstract_state: TrainState  # ShapeDtypeStructs, with those shardings
 
+  @functools.cached_property
+  def train_step(self):
+    """The jitted step(state, batch) -> (state, metrics), the state donated (make_train_step),
+    built once from the run's model, optimizer, mesh, shardings and step settings."""
+    return make_train_step(self.model, self.family, self.tx, self.schedule, self.mesh,
+                           self.state_sharding, self.step_settings)
+
+  @functools.cached_property
+  def eval_step(self):
+    """The jitted eval(params, batch) -> summed loss terms (make_eval_step), on the run's
+    mesh, parameter shardings and rules."""
+    return make_eval_step(self.model, self.family, self.mesh, self.state_sharding.params,
+                          self.step_settings.rules)
 
 
 def build_run(config: ml_collections.ConfigDict) -> Run:
