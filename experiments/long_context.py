@@ -46,7 +46,7 @@ QUICK_ROWS = 4
 ROWS_PER_CALL = 4  # forward passes over whole pieces: (4, 1024) keeps the attention matrices small
 
 
-def sweep_runs() -> list[sweep.Run]:
+def sweep_runs() -> list[sweep.SweepRun]:
   return sweep.values('model.positions', POSITIONS, 'positions')
 
 

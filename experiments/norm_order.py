@@ -41,7 +41,7 @@ QUICK = {'data.name': 'synthetic', 'data.seq_len': 16, 'data.batch_size': 16,
 QUICK_DEPTHS = (1,)
 
 
-def sweep_runs(quick: bool, warmup: int = WARMUP) -> list[sweep.Run]:
+def sweep_runs(quick: bool, warmup: int = WARMUP) -> list[sweep.SweepRun]:
   return sweep.product(
       sweep.values('model.num_layers', QUICK_DEPTHS if quick else DEPTHS, 'blocks'),
       sweep.values('model.norm_position', ('pre', 'post'), 'norm'),
