@@ -101,7 +101,7 @@ def test_a_dimension_the_mesh_does_not_divide_is_refused_before_compiling(tmp_pa
 def test_a_rule_set_needs_its_mesh_axis():
   config = small_config(rule_set='tp')  # the mesh has only 'data'
   with pytest.raises(ConfigError, match=r"rule_set='tp' splits over the mesh axis 'model'"):
-    sharding.rules_of(config)
+    sharding.check_rule_set(config)
 
 
 def test_explicit_rules_come_before_the_rule_set():

@@ -55,6 +55,7 @@ class Run:
 def build_run(config: ml_collections.ConfigDict) -> Run:
   """Validates the config, finds the data and lays out the state; compiles nothing."""
   config_lib.validate(config)
+  sharding.check_rule_set(config)
   rules = sharding.rules_of(config)
   cfg = models.model_config(config.model)
   family = models.registry.get(cfg.family)

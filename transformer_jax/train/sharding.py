@@ -32,10 +32,9 @@ RULE_SETS = {
 }
 
 
-def rules_of(config) -> tuple[tuple[str, str | None], ...]:
-  """The rules a run uses: config.sharding_rules first (the first rule for an axis wins), then
-  the named config.rule_set, which must be one of RULE_SETS and find its mesh axes in
-  config.mesh.axes."""
+def check_rule_set(config) -> None:
+  """Raises ConfigError unless config.rule_set is one of RULE_SETS and config.mesh.axes has the
+  mesh axes it splits over."""
   if config.rule_set not in RULE_SETS:
     raise ConfigError(f'rule_set={config.rule_set!r} must be one of {list(RULE_SETS)}.')
   axes = tuple(config.mesh.axes)
@@ -44,6 +43,11 @@ def rules_of(config) -> tuple[tuple[str, str | None], ...]:
     raise ConfigError(f'rule_set={config.rule_set!r} splits over the mesh axis {missing[0]!r}, '
                       f'which mesh.axes={axes} lacks: for example --config.mesh.axes="(\'data\', '
                       f'\'{missing[0]}\')" --config.mesh.shape="(-1, 2)", or rule_set=\'fsdp\'.')
+
+
+def rules_of(config) -> tuple[tuple[str, str | None], ...]:
+  """The rules a run uses: config.sharding_rules first (the first rule for an axis wins), then
+  the named config.rule_set (see check_rule_set)."""
   return tuple(tuple(rule) for rule in config.sharding_rules) + RULE_SETS[config.rule_set]
 
 
