@@ -55,7 +55,7 @@ QUICK = {'data.name': 'synthetic', 'data.seq_len': 16, 'data.batch_size': 16,
 QUICK_SEED_VALUES = (0,)
 
 
-def sweep_runs(quick: bool) -> list[sweep.Run]:
+def sweep_runs(quick: bool) -> list[sweep.SweepRun]:
   return sweep.product(sweep.named(VARIANTS),
                        sweep.values('seed', QUICK_SEED_VALUES if quick else SEED_VALUES))
 

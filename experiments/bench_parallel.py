@@ -22,7 +22,7 @@ from absl import app, flags  # noqa: E402
 import jax  # noqa: E402
 
 from transformer_jax import config_lib, memory  # noqa: E402
-from transformer_jax.train import setup, sharding, step as step_lib  # noqa: E402
+from transformer_jax.train import setup, sharding  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LAYOUTS = {'DP': (('data',), (8,), 'dp'), 'FSDP': (('data',), (8,), 'fsdp'),
@@ -37,8 +37,7 @@ def step_seconds(config, steps: int) -> list[float]:
   state = jax.jit(lambda rng: setup.initial_state(
       run.model, run.tx, run.family.example_inputs(run.model_config), rng),
                   out_shardings=run.state_sharding)(jax.random.key(0))
-  train_step = step_lib.make_train_step(run.model, run.family, run.tx, run.schedule, run.mesh,
-                                        run.state_sharding, run.step_settings)
+  train_step = run.train_step
   batch = sharding.global_batch(run.data.train_batch(0), run.mesh)
   compiled = train_step.lower(state, batch).compile()
   times = []

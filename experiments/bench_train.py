@@ -28,7 +28,7 @@ from absl import app, flags
 import jax
 
 from transformer_jax import accounting, config_lib
-from transformer_jax.train import cpu_runtime, metrics, setup, sharding, step as step_lib
+from transformer_jax.train import cpu_runtime, metrics, setup, sharding
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -63,8 +63,7 @@ def jax_step_times(config, steps: int) -> list[float]:
   init = functools.partial(setup.initial_state, run.model, run.tx,
                            run.family.example_inputs(run.model_config))
   state = jax.jit(init, out_shardings=run.state_sharding)(jax.random.key(0))
-  train_step = step_lib.make_train_step(run.model, run.family, run.tx, run.schedule, run.mesh,
-                                        run.state_sharding, run.step_settings)
+  train_step = run.train_step
   batches = [sharding.global_batch(run.data.train_batch(i), run.mesh) for i in range(4)]
   compiled = train_step.lower(state, batches[0]).compile()
   times = []

@@ -59,7 +59,7 @@ FINDINGS = (
 ROWS_PER_CALL = 4  # forward passes over whole pieces: (4, 1024) keeps the attention matrices small
 
 
-def sweep_runs() -> list[sweep.Run]:
+def sweep_runs() -> list[sweep.SweepRun]:
   return sweep.values('model.positions', POSITIONS, 'positions')
 
 

@@ -50,7 +50,7 @@ FINDINGS = (
     'failure to train.')
 
 
-def sweep_runs(quick: bool, warmup: int = WARMUP) -> list[sweep.Run]:
+def sweep_runs(quick: bool, warmup: int = WARMUP) -> list[sweep.SweepRun]:
   return sweep.product(
       sweep.values('model.num_layers', QUICK_DEPTHS if quick else DEPTHS, 'blocks'),
       sweep.values('model.norm_position', ('pre', 'post'), 'norm'),

@@ -65,7 +65,7 @@ JPEG_NOTE = ('CIFAR-10 here is a JPEG q75 copy of the test and train images: acc
              'about 2 to 3 points lower than on the original images.')
 
 
-def sweep_runs(quick: bool) -> list[sweep.Run]:
+def sweep_runs(quick: bool) -> list[sweep.SweepRun]:
   return sweep.values('model.patch_size', QUICK_PATCHES if quick else PATCHES, 'patch')
 
 
@@ -105,8 +105,7 @@ def step_memory(config) -> int:
   """Bytes the compiled train step needs: arguments + outputs + temporaries, less the donated
   (aliased) state, from XLA's memory analysis of the step the training loop compiles."""
   run = train.build_run(config)
-  step = step_lib.make_train_step(run.model, run.family, run.tx, run.schedule, run.mesh,
-                                  run.state_sharding, run.step_settings)
+  step = run.train_step
   batch = sharding.global_batch(run.data.train_batch(0), run.mesh)
   stats = step.lower(run.abstract_state, batch).compile().memory_analysis()
   return int(stats.argument_size_in_bytes + stats.output_size_in_bytes

@@ -67,20 +67,20 @@ REFERENCE = {'Kaplan et al. 2020': {'alpha': 0.076},
              'Hoffmann et al. 2022 (Chinchilla)': {'alpha': 0.34, 'beta': 0.28}}
 
 
-def size_runs(sizes) -> list[sweep.Run]:
+def size_runs(sizes) -> list[sweep.SweepRun]:
   return sweep.named({f'd{width}L{blocks}': {
       'model.width': width, 'model.num_layers': blocks, 'model.num_heads': width // HEAD_WIDTH,
       'model.init_std': 0.05 * math.sqrt(128 / width)} for width, blocks in sizes})
 
 
-def budget_runs(budgets) -> list[sweep.Run]:
+def budget_runs(budgets) -> list[sweep.SweepRun]:
   """One run per budget; evaluation and the last checkpoint at its end."""
   return sweep.named({f'steps={steps}': {
       'training.steps': steps, 'training.eval_every': steps, 'training.checkpoint_every': steps}
       for steps in budgets})
 
 
-def sweep_runs(quick: bool) -> list[sweep.Run]:
+def sweep_runs(quick: bool) -> list[sweep.SweepRun]:
   return sweep.product(size_runs(QUICK_SIZES if quick else SIZES),
                        budget_runs(QUICK_BUDGETS if quick else BUDGETS))
 

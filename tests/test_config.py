@@ -10,6 +10,7 @@ import pytest
 from helpers import CONFIG_FILES, ROOT, load_config
 from train_helpers import small_config
 from transformer_jax import config_lib, model_config, run
+from transformer_jax.data import pipeline
 from transformer_jax.errors import ConfigError
 from transformer_jax.train import metrics
 
@@ -66,7 +67,7 @@ def test_every_numeric_key_has_a_range():
   numeric = {key for key, value in config_lib.flatten(config.to_dict()).items()
              if key.startswith(('data.', 'optimizer.', 'training.', 'sample.', 'seed'))
              and (isinstance(value, (int, float)) and not isinstance(value, bool)
-                  or config_lib.DATA_TYPES.get(key.partition('.')[2]) is int)}
+                  or pipeline.DATA_TYPES.get(key.partition('.')[2]) is int)}
   numeric |= {'training.peak_flops_per_device'}
   assert numeric <= set(config_lib.RANGES), sorted(numeric - set(config_lib.RANGES))
   model_numeric = {name for name, value in vars(model_config.ModelConfig()).items()

@@ -72,7 +72,7 @@ def test_finished_runs_are_read_back_not_repeated(tmp_path, monkeypatch):
 def test_a_run_whose_loss_turns_non_finite_is_recorded_as_diverged(tmp_path):
   config = small_config(steps=3, **{'optimizer.learning_rate': 1e30,
                                     'optimizer.grad_clip_norm': 0.0, 'optimizer.warmup_steps': 0})
-  (result,) = sweep.run_all([sweep.Run('huge lr')], lambda r: config, str(tmp_path))
+  (result,) = sweep.run_all([sweep.SweepRun('huge lr')], lambda r: config, str(tmp_path))
   assert result['status'] == 'diverged'
   assert 'Non-finite' in result['error']
   assert result['eval_loss'] is None

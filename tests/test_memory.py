@@ -6,7 +6,7 @@ import pytest
 
 from train_helpers import small_config
 from transformer_jax import describe, memory, train
-from transformer_jax.train import setup, sharding, step as step_lib
+from transformer_jax.train import setup, sharding
 
 # Width 96, 3 blocks, 4 heads of 24, MLP 256, vocabulary 80, batch 32 of 48 tokens (or 16x16
 # images in patches of 4): none of the configurations memory.ACTIVATION_COPIES was fitted to.
@@ -28,8 +28,7 @@ def held_out(family, mesh):
 def xla_bytes(config) -> int:
   """Per device: arguments + outputs + temporaries, less the donated (aliased) state."""
   run = setup.build_run(config)
-  step = step_lib.make_train_step(run.model, run.family, run.tx, run.schedule, run.mesh,
-                                  run.state_sharding, run.step_settings)
+  step = run.train_step
   batch = sharding.global_batch(run.data.train_batch(0), run.mesh)
   stats = step.lower(run.abstract_state, batch).compile().memory_analysis()
   return (stats.argument_size_in_bytes + stats.output_size_in_bytes

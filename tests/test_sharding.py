@@ -10,9 +10,9 @@ import pytest
 
 from helpers import ROOT, load_config
 from train_helpers import losses, small_config
-from transformer_jax import config_lib, train
+from transformer_jax import train
 from transformer_jax.errors import ConfigError
-from transformer_jax.train import setup, sharding, step as step_lib
+from transformer_jax.train import setup, sharding
 
 # (mesh shape over ('data', 'model'), rule set); d_ff=96 so that 2 and 4 divide the MLP.
 MESHES = {'8x1 dp': ((8, 1), 'dp'), '4x2 tp': ((4, 2), 'tp'), '2x4 tp': ((2, 4), 'tp'),
@@ -56,8 +56,7 @@ def test_eight_devices_by_rules_give_the_losses_of_one(tmp_path, one_device_loss
 def compiled_collectives(config):
   """[(collective, element count of its result)] of the compiled train step, and the run."""
   run = setup.build_run(config)
-  step = step_lib.make_train_step(run.model, run.family, run.tx, run.schedule, run.mesh,
-                                  run.state_sharding, run.step_settings)
+  step = run.train_step
   batch = sharding.global_batch(run.data.train_batch(0), run.mesh)
   text = step.lower(run.abstract_state, batch).compile().as_text()
   found = re.findall(r'= \w+\[([\d,]*)\]\S* (all-reduce|all-gather|reduce-scatter)\(', text)
@@ -102,11 +101,11 @@ def test_a_dimension_the_mesh_does_not_divide_is_refused_before_compiling(tmp_pa
 def test_a_rule_set_needs_its_mesh_axis():
   config = small_config(rule_set='tp')  # the mesh has only 'data'
   with pytest.raises(ConfigError, match=r"rule_set='tp' splits over the mesh axis 'model'"):
-    config_lib.validate(config)
+    sharding.check_rule_set(config)
 
 
 def test_explicit_rules_come_before_the_rule_set():
   config = small_config(rule_set='tp', sharding_rules=(('mlp', None),))
-  rules = config_lib.sharding_rules(config)
+  rules = sharding.rules_of(config)
   assert rules[0] == ('mlp', None) and ('mlp', 'model') in rules
-  assert config_lib.sharding_rules(small_config(rule_set='fsdp'))[1] == ('embed', 'data')
+  assert sharding.rules_of(small_config(rule_set='fsdp'))[1] == ('embed', 'data')

@@ -9,11 +9,21 @@ and the registry a family of your own joins. decode: samplers and cached generat
 module that follows its cache protocol. accounting: parameters, FLOPs and KV-cache bytes, by
 formula for our families and from the tree or XLA for any model. train: the training loop and
 evaluation. convert: Hugging Face checkpoints in and out.
+
+Each subpackage is imported when first used (PEP 562), so that `import transformer_jax.layers`
+imports the layers alone, not the models, training or data code above them.
 """
-# models first: its families name accounting's formulas as they register, and accounting reads
-# the registry, so models must be importing when accounting is first imported.
-from transformer_jax import models  # noqa: I001  (the order matters)
-from transformer_jax import accounting, convert, decode, layers, train
+import importlib
 
 __version__ = '0.1.0'
 __all__ = ['accounting', 'convert', 'decode', 'layers', 'models', 'train']
+
+
+def __getattr__(name: str):
+  if name in __all__:
+    return importlib.import_module(f'{__name__}.{name}')
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
+def __dir__() -> list[str]:
+  return sorted(set(globals()) | set(__all__))

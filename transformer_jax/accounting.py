@@ -2,7 +2,7 @@
 model from its parameter tree and from XLA's cost analysis.
 
 Parameters are counted two ways that must agree for our families: analytically from the config
-(`param_counts`, one formula per family, each family's registry entry naming its own) and from
+(`param_counts`, by the formula each family's registry entry names, beside its module) and from
 the shapes of an initialized tree (`counted_params`, via jax.eval_shape, so even GPT-2 small
 allocates nothing). `count_params` counts any tree, a model of your own included. FLOPs follow
 the standard accounting (Kaplan et al. 2020, section 2.1): a multiply-add is 2 FLOPs, a token
@@ -21,130 +21,10 @@ import jax.numpy as jnp
 
 from transformer_jax import models
 from transformer_jax.model_config import ModelConfig
-
-PARTS = ('embedding', 'attention', 'mlp', 'norms', 'head', 'other')
-# Top-level parameters that embed the inputs, in every family (and read by the weight-decay mask).
-EMBEDDING_NAMES = ('embed', 'patch_embed', 'pos_embed', 'cls_token')
+from transformer_jax.models.registry import EMBEDDING_NAMES, PARTS
 
 
-# The formulas, by part.
-
-def _norm(cfg: ModelConfig) -> int:
-  return cfg.width * (2 if cfg.norm == 'layernorm' and cfg.norm_bias else 1)
-
-
-def _attention_weights(cfg: ModelConfig) -> int:
-  """Q and O are D x D; K and V are D x kv_heads * head_dim."""
-  return 2 * cfg.width * cfg.width + 2 * cfg.width * cfg.kv_heads * cfg.head_dim
-
-
-def _mlp_weights(cfg: ModelConfig) -> int:
-  return (3 if cfg.mlp == 'swiglu' else 2) * cfg.width * cfg.hidden_dim
-
-
-def _blocks(cfg: ModelConfig, num: int, cross: bool = False) -> dict[str, int]:
-  kv = cfg.kv_heads * cfg.head_dim
-  attn = _attention_weights(cfg) + cfg.use_bias * (2 * cfg.width + 2 * kv)
-  mlp = _mlp_weights(cfg) + cfg.use_bias * (
-      (2 if cfg.mlp == 'swiglu' else 1) * cfg.hidden_dim + cfg.width)
-  sublayers = [cfg.use_attention] * (2 if cross else 1) + [cfg.use_mlp]
-  # A pre-LN block only normalizes the input of a sublayer that exists; post-LN always normalizes.
-  norms = sum(cfg.use_norm and (present or cfg.norm_position == 'post') for present in sublayers)
-  return {'attention': num * attn * sum(sublayers[:-1]), 'mlp': num * mlp * cfg.use_mlp,
-          'norms': num * norms * _norm(cfg)}
-
-
-def _text_embedding(cfg: ModelConfig) -> int:
-  return (cfg.vocab_size + cfg.max_len * (cfg.positions == 'learned')
-          + cfg.type_vocab_size) * cfg.width
-
-
-def _total(counts: dict[str, int]) -> dict[str, int]:
-  counts = {part: counts.get(part, 0) for part in PARTS}
-  return {**counts, 'total': sum(counts.values())}
-
-
-def _untied(cfg: ModelConfig) -> int:
-  return 0 if cfg.tie_embeddings else cfg.width * cfg.vocab_size
-
-
-def decoder_params(cfg: ModelConfig) -> dict[str, int]:
-  blocks = _blocks(cfg, cfg.num_layers)
-  return _total({**blocks, 'embedding': _text_embedding(cfg), 'head': _untied(cfg),
-                 'norms': blocks['norms'] + _norm(cfg) * cfg.final_norm})
-
-
-def encoder_params(cfg: ModelConfig) -> dict[str, int]:
-  blocks, d = _blocks(cfg, cfg.num_layers), cfg.width
-  norms = _norm(cfg) * (cfg.final_norm + (cfg.embed_norm and cfg.use_norm))
-  return _total({**blocks, 'embedding': _text_embedding(cfg), 'norms': blocks['norms'] + norms,
-                 'head': d * d + d + _norm(cfg) + _untied(cfg) + cfg.vocab_size})
-
-
-def encoder_decoder_params(cfg: ModelConfig) -> dict[str, int]:
-  encoder, decoder = _blocks(cfg, cfg.num_layers), _blocks(cfg, cfg.decoder_layers, cross=True)
-  counts = {part: encoder[part] + decoder[part] for part in encoder}
-  counts['norms'] += 2 * _norm(cfg) * cfg.final_norm
-  return _total({**counts, 'embedding': _text_embedding(cfg), 'head': _untied(cfg)})
-
-
-def vit_params(cfg: ModelConfig) -> dict[str, int]:
-  d, cls = cfg.width, cfg.pool == 'cls'
-  tokens = cfg.num_patches + cls
-  blocks = _blocks(cfg, cfg.num_layers)
-  return _total({**blocks, 'norms': blocks['norms'] + _norm(cfg) * cfg.final_norm,
-                 'embedding': (cfg.num_channels * cfg.patch_size ** 2 * d + d + d * cls
-                               + tokens * d * (cfg.positions == 'learned')),
-                 'head': d * cfg.num_classes + cfg.num_classes})
-
-
-def decoder_flops(cfg: ModelConfig, seq_len=None, target_len=None) -> dict[str, int]:
-  del target_len
-  return _text_flops(cfg, seq_len or cfg.max_len, head=cfg.width * cfg.vocab_size)
-
-
-def encoder_flops(cfg: ModelConfig, seq_len=None, target_len=None) -> dict[str, int]:
-  del target_len
-  return _text_flops(cfg, seq_len or cfg.max_len,
-                     head=cfg.width * cfg.vocab_size + cfg.width * cfg.width)
-
-
-def _block_weights(cfg: ModelConfig) -> int:
-  return _attention_weights(cfg) * cfg.use_attention + _mlp_weights(cfg) * cfg.use_mlp
-
-
-def _text_flops(cfg: ModelConfig, t: int, head: int) -> dict[str, int]:
-  return {'dense': 2 * t * (cfg.num_layers * _block_weights(cfg) + head),
-          'attention': 4 * cfg.width * cfg.use_attention * cfg.num_layers * t * t, 'tokens': t}
-
-
-def encoder_decoder_flops(cfg: ModelConfig, seq_len=None, target_len=None) -> dict[str, int]:
-  """A source of seq_len tokens (default model.max_len), a target of target_len (default
-  seq_len): the encoder on the source, the decoder on the target with cross-attention."""
-  s = seq_len or cfg.max_len
-  t = target_len or s
-  d, block = cfg.width, _block_weights(cfg)
-  q_and_out = 2 * d * d * cfg.use_attention
-  kv = (_attention_weights(cfg) - 2 * d * d) * cfg.use_attention
-  dense = 2 * (s * cfg.num_layers * block + s * cfg.decoder_layers * kv
-               + t * (cfg.decoder_layers * (block + q_and_out) + d * cfg.vocab_size))
-  attention = 4 * d * cfg.use_attention * (cfg.num_layers * s * s
-                                           + cfg.decoder_layers * (t * t + t * s))
-  return {'dense': dense, 'attention': attention, 'tokens': t}
-
-
-def vit_flops(cfg: ModelConfig, seq_len=None, target_len=None) -> dict[str, int]:
-  """Per image: seq_len is the patch count (+1 for [CLS]) whatever is passed."""
-  del seq_len, target_len
-  d, patches = cfg.width, cfg.num_patches
-  t = patches + (cfg.pool == 'cls')
-  dense = 2 * (patches * cfg.num_channels * cfg.patch_size ** 2 * d
-               + t * cfg.num_layers * _block_weights(cfg) + d * cfg.num_classes)
-  return {'dense': dense, 'attention': 4 * d * cfg.use_attention * cfg.num_layers * t * t,
-          'tokens': 1}
-
-
-# By config, through the family's registry entry.
+# By config, through the family's registry entry: each family's formulas live in its module.
 
 def _config_of(model, function: str) -> ModelConfig:
   """The validated config of `model`; a module, a tree or anything else that is not a model

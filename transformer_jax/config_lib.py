@@ -16,6 +16,7 @@ from ml_collections import config_dict
 
 from transformer_jax.errors import ConfigError
 from transformer_jax import models
+from transformer_jax.data.pipeline import DATA_DEFAULTS, DATA_TYPES
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.ranges import COUNT, FRACTION, Range
 
@@ -83,32 +84,6 @@ def vit_variant(variant: str) -> dict:
   return dict(width=width, num_layers=depth, num_heads=heads, patch_size=int(patch))
 
 
-# Every key make_data reads from config.data, with its default (None or missing: the default).
-DATA_DEFAULTS = {
-    'name': None,  # 'cifar10' | 'tiny_shakespeare' | 'text_file' | 'seq2seq_reverse' | ...
-    'tfds_data_dir': None,  # TFDS data dir; None: TFDS's default (TFDS_DATA_DIR or ~/...)
-    'manual_dir': None,  # local source files to prepare a dataset from (see sources.py)
-    'download': True,  # whether a dataset that is not prepared may be downloaded
-    'path': None,  # text_file: any UTF-8 file
-    'seq_len': 64,  # characters per window; source and target length of seq2seq
-    'batch_size': 128,  # the GLOBAL batch, split evenly over the processes
-    'eval_batch_size': None,  # None: batch_size
-    'eval_steps': -1,  # eval batches; -1 or None: every full batch of the held-out split
-    'eval_examples': 1024,  # held-out size of generated data; synthetic trains on 9x as much
-    'augment': True,  # image training batches: random crop of the 4-pixel-padded image + flip
-    'mlm_probability': 0.15,  # encoder: share of positions selected for the MLM loss
-    'alphabet': 'abcdefghijklmnopqrstuvwxyz',  # symbols of generated text and seq2seq data
-    'seq2seq_min_len': 1,  # shortest source, in symbols
-    'seq2seq_max_len': None,  # longest source; None: seq_len - 1 (the target needs its EOS)
-    'image_size': 32,  # synthetic images: height and width
-    'num_classes': 10,  # synthetic images: classes
-    'num_threads': 2,  # grain threads assembling training batches ahead of the device
-    'prefetch_buffer_size': 4,  # training batches grain keeps ready
-}
-DATA_TYPES = {'name': str, 'tfds_data_dir': str, 'manual_dir': str, 'path': str,
-              'eval_batch_size': int, 'seq2seq_max_len': int}
-
-
 def base_config() -> ml_collections.ConfigDict:
   """Every section and key a run reads, with defaults; each config file overrides what it needs.
 
@@ -149,9 +124,9 @@ def base_config() -> ml_collections.ConfigDict:
   # The device mesh: axis names and sizes; -1 takes all remaining devices of all processes.
   # Tensor parallelism needs a 'model' axis: axes=('data', 'model'), shape=(-1, 2).
   config.mesh = ml_collections.ConfigDict(dict(axes=('data',), shape=(-1,)))
-  # How parameters and activations are laid out on the mesh: a named set of rules (RULE_SETS:
-  # 'dp', 'fsdp', 'tp', 'fsdp_tp'), after any explicit (logical axis, mesh axis) rules of
-  # sharding_rules, which win: (('embed', 'data'),) alone makes 'dp' into FSDP.
+  # How parameters and activations are laid out on the mesh: a named set of rules
+  # (train.sharding.RULE_SETS: 'dp', 'fsdp', 'tp', 'fsdp_tp'), after any explicit (logical axis,
+  # mesh axis) rules of sharding_rules, which win: (('embed', 'data'),) alone makes 'dp' into FSDP.
   config.rule_set = 'dp'
   config.sharding_rules = ()
   # A Hugging Face checkpoint directory to start from instead of a random init (see
@@ -313,29 +288,6 @@ RANGES = {
 }
 CHOICES = {'parallelism': ('jit', 'shard_map'), 'optimizer.schedule': ('cosine', 'constant')}
 
-# Logical axes (the parameters': vocab, embed, heads, kv_heads, mlp, ...; the activations':
-# layers.axes) -> mesh axes; an axis no rule names is replicated. The batch is always split over
-# 'data'. Tensor parallelism (Shoeybi et al. 2019) splits the heads and the MLP's hidden units
-# over 'model', so that each block's attention output and MLP down projection end in one
-# all-reduce; FSDP also splits every weight's width over 'data', gathering it where it is used.
-# The vocabulary stays whole: GPT-2's 50,257 rows divide by no mesh axis (add
-# ('vocab', 'model'), ('act_vocab', 'model') to sharding_rules for a vocabulary that divides).
-_TENSOR_PARALLEL = (('heads', 'model'), ('kv_heads', 'model'), ('mlp', 'model'),
-                    ('act_heads', 'model'), ('act_kv_heads', 'model'), ('act_mlp', 'model'))
-RULE_SETS = {
-    'dp': (('act_batch', 'data'),),
-    'fsdp': (('act_batch', 'data'), ('embed', 'data')),
-    'tp': (('act_batch', 'data'), *_TENSOR_PARALLEL),
-    'fsdp_tp': (('act_batch', 'data'), ('embed', 'data'), *_TENSOR_PARALLEL),
-}
-
-
-def sharding_rules(config: ml_collections.ConfigDict) -> tuple[tuple[str, str | None], ...]:
-  """The rules a run uses: config.sharding_rules first (the first rule for an axis wins), then
-  the named config.rule_set."""
-  return tuple(tuple(rule) for rule in config.sharding_rules) + RULE_SETS[config.rule_set]
-
-
 def _get(config, key: str):
   section, _, name = key.rpartition('.')
   return (config[section] if section else config).get(name)
@@ -349,7 +301,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   for key, valid in RANGES.items():
     value = _get(config, key)
     valid.check(key, value, _get(defaults, key))
-  for key, allowed in {**CHOICES, 'rule_set': tuple(RULE_SETS)}.items():
+  for key, allowed in CHOICES.items():
     if _get(config, key) not in allowed:
       raise ConfigError(f'{key}={_get(config, key)!r} must be one of {list(allowed)}.')
   cfg = models.model_config(config.model)
@@ -375,11 +327,6 @@ def _validate_mesh(config) -> None:
       raise ConfigError(f'sharding_rules entry {tuple(rule)} must be a pair (logical axis, mesh '
                         f'axis) with the mesh axis one of {list(axes)} or None: for example '
                         f'--config.sharding_rules="((\'embed\', \'{axes[0]}\'),)".')
-  missing = sorted({mesh_axis for _, mesh_axis in RULE_SETS[config.rule_set]} - set(axes))
-  if missing:
-    raise ConfigError(f'rule_set={config.rule_set!r} splits over the mesh axis {missing[0]!r}, '
-                      f'which mesh.axes={axes} lacks: for example --config.mesh.axes="(\'data\', '
-                      f'\'{missing[0]}\')" --config.mesh.shape="(-1, 2)", or rule_set=\'fsdp\'.')
 
 
 def _validate_lengths(config, cfg: ModelConfig) -> None:

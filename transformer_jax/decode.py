@@ -42,7 +42,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax.layers import causal_mask
-from transformer_jax.model_config import ModelConfig
 from transformer_jax.models import registry
 
 PROTOCOLS = ('decoder', 'encoder_decoder')
@@ -152,16 +151,15 @@ class _Loop:
 def decoding_of(model) -> str:
   """The cache protocol `model` follows (PROTOCOLS). A cache is only exact under a causal mask,
   so a family without one (an encoder, a ViT) cannot decode."""
-  cfg = getattr(model, 'cfg', None)
-  if isinstance(cfg, ModelConfig):
-    decoding = registry.get(cfg.family).decoding
-    if decoding is None:
+  family = registry.of_module(model)
+  if family is not None:
+    if family.decoding is None:
       raise ValueError(
-          f'A {cfg.family!r} model cannot decode: without a causal mask a new token changes the '
+          f'A {family.name!r} model cannot decode: without a causal mask a new token changes the '
           'keys and values of every earlier token, so there is nothing to cache and no next '
           'token to predict. Decode with a model of a family that has one (decoder, '
           'encoder_decoder).')
-    return decoding
+    return family.decoding
   decoding = getattr(model, 'decoding', 'decoder')
   if decoding not in PROTOCOLS:
     raise ValueError(f'{type(model).__name__}.decoding={decoding!r} must be one of {PROTOCOLS}.')
@@ -170,9 +168,8 @@ def decoding_of(model) -> str:
 
 def max_positions(model) -> int | None:
   """The most tokens the model's positions cover: its learned table's rows, or None (no limit)."""
-  cfg = getattr(model, 'cfg', None)
-  if isinstance(cfg, ModelConfig):
-    return cfg.max_len if cfg.positions == 'learned' else None
+  if registry.of_module(model) is not None:
+    return model.cfg.max_len if model.cfg.positions == 'learned' else None
   return getattr(model, 'max_positions', None)
 
 

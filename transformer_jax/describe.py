@@ -72,10 +72,11 @@ def memory_lines(config, cfg) -> list[str]:
   """The per-device plan of the train step (and a decoding cache) on the run's mesh and rules."""
   sizes = sharding.mesh_sizes(config.mesh)
   plan = memory.plan(config, sizes)
+  tokens = models.registry.get(cfg.family).unit == 'token'
   mesh = ' x '.join(f'{axis}={size}' for axis, size in sizes.items())
   lines = [f'Memory per device on {plan.devices} devices ({mesh}, rule set '
            f'{config.rule_set!r}), batch {config.data.batch_size}'
-           + (f' x {config.data.seq_len}' if cfg.family != 'vit' else '')
+           + (f' x {config.data.seq_len}' if tokens else '')
            + f', remat {cfg.remat_policy}{", scanned" if cfg.scan_layers else ""}:']
   parts = [('parameters', plan.params), ('optimizer state', plan.optimizer),
            ('gradients', plan.gradients), ('gathered weights (FSDP)', plan.gathered),

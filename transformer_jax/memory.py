@@ -21,9 +21,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from transformer_jax import accounting, config_lib, models
+from transformer_jax import accounting, models
 from transformer_jax.layers import axes
 from transformer_jax.model_config import ModelConfig
+from transformer_jax.train import optim, setup, sharding
 
 # Copies of each size that XLA keeps live per block and token at the step's peak: of the width D
 # (the residual stream, the norms' inputs and outputs, the projections' inputs and their
@@ -113,12 +114,12 @@ def activation_bytes(cfg: ModelConfig, family, config, split) -> int:
 def plan(config: ml_collections.ConfigDict, mesh: dict[str, int] | None = None) -> Plan:
   """The per-device plan of a run's config on a mesh of `mesh` ({axis: size}; default:
   config.mesh with -1 resolved over this machine's devices). No device memory is touched."""
-  from transformer_jax.train import optim, setup, sharding  # pylint: disable=g-import-not-at-top
   cfg = models.model_config(config.model)
   family = models.registry.get(cfg.family)
   sizes = mesh or sharding.mesh_sizes(config.mesh)
   abstract_mesh = jax.sharding.AbstractMesh(tuple(sizes.values()), tuple(sizes))
-  rules = config_lib.sharding_rules(config)
+  sharding.check_rule_set(config)
+  rules = sharding.rules_of(config)
   model = models.build(cfg)  # the kernel changes no shape of the state
   tx, _ = optim.make_optimizer(config.optimizer, config.training.steps)
   boxed = setup.boxed_abstract_state(model, tx, family.example_inputs(cfg))

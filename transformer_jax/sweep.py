@@ -1,10 +1,11 @@
 """Sweeps as data, run through the library: what the scripts under experiments/ share.
 
-A sweep is a list of `Run`s: a name, the config file's argument string and overrides of config
-keys. `values` (one key over values), `args` (config argument strings) and `named` (named sets of
-overrides) build axes; `product` crosses them, as big_vision's sweeps do. `run_all` trains each
-run in its own workdir with `run.run`: a finished run is read back instead of repeated, one
-that stopped midway resumes from its latest checkpoint. `summary` reads a run's metrics.jsonl, and
+A sweep is a list of `SweepRun`s (each a name, the config file's argument string and overrides
+of config keys; a train.Run is what one of them builds). `values` (one key over values), `args`
+(config argument strings) and `named` (named sets of overrides) build axes; `product` crosses
+them, as big_vision's sweeps do. `run_all` trains each run in its own workdir with
+`run.run`: a finished run is read back instead of repeated, one that stopped midway resumes
+from its latest checkpoint. `summary` reads a run's metrics.jsonl, and
 `write_results` writes an experiment's results folder: results.json, README.md and PNG plots.
 """
 import dataclasses
@@ -34,7 +35,7 @@ CURVE_KEYS = ('step', 'loss', 'accuracy', 'grad_norm', 'learning_rate')  # of ea
 
 
 @dataclasses.dataclass(frozen=True)
-class Run:
+class SweepRun:
   """One point of a sweep: get_config(arg) of the experiment's config file, then overrides."""
   name: str
   arg: str = ''
@@ -46,28 +47,28 @@ class Run:
     return re.sub(r'[^A-Za-z0-9_.,=+-]', '_', self.name)
 
 
-def values(key: str, options: Iterable, label: str | None = None) -> list[Run]:
+def values(key: str, options: Iterable, label: str | None = None) -> list[SweepRun]:
   """One config key over `options`: runs named 'label=value' (label: the key's last part)."""
   label = label or key.rpartition('.')[2]
-  return [Run(f'{label}={value}', overrides=((key, value),)) for value in options]
+  return [SweepRun(f'{label}={value}', overrides=((key, value),)) for value in options]
 
 
-def args(strings: Iterable[str]) -> list[Run]:
+def args(strings: Iterable[str]) -> list[SweepRun]:
   """Config argument strings ('variant=S/4'), each a run named by its string."""
-  return [Run(string, arg=string) for string in strings]
+  return [SweepRun(string, arg=string) for string in strings]
 
 
-def named(runs: Mapping[str, Mapping[str, Any]]) -> list[Run]:
+def named(runs: Mapping[str, Mapping[str, Any]]) -> list[SweepRun]:
   """{name: {dotted key: value}} as runs."""
-  return [Run(name, overrides=tuple(overrides.items())) for name, overrides in runs.items()]
+  return [SweepRun(name, overrides=tuple(overrides.items())) for name, overrides in runs.items()]
 
 
-def product(*axes: list[Run]) -> list[Run]:
+def product(*axes: list[SweepRun]) -> list[SweepRun]:
   """Every combination of one run per axis, the first axis varying slowest; names join with ','
   and so do argument strings (the syntax of config_lib.parse_arg)."""
   runs = []
   for combination in itertools.product(*axes):
-    runs.append(Run(','.join(r.name for r in combination if r.name),
+    runs.append(SweepRun(','.join(r.name for r in combination if r.name),
                     ','.join(r.arg for r in combination if r.arg),
                     sum((r.overrides for r in combination), ())))
   dirnames = [r.dirname for r in runs]
@@ -88,7 +89,7 @@ def override(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]):
   return config
 
 
-def config_for(run: Run, config_file, *base: Mapping[str, Any]) -> ml_collections.ConfigDict:
+def config_for(run: SweepRun, config_file, *base: Mapping[str, Any]) -> ml_collections.ConfigDict:
   """get_config(run.arg) of `config_file`, then each mapping of `base`, then the run's overrides."""
   config = config_lib.from_file(config_file, run.arg or None)
   for overrides in (*base, dict(run.overrides)):
@@ -96,7 +97,7 @@ def config_for(run: Run, config_file, *base: Mapping[str, Any]) -> ml_collection
   return config
 
 
-def run_all(runs: list[Run], make_config: Callable[[Run], ml_collections.ConfigDict],
+def run_all(runs: list[SweepRun], make_config: Callable[[SweepRun], ml_collections.ConfigDict],
             workdir: str) -> list[dict]:
   """Trains the runs one after another, each in workdir/<run.dirname>, skipping finished ones;
   returns each run's name, argument, overrides and `summary`."""

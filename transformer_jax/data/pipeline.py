@@ -6,7 +6,6 @@ from typing import Iterator
 import grain
 import numpy as np
 
-from transformer_jax.config_lib import DATA_DEFAULTS
 from transformer_jax.errors import ConfigError
 from transformer_jax.data import builders, images, rng, seq2seq, sources, text
 
@@ -19,6 +18,31 @@ TASKS = ('image', 'next_token', 'masked', 'seq2seq')
 TEXT = ('next_token', 'masked')
 DATASETS = {'cifar10': ('image',), 'tiny_shakespeare': TEXT, 'text_file': TEXT,
             'seq2seq_reverse': ('seq2seq',), 'seq2seq_sort': ('seq2seq',), 'synthetic': TASKS}
+
+# Every key make_data reads from config.data, with its default (None or missing: the default).
+DATA_DEFAULTS = {
+    'name': None,  # 'cifar10' | 'tiny_shakespeare' | 'text_file' | 'seq2seq_reverse' | ...
+    'tfds_data_dir': None,  # TFDS data dir; None: TFDS's default (TFDS_DATA_DIR or ~/...)
+    'manual_dir': None,  # local source files to prepare a dataset from (see sources.py)
+    'download': True,  # whether a dataset that is not prepared may be downloaded
+    'path': None,  # text_file: any UTF-8 file
+    'seq_len': 64,  # characters per window; source and target length of seq2seq
+    'batch_size': 128,  # the GLOBAL batch, split evenly over the processes
+    'eval_batch_size': None,  # None: batch_size
+    'eval_steps': -1,  # eval batches; -1 or None: every full batch of the held-out split
+    'eval_examples': 1024,  # held-out size of generated data; synthetic trains on 9x as much
+    'augment': True,  # image training batches: random crop of the 4-pixel-padded image + flip
+    'mlm_probability': 0.15,  # encoder: share of positions selected for the MLM loss
+    'alphabet': 'abcdefghijklmnopqrstuvwxyz',  # symbols of generated text and seq2seq data
+    'seq2seq_min_len': 1,  # shortest source, in symbols
+    'seq2seq_max_len': None,  # longest source; None: seq_len - 1 (the target needs its EOS)
+    'image_size': 32,  # synthetic images: height and width
+    'num_classes': 10,  # synthetic images: classes
+    'num_threads': 2,  # grain threads assembling training batches ahead of the device
+    'prefetch_buffer_size': 4,  # training batches grain keeps ready
+}
+DATA_TYPES = {'name': str, 'tfds_data_dir': str, 'manual_dir': str, 'path': str,
+              'eval_batch_size': int, 'seq2seq_max_len': int}
 
 
 class Data:
@@ -85,7 +109,7 @@ def _eval_steps(requested: int | None, num_examples: int, batch_size: int) -> in
 
 def make_data(config, task: str, *, seed: int, process_index: int | None = None,
               process_count: int | None = None) -> Data:
-  """The data of config.data (a ConfigDict or a dict; see config_lib.DATA_DEFAULTS) for a
+  """The data of config.data (a ConfigDict or a dict; see DATA_DEFAULTS) for a
   `task` (one of TASKS), as a model family's registry entry names it.
 
   Reads, and where needed prepares, the dataset now, so that missing data fails before any

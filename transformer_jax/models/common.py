@@ -1,5 +1,6 @@
 """What the families share: the one place that maps a ModelConfig onto the layers' arguments,
-default positions, the decoder's mask, the LM head, and the checks of the text families."""
+default positions, the decoder's mask, the LM head, the checks of the text families, and the
+parameter and FLOP formulas of the blocks."""
 import functools
 from typing import Any
 
@@ -12,6 +13,7 @@ from transformer_jax.errors import ConfigError
 from transformer_jax.layers import (MLP, Attention, Block, BlockStack, LayerNorm, Linear, RMSNorm,
                                     TextEmbed, axes, causal_mask)
 from transformer_jax.model_config import ModelConfig
+from transformer_jax.models import registry
 from transformer_jax.ranges import COUNT
 
 
@@ -132,3 +134,58 @@ def check_text_data(info: dict, cfg: ModelConfig) -> None:
 
 def text_lengths(batch: dict) -> tuple[int, None]:
   return batch['inputs'].shape[1], None
+
+
+# The parameter and FLOP formulas the families share (see transformer_jax.accounting).
+
+def norm_params(cfg: ModelConfig) -> int:
+  return cfg.width * (2 if cfg.norm == 'layernorm' and cfg.norm_bias else 1)
+
+
+def attention_weights(cfg: ModelConfig) -> int:
+  """Q and O are D x D; K and V are D x kv_heads * head_dim."""
+  return 2 * cfg.width * cfg.width + 2 * cfg.width * cfg.kv_heads * cfg.head_dim
+
+
+def mlp_weights(cfg: ModelConfig) -> int:
+  return (3 if cfg.mlp == 'swiglu' else 2) * cfg.width * cfg.hidden_dim
+
+
+def block_params(cfg: ModelConfig, num: int, cross: bool = False) -> dict[str, int]:
+  """Parameters of `num` blocks by part (with cross-attention: a decoder's of an
+  encoder-decoder)."""
+  kv = cfg.kv_heads * cfg.head_dim
+  attn = attention_weights(cfg) + cfg.use_bias * (2 * cfg.width + 2 * kv)
+  mlp = mlp_weights(cfg) + cfg.use_bias * (
+      (2 if cfg.mlp == 'swiglu' else 1) * cfg.hidden_dim + cfg.width)
+  sublayers = [cfg.use_attention] * (2 if cross else 1) + [cfg.use_mlp]
+  # A pre-LN block only normalizes the input of a sublayer that exists; post-LN always normalizes.
+  norms = sum(cfg.use_norm and (present or cfg.norm_position == 'post') for present in sublayers)
+  return {'attention': num * attn * sum(sublayers[:-1]), 'mlp': num * mlp * cfg.use_mlp,
+          'norms': num * norms * norm_params(cfg)}
+
+
+def text_embedding_params(cfg: ModelConfig) -> int:
+  return (cfg.vocab_size + cfg.max_len * (cfg.positions == 'learned')
+          + cfg.type_vocab_size) * cfg.width
+
+
+def untied_head_params(cfg: ModelConfig) -> int:
+  return 0 if cfg.tie_embeddings else cfg.width * cfg.vocab_size
+
+
+def with_total(counts: dict[str, int]) -> dict[str, int]:
+  """Every part of registry.PARTS (0 where absent) and their 'total'."""
+  counts = {part: counts.get(part, 0) for part in registry.PARTS}
+  return {**counts, 'total': sum(counts.values())}
+
+
+def block_weights(cfg: ModelConfig) -> int:
+  """The weights a token is multiplied by in one block."""
+  return attention_weights(cfg) * cfg.use_attention + mlp_weights(cfg) * cfg.use_mlp
+
+
+def text_flops(cfg: ModelConfig, t: int, head: int) -> dict[str, int]:
+  """Forward FLOPs of `t` tokens through the blocks and a head of `head` weights."""
+  return {'dense': 2 * t * (cfg.num_layers * block_weights(cfg) + head),
+          'attention': 4 * cfg.width * cfg.use_attention * cfg.num_layers * t * t, 'tokens': t}

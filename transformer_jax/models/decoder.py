@@ -1,7 +1,6 @@
 """Decoder-only language model: GPT-2 style and LLaMA style are presets of this one module."""
 import flax.linen as nn
 
-from transformer_jax import accounting
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.models import common, registry
 
@@ -36,8 +35,21 @@ class DecoderLM(nn.Module):
     return common.lm_head(cfg, name='head')(x, embed)
 
 
+def param_counts(cfg: ModelConfig) -> dict[str, int]:
+  blocks = common.block_params(cfg, cfg.num_layers)
+  return common.with_total({
+      **blocks, 'embedding': common.text_embedding_params(cfg),
+      'head': common.untied_head_params(cfg),
+      'norms': blocks['norms'] + common.norm_params(cfg) * cfg.final_norm})
+
+
+def forward_flops(cfg: ModelConfig, seq_len=None, target_len=None) -> dict[str, int]:
+  del target_len
+  return common.text_flops(cfg, seq_len or cfg.max_len, head=cfg.width * cfg.vocab_size)
+
+
 FAMILY = registry.register(registry.Family(
     name='decoder', module=DecoderLM, example_inputs=common.text_example_inputs,
     logits=lambda apply, batch: apply(batch['inputs']), task='next_token', decoding='decoder',
     validate=common.validate_text, check_data=common.check_text_data, lengths=common.text_lengths,
-    param_counts=accounting.decoder_params, forward_flops=accounting.decoder_flops))
+    param_counts=param_counts, forward_flops=forward_flops))

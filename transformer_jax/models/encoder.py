@@ -4,7 +4,6 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from transformer_jax import accounting
 from transformer_jax.layers import Linear, padding_mask
 from transformer_jax.layers.mlp import ACTIVATIONS
 from transformer_jax.model_config import ModelConfig
@@ -73,8 +72,22 @@ class EncoderMLM(nn.Module):
                    cfg.compute_dtype, cfg.weight_dtype, name='head')(x, embed)
 
 
+def param_counts(cfg: ModelConfig) -> dict[str, int]:
+  blocks, d, norm = common.block_params(cfg, cfg.num_layers), cfg.width, common.norm_params(cfg)
+  norms = norm * (cfg.final_norm + (cfg.embed_norm and cfg.use_norm))
+  return common.with_total({
+      **blocks, 'embedding': common.text_embedding_params(cfg), 'norms': blocks['norms'] + norms,
+      'head': d * d + d + norm + common.untied_head_params(cfg) + cfg.vocab_size})
+
+
+def forward_flops(cfg: ModelConfig, seq_len=None, target_len=None) -> dict[str, int]:
+  del target_len
+  return common.text_flops(cfg, seq_len or cfg.max_len,
+                           head=cfg.width * cfg.vocab_size + cfg.width * cfg.width)
+
+
 FAMILY = registry.register(registry.Family(
     name='encoder', module=EncoderMLM, example_inputs=common.text_example_inputs,
     logits=lambda apply, batch: apply(batch['inputs'], valid=batch.get('valid')), task='masked',
     validate=common.validate_text, check_data=common.check_text_data, lengths=common.text_lengths,
-    param_counts=accounting.encoder_params, forward_flops=accounting.encoder_flops))
+    param_counts=param_counts, forward_flops=forward_flops))

@@ -2,7 +2,6 @@
 every decoder block."""
 import flax.linen as nn
 
-from transformer_jax import accounting
 from transformer_jax.layers import padding_mask
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.models import common, registry
@@ -61,6 +60,30 @@ class EncoderDecoder(nn.Module):
     return self.decode(targets, encoded, input_valid, deterministic=deterministic)
 
 
+def param_counts(cfg: ModelConfig) -> dict[str, int]:
+  encoder = common.block_params(cfg, cfg.num_layers)
+  decoder = common.block_params(cfg, cfg.decoder_layers, cross=True)
+  counts = {part: encoder[part] + decoder[part] for part in encoder}
+  counts['norms'] += 2 * common.norm_params(cfg) * cfg.final_norm
+  return common.with_total({**counts, 'embedding': common.text_embedding_params(cfg),
+                            'head': common.untied_head_params(cfg)})
+
+
+def forward_flops(cfg: ModelConfig, seq_len=None, target_len=None) -> dict[str, int]:
+  """A source of seq_len tokens (default model.max_len), a target of target_len (default
+  seq_len): the encoder on the source, the decoder on the target with cross-attention."""
+  s = seq_len or cfg.max_len
+  t = target_len or s
+  d, block = cfg.width, common.block_weights(cfg)
+  q_and_out = 2 * d * d * cfg.use_attention
+  kv = (common.attention_weights(cfg) - 2 * d * d) * cfg.use_attention
+  dense = 2 * (s * cfg.num_layers * block + s * cfg.decoder_layers * kv
+               + t * (cfg.decoder_layers * (block + q_and_out) + d * cfg.vocab_size))
+  attention = 4 * d * cfg.use_attention * (cfg.num_layers * s * s
+                                           + cfg.decoder_layers * (t * t + t * s))
+  return {'dense': dense, 'attention': attention, 'tokens': t}
+
+
 FAMILY = registry.register(registry.Family(
     name='encoder_decoder', module=EncoderDecoder,
     example_inputs=lambda cfg, batch=1, seq_len=None: common.text_example_inputs(
@@ -70,4 +93,4 @@ FAMILY = registry.register(registry.Family(
     task='seq2seq', decoding='encoder_decoder', validate=common.validate_text,
     check_data=common.check_text_data,
     lengths=lambda batch: (batch['inputs'].shape[1], batch['decoder_inputs'].shape[1]),
-    param_counts=accounting.encoder_decoder_params, forward_flops=accounting.encoder_decoder_flops))
+    param_counts=param_counts, forward_flops=forward_flops))

@@ -15,6 +15,11 @@ from transformer_jax.model_config import ModelConfig
 
 Apply = Callable[..., jax.Array]  # the module applied to its params (and rngs, deterministic)
 
+# The parts a parameter count is split into (Family.param_counts, transformer_jax.accounting).
+PARTS = ('embedding', 'attention', 'mlp', 'norms', 'head', 'other')
+# Top-level parameters that embed the inputs, in every family (and read by the weight-decay mask).
+EMBEDDING_NAMES = ('embed', 'patch_embed', 'pos_embed', 'cls_token')
+
 
 def _no_checks(*args) -> None:
   del args
@@ -44,7 +49,7 @@ class Family:
   validate: cfg -> None, raising ConfigError for options the family cannot take.
   check_data: (data.info, cfg) -> None, raising ConfigError where the data does not fit.
   lengths: batch -> (seq_len, target_len) of its examples, for the FLOPs of a step.
-  param_counts: cfg -> {part: count} by the analytic formulas (accounting.PARTS); None: only
+  param_counts: cfg -> {part: count} by the analytic formulas (PARTS); None: only
     the initialized tree is counted.
   forward_flops: (cfg, seq_len, target_len) -> {'dense', 'attention', 'tokens'} analytic FLOPs
     of one example's forward pass; None: XLA's cost analysis of the forward pass.
@@ -85,6 +90,13 @@ def get(name: str) -> Family:
     raise ConfigError(f'Unknown family {name!r}: set model.family to one of {names()}, or '
                       'register a family of your own (transformer_jax.models.registry.register).')
   return _FAMILIES[name]
+
+
+def of_module(module) -> Family | None:
+  """The registered family whose config `module` carries (`module.cfg.family`); None for a
+  module of one's own."""
+  name = getattr(getattr(module, 'cfg', None), 'family', None)
+  return _FAMILIES.get(name) if isinstance(name, str) else None
 
 
 def names() -> list[str]:

@@ -2,7 +2,6 @@
 import flax.linen as nn
 import jax.numpy as jnp
 
-from transformer_jax import accounting
 from transformer_jax.errors import ConfigError
 from transformer_jax.layers import Linear, PatchEmbed, resize_position_grid
 from transformer_jax.model_config import ModelConfig
@@ -94,10 +93,30 @@ def check_data(info: dict, cfg: ModelConfig) -> None:
                       f'{cfg.num_channels}: set --config.model.image_size={height}.')
 
 
+def param_counts(cfg: ModelConfig) -> dict[str, int]:
+  d, cls = cfg.width, cfg.pool == 'cls'
+  blocks = common.block_params(cfg, cfg.num_layers)
+  return common.with_total({
+      **blocks, 'norms': blocks['norms'] + common.norm_params(cfg) * cfg.final_norm,
+      'embedding': (cfg.num_channels * cfg.patch_size ** 2 * d + d + d * cls
+                    + num_tokens(cfg) * d * (cfg.positions == 'learned')),
+      'head': d * cfg.num_classes + cfg.num_classes})
+
+
+def forward_flops(cfg: ModelConfig, seq_len=None, target_len=None) -> dict[str, int]:
+  """Per image: seq_len is the patch count (+1 for [CLS]) whatever is passed."""
+  del seq_len, target_len
+  d, patches, t = cfg.width, cfg.num_patches, num_tokens(cfg)
+  dense = 2 * (patches * cfg.num_channels * cfg.patch_size ** 2 * d
+               + t * cfg.num_layers * common.block_weights(cfg) + d * cfg.num_classes)
+  return {'dense': dense, 'attention': 4 * d * cfg.use_attention * cfg.num_layers * t * t,
+          'tokens': 1}
+
+
 FAMILY = registry.register(registry.Family(
     name='vit', module=ViT,
     example_inputs=lambda cfg, batch=1, seq_len=None: (jnp.zeros(
         (batch, cfg.image_size, cfg.image_size, cfg.num_channels), jnp.float32),),
     logits=lambda apply, batch: apply(batch['image']), task='image', targets='label',
     classification=True, unit='image', validate=validate, check_data=check_data,
-    param_counts=accounting.vit_params, forward_flops=accounting.vit_flops))
+    param_counts=param_counts, forward_flops=forward_flops))

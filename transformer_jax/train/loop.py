@@ -9,7 +9,6 @@ import numpy as np
 
 from transformer_jax import accounting
 from transformer_jax.train import checkpoint, metrics as metrics_lib, setup, sharding
-from transformer_jax.train import step as step_lib
 from transformer_jax.train.setup import Run, build_run, restore_trained
 
 log = logging.getLogger(__name__)
@@ -36,8 +35,7 @@ def train(config, workdir: str):
     log.info('%s model, %s parameters, %d devices, mesh %s.', run.family.name,
              f'{accounting.count_params(state.params)["total"]:,}', jax.device_count(),
              dict(run.mesh.shape))
-    eval_step = step_lib.make_eval_step(run.model, run.family, run.mesh,
-                                        run.state_sharding.params, run.step_settings.rules)
+    eval_step = run.eval_step
     start = int(state.step)
     if _evaluation_missing(config, start, workdir):
       log.info('The evaluation at step %d is missing from metrics.jsonl: running it first.', start)
@@ -54,12 +52,10 @@ def train(config, workdir: str):
 
 def _train_from(run: Run, state, eval_step, checkpoints, writer):
   """Compiles the step on the first batch, then runs the loop under a SIGTERM handler."""
-  train_step = step_lib.make_train_step(run.model, run.family, run.tx, run.schedule, run.mesh,
-                                        run.state_sharding, run.step_settings)
   batches = run.data.train_iterator(int(state.step))
   first = sharding.global_batch(next(batches), run.mesh)
   compile_start = time.time()
-  compiled = train_step.lower(state, first).compile()
+  compiled = run.train_step.lower(state, first).compile()
   log.info('Compiled the train step in %.1f s.', time.time() - compile_start)
   preemption = checkpoint.PreemptionFlag()
   try:
@@ -216,8 +212,6 @@ def _evaluate(run: Run, eval_step, params, step: int, writer) -> None:
 def evaluate(config, workdir: str | None) -> dict:
   """--mode=eval: the parameters of the workdir's latest checkpoint on the held-out split."""
   run, params, step = restore_trained(config, workdir)
-  eval_step = step_lib.make_eval_step(run.model, run.family, run.mesh, run.state_sharding.params,
-                                      run.step_settings.rules)
-  results = evaluate_params(run, eval_step, params)
+  results = evaluate_params(run, run.eval_step, params)
   log.info('Step %d: %s', step, results)
   return {'step': step, **results}

@@ -2,8 +2,8 @@
 import jax
 import optax
 
-from transformer_jax.accounting import EMBEDDING_NAMES
 from transformer_jax.errors import ConfigError
+from transformer_jax.models.registry import EMBEDDING_NAMES
 
 
 def learning_rate_schedule(opt, total_steps: int) -> optax.Schedule:

@@ -17,7 +17,7 @@ from transformer_jax.errors import CheckpointMismatchError, ConfigError, UserErr
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.models.registry import Family
 from transformer_jax.train import checkpoint, optim, sharding
-from transformer_jax.train.step import StepSettings, TrainState
+from transformer_jax.train.step import StepSettings, TrainState, make_eval_step, make_train_step
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +37,26 @@ class Run:
   state_sharding: TrainState  # a NamedSharding per leaf
   abstract_state: TrainState  # ShapeDtypeStructs, with those shardings
 
+  @functools.cached_property
+  def train_step(self):
+    """The jitted step(state, batch) -> (state, metrics), the state donated (make_train_step),
+    built once from the run's model, optimizer, mesh, shardings and step settings."""
+    return make_train_step(self.model, self.family, self.tx, self.schedule, self.mesh,
+                           self.state_sharding, self.step_settings)
+
+  @functools.cached_property
+  def eval_step(self):
+    """The jitted eval(params, batch) -> summed loss terms (make_eval_step), on the run's
+    mesh, parameter shardings and rules."""
+    return make_eval_step(self.model, self.family, self.mesh, self.state_sharding.params,
+                          self.step_settings.rules)
+
 
 def build_run(config: ml_collections.ConfigDict) -> Run:
   """Finds the data and lays out the state of a config that config_lib.validate passed (run.run
   validates it); compiles nothing."""
+  sharding.check_rule_set(config)
+  rules = sharding.rules_of(config)
   cfg = models.model_config(config.model)
   family = models.registry.get(cfg.family)
   dataset = data.make_data(config.data, family.task, seed=config.seed)
@@ -54,11 +70,11 @@ def build_run(config: ml_collections.ConfigDict) -> Run:
   model = models.build(cfg, platform)
   tx, schedule = optim.make_optimizer(config.optimizer, config.training.steps)
   boxed = boxed_abstract_state(model, tx, family.example_inputs(cfg))
-  state_sharding = sharding.state_shardings(boxed, mesh, config_lib.sharding_rules(config))
+  state_sharding = sharding.state_shardings(boxed, mesh, rules)
   abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                           nn.meta.unbox(boxed), state_sharding)
   return Run(config, cfg, family, model, dataset, mesh, tx, schedule,
-             StepSettings.of(config, family), state_sharding, abstract)
+             StepSettings.of(config, family, rules), state_sharding, abstract)
 
 
 def state_of(tx: optax.GradientTransformation, params) -> TrainState:

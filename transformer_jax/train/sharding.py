@@ -1,4 +1,4 @@
-"""The device mesh, logical-axis rules and the shardings of the state and the batch."""
+"""The device mesh, the logical-axis rule sets and the shardings of the state and the batch."""
 import contextlib
 import logging
 import math
@@ -13,6 +13,42 @@ from transformer_jax.errors import ConfigError
 log = logging.getLogger(__name__)
 
 DATA_AXIS = 'data'
+
+# Logical axes (the parameters': vocab, embed, heads, kv_heads, mlp, ...; the activations':
+# layers.axes) -> mesh axes; an axis no rule names is replicated. The batch is always split over
+# 'data'. Tensor parallelism (Shoeybi et al. 2019) splits the heads and the MLP's hidden units
+# over 'model', so that each block's attention output and MLP down projection end in one
+# all-reduce; FSDP also splits every weight's width over 'data', gathering it where it is used.
+# The vocabulary stays whole: GPT-2's 50,257 rows divide by no mesh axis (add
+# ('vocab', 'model'), ('act_vocab', 'model') to config.sharding_rules for a vocabulary that
+# divides).
+_TENSOR_PARALLEL = (('heads', 'model'), ('kv_heads', 'model'), ('mlp', 'model'),
+                    ('act_heads', 'model'), ('act_kv_heads', 'model'), ('act_mlp', 'model'))
+RULE_SETS = {
+    'dp': (('act_batch', 'data'),),
+    'fsdp': (('act_batch', 'data'), ('embed', 'data')),
+    'tp': (('act_batch', 'data'), *_TENSOR_PARALLEL),
+    'fsdp_tp': (('act_batch', 'data'), ('embed', 'data'), *_TENSOR_PARALLEL),
+}
+
+
+def check_rule_set(config) -> None:
+  """Raises ConfigError unless config.rule_set is one of RULE_SETS and config.mesh.axes has the
+  mesh axes it splits over."""
+  if config.rule_set not in RULE_SETS:
+    raise ConfigError(f'rule_set={config.rule_set!r} must be one of {list(RULE_SETS)}.')
+  axes = tuple(config.mesh.axes)
+  missing = sorted({mesh_axis for _, mesh_axis in RULE_SETS[config.rule_set]} - set(axes))
+  if missing:
+    raise ConfigError(f'rule_set={config.rule_set!r} splits over the mesh axis {missing[0]!r}, '
+                      f'which mesh.axes={axes} lacks: for example --config.mesh.axes="(\'data\', '
+                      f'\'{missing[0]}\')" --config.mesh.shape="(-1, 2)", or rule_set=\'fsdp\'.')
+
+
+def rules_of(config) -> tuple[tuple[str, str | None], ...]:
+  """The rules a run uses: config.sharding_rules first (the first rule for an axis wins), then
+  the named config.rule_set (see check_rule_set)."""
+  return tuple(tuple(rule) for rule in config.sharding_rules) + RULE_SETS[config.rule_set]
 
 
 def make_mesh(mesh_config) -> jax.sharding.Mesh:

@@ -11,7 +11,6 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec as P
 
-from transformer_jax import config_lib
 from transformer_jax.errors import ConfigError
 from transformer_jax.models.registry import Family
 from transformer_jax.train import losses, sharding
@@ -32,15 +31,15 @@ class StepSettings:
   label_smoothing: float = 0.0
   dropout: bool = False  # whether the dropout layers are active
   parallelism: str = 'jit'  # 'jit' (GSPMD) or 'shard_map' (per device, explicit pmean)
-  rules: tuple = ()  # logical axis -> mesh axis, for the activations (config_lib.sharding_rules)
+  rules: tuple = ()  # logical axis -> mesh axis, for the activations (sharding.rules_of)
 
   @classmethod
-  def of(cls, config, family: Family) -> 'StepSettings':
-    """The settings config's keys give a family's step."""
+  def of(cls, config, family: Family, rules: tuple) -> 'StepSettings':
+    """The settings config's keys give a family's step, with the run's sharding rules."""
     return cls(seed=config.seed, grad_accum_steps=config.training.grad_accum_steps,
                label_smoothing=config.training.label_smoothing * family.classification,
                dropout=config.model.dropout_rate > 0, parallelism=config.parallelism,
-               rules=config_lib.sharding_rules(config))
+               rules=rules)
 
 
 def _microbatches(batch, num: int):
