@@ -5,6 +5,8 @@ import jax
 from transformer_jax import accounting, config_lib, memory, models
 from transformer_jax.train import sharding
 
+__all__ = ['describe', 'device_memory', 'memory_lines', 'shape']
+
 
 def shape(cfg) -> str:
   """'4 blocks, width 128, 4 heads (2 key-value), patch 4 (ViT-Ti/4)': what sizes the model."""

@@ -1,6 +1,8 @@
 """Errors caused by what the user asked for, not by a bug: launch.py prints their message alone
 (no traceback), so each message must say what to change."""
 
+__all__ = ['CheckpointMismatchError', 'ConfigError', 'UserError']
+
 
 class UserError(Exception):
   """A setting, a path or a checkpoint that the user must change; the message names the fix."""

@@ -26,6 +26,8 @@ from transformer_jax.layers import axes
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.train import optim, setup, sharding
 
+__all__ = ['activation_bytes', 'ACTIVATION_COPIES', 'Plan', 'plan']
+
 # Copies of each size that XLA keeps live per block and token at the step's peak: of the width D
 # (the residual stream, the norms' inputs and outputs, the projections' inputs and their
 # gradients), of the heads' width ((H + KV) * head_dim / 2: queries, keys, values, attention

@@ -5,6 +5,8 @@ from typing import Any
 
 from transformer_jax.errors import ConfigError
 
+__all__ = ['COUNT', 'FRACTION', 'Range']
+
 
 @dataclasses.dataclass(frozen=True)
 class Range:

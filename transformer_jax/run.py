@@ -11,6 +11,10 @@ import ml_collections
 from transformer_jax import config_lib, convert, decode, describe, errors, models, train
 from transformer_jax.train import checkpoint
 
+__all__ = [
+    'configure_logging', 'errors_as_messages', 'exit_with', 'flag_error_message',
+    'resolve_config', 'run', 'sample']
+
 log = logging.getLogger(__name__)
 
 

@@ -28,6 +28,11 @@ import ml_collections
 from transformer_jax import config_lib, run as run_lib
 from transformer_jax.train.metrics import read_metrics
 
+__all__ = [
+    'args', 'config_for', 'CURVE_KEYS', 'DATA_FLAGS', 'finish', 'machine_seconds', 'main',
+    'named', 'override', 'parse_flags', 'product', 'run_all', 'SMOKE_NOTE', 'smoke_report',
+    'STATUS_FILE', 'summary', 'SweepRun', 'train_once', 'values', 'write_results']
+
 log = logging.getLogger(__name__)
 
 STATUS_FILE = 'sweep.json'

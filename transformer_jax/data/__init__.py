@@ -9,3 +9,5 @@ pipeline.py splits each global batch over the processes and iterates with grain.
 from transformer_jax.data.pipeline import TASKS, Data, make_data
 from transformer_jax.data.sources import DataNotFoundError
 from transformer_jax.data.vocab import Vocab
+
+__all__ = ['TASKS', 'Data', 'DataNotFoundError', 'Vocab', 'make_data']

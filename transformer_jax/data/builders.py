@@ -15,6 +15,12 @@ import numpy as np
 from PIL import Image
 import tensorflow_datasets as tfds
 
+__all__ = [
+    'binary_images', 'CIFAR10_BINARY', 'CIFAR10_CLASSES', 'CIFAR10_JPEG', 'CIFAR10_URL',
+    'find_cifar10_binary', 'find_cifar10_jpeg', 'find_shakespeare', 'jpeg_images',
+    'SHAKESPEARE_FILE', 'SHAKESPEARE_URL', 'SPLITS', 'stock_splits', 'TransformerJaxCifar10',
+    'TransformerJaxTinyShakespeare']
+
 CIFAR10_CLASSES = ('airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'horse', 'ship',
                    'truck')
 CIFAR10_URL = 'https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz'

@@ -10,6 +10,8 @@ import numpy as np
 
 from transformer_jax.data import rng
 
+__all__ = ['channel_stats', 'crop_and_flip', 'ImageTask', 'PAD', 'synthetic_images']
+
 PAD = 4  # pixels of zero padding around the image before a random crop
 
 

@@ -9,6 +9,8 @@ import numpy as np
 from transformer_jax.errors import ConfigError
 from transformer_jax.data import builders, images, rng, seq2seq, sources, text
 
+__all__ = ['Data', 'DATA_DEFAULTS', 'DATA_TYPES', 'DATASETS', 'make_data', 'TASKS', 'TEXT']
+
 log = logging.getLogger(__name__)
 
 # The tasks a model family trains on (its registry entry names one), and the datasets that feed

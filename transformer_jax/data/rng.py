@@ -6,6 +6,8 @@ makes a resumed run see the batches of an uninterrupted one.
 """
 import numpy as np
 
+__all__ = ['generator']
+
 # Streams. The synthetic tasks and every held-out split are keyed without the seed: the data
 # is the same for every seed, which is what makes eval metrics comparable from seed to seed.
 SHUFFLE, AUGMENT, WINDOWS, GENERATE, HELD_OUT, TASK = range(6)

@@ -5,6 +5,8 @@ from transformer_jax.data import rng
 from transformer_jax.data.vocab import Vocab
 from transformer_jax.errors import ConfigError
 
+__all__ = ['copy', 'reverse', 'Seq2SeqTask', 'sort', 'TASKS']
+
 
 def reverse(sources: np.ndarray, lengths: np.ndarray) -> np.ndarray:
   """Each row's first `length` symbols in reverse order (what follows is garbage)."""

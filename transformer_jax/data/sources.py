@@ -15,6 +15,11 @@ import tensorflow_datasets as tfds
 from transformer_jax.data import builders
 from transformer_jax.errors import ConfigError, UserError
 
+__all__ = [
+    'CIFAR10_HELP', 'CIFAR10_JPEG', 'CIFAR10_ORIGINAL', 'DataNotFoundError', 'load_cifar10',
+    'load_text_file', 'load_tiny_shakespeare', 'read_images', 'read_text', 'SHAKESPEARE',
+    'SHAKESPEARE_HELP']
+
 log = logging.getLogger(__name__)
 
 CIFAR10_ORIGINAL = 'transformer_jax_cifar10/original'

@@ -5,6 +5,8 @@ from transformer_jax.data import rng
 from transformer_jax.data.vocab import Vocab
 from transformer_jax.errors import ConfigError
 
+__all__ = ['MaskedTask', 'NextTokenTask', 'synthetic_text', 'windows']
+
 
 class _CharText:
   """The train and held-out texts as int32 ids of their sorted characters."""

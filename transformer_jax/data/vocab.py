@@ -1,6 +1,8 @@
 """Character vocabularies: text <-> ids, with the special tokens each family needs."""
 import dataclasses
 
+__all__ = ['Vocab']
+
 PAD, BOS, EOS, MASK = '<pad>', '<bos>', '<eos>', '<mask>'
 
 

@@ -7,3 +7,7 @@ from transformer_jax.layers.embeddings import (PatchEmbed, TextEmbed, apply_rope
 from transformer_jax.layers.linear import Linear
 from transformer_jax.layers.mlp import MLP
 from transformer_jax.layers.norms import LayerNorm, RMSNorm
+
+__all__ = ['Attention', 'Block', 'BlockStack', 'LayerNorm', 'Linear', 'MLP', 'PatchEmbed',
+           'RMSNorm', 'TextEmbed', 'apply_rope', 'causal_mask', 'padding_mask',
+           'resize_position_grid', 'sinusoidal']

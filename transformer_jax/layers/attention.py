@@ -11,6 +11,8 @@ from transformer_jax.layers import axes
 from transformer_jax.layers.embeddings import apply_rope
 from transformer_jax.layers.linear import Linear
 
+__all__ = ['Attention', 'causal_mask', 'padding_mask']
+
 
 def causal_mask(query_slots: jax.Array, positions: jax.Array, kv_len: int,
                 window: int | None = None) -> jax.Array:

@@ -7,6 +7,8 @@ from the parameters' ('embed', 'heads', ...), so that a rule for parameters (FSD
 import flax.linen as nn
 import jax
 
+__all__ = ['constrain']
+
 BATCH, LENGTH, EMBED = 'act_batch', 'act_length', 'act_embed'
 HEADS, KV_HEADS, MLP, VOCAB = 'act_heads', 'act_kv_heads', 'act_mlp', 'act_vocab'
 

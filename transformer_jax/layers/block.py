@@ -11,6 +11,10 @@ import jax.numpy as jnp
 from transformer_jax.layers import axes
 from transformer_jax.layers.norms import RMSNorm
 
+__all__ = [
+    'Block', 'BLOCK_ARGUMENTS', 'BLOCK_CONTRACT', 'BLOCK_FIELDS', 'BlockStack', 'LAYERS',
+    'ModuleFactory', 'NORM_POSITIONS', 'REMAT_POLICIES']
+
 NORM_POSITIONS = ('pre', 'post')
 REMAT_POLICIES = {
     'none': None,  # keep every activation for the backward pass

@@ -8,6 +8,10 @@ import numpy as np
 
 from transformer_jax.layers.linear import contract
 
+__all__ = [
+    'apply_rope', 'PatchEmbed', 'POSITION_EMBEDDINGS', 'resize_position_grid', 'sinusoidal',
+    'TextEmbed']
+
 
 POSITION_EMBEDDINGS = ('learned', 'sinusoidal', 'none')
 

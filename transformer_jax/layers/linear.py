@@ -7,6 +7,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+__all__ = ['contract', 'kernel_init', 'Linear']
+
 
 def kernel_init(std: float | None, in_axes: int = 1, out_axes: int = 1):
   """N(0, std), or LeCun normal: variance 1 / fan-in, the fan-in being the product of the

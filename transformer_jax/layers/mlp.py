@@ -8,6 +8,8 @@ import jax.numpy as jnp
 from transformer_jax.layers import axes
 from transformer_jax.layers.linear import Linear
 
+__all__ = ['ACTIVATIONS', 'KINDS', 'MLP']
+
 ACTIVATIONS = {
     'gelu': lambda x: jax.nn.gelu(x, approximate=False),  # BERT, ViT
     'gelu_tanh': lambda x: jax.nn.gelu(x, approximate=True),  # GPT-2

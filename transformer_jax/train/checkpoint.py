@@ -18,6 +18,8 @@ import orbax.checkpoint as ocp
 
 from transformer_jax.errors import CheckpointMismatchError
 
+__all__ = ['Checkpoints', 'describe_differences', 'latest_step', 'PreemptionFlag']
+
 log = logging.getLogger(__name__)
 
 _ITEM = 'state'

@@ -18,6 +18,8 @@ import platform
 
 import jax
 
+__all__ = ['configure']
+
 # glibc's malloc.h
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4

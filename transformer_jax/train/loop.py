@@ -11,6 +11,8 @@ from transformer_jax import accounting
 from transformer_jax.train import checkpoint, metrics as metrics_lib, setup, sharding
 from transformer_jax.train.setup import Run, build_run, restore_trained
 
+__all__ = ['evaluate', 'evaluate_params', 'itstime', 'PROGRESS_SECONDS', 'train']
+
 log = logging.getLogger(__name__)
 
 # A progress line at least this often, whatever training.log_every says.

@@ -8,6 +8,8 @@ import jax.numpy as jnp
 
 from transformer_jax.models.registry import Family
 
+__all__ = ['logits_targets_weights', 'loss_sums']
+
 
 def logits_targets_weights(model, family: Family, params, batch, *, deterministic=True,
                            rngs=None):

@@ -6,6 +6,10 @@ import time
 import logging
 import jax
 
+__all__ = [
+    'logged_eval_steps', 'measured_matmul_flops', 'METRICS_FILE', 'MetricWriter', 'PEAK_FLOPS',
+    'peak_flops_per_device', 'read_metrics']
+
 log = logging.getLogger(__name__)
 
 METRICS_FILE = 'metrics.jsonl'

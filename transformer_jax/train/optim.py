@@ -5,6 +5,8 @@ import optax
 from transformer_jax.errors import ConfigError
 from transformer_jax.models.registry import EMBEDDING_NAMES
 
+__all__ = ['decay_mask', 'learning_rate_schedule', 'make_optimizer']
+
 
 def learning_rate_schedule(opt, total_steps: int) -> optax.Schedule:
   """Linear warmup, learning_rate * (step + 1) / warmup_steps at steps 0 .. warmup_steps - 1, so

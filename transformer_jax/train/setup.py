@@ -19,6 +19,10 @@ from transformer_jax.models.registry import Family
 from transformer_jax.train import checkpoint, optim, sharding
 from transformer_jax.train.step import StepSettings, TrainState, make_eval_step, make_train_step
 
+__all__ = [
+    'boxed_abstract_state', 'build_run', 'checkpoint_dir', 'initial_state', 'restore_or_init',
+    'restore_trained', 'Run', 'save_config', 'starting_params', 'state_of']
+
 log = logging.getLogger(__name__)
 
 

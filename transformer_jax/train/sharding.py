@@ -10,6 +10,11 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from transformer_jax.errors import ConfigError
 
+__all__ = [
+    'activation_rules', 'batch_sharding', 'check_batches_divide', 'check_divisible',
+    'check_rule_set', 'DATA_AXIS', 'global_batch', 'make_mesh', 'mesh_axes_of', 'mesh_sizes',
+    'RULE_SETS', 'rules_of', 'state_shardings']
+
 log = logging.getLogger(__name__)
 
 DATA_AXIS = 'data'

@@ -16,6 +16,8 @@ from transformer_jax.models.registry import Family
 from transformer_jax.train import losses, sharding
 from transformer_jax.train.sharding import DATA_AXIS
 
+__all__ = ['make_eval_step', 'make_train_step', 'StepSettings', 'TrainState']
+
 
 class TrainState(flax.struct.PyTreeNode):
   step: jax.Array
