@@ -43,9 +43,13 @@ def _jaxprs_in(params):
 
 def matmul_flops(jaxpr) -> int:
   """2 FLOPs per multiply-add of every dot_general that `jaxpr` runs, in nested jaxprs too (a
-  scan's body `length` times)."""
+  scan's body `length` times; of a cond's branches, such as lax.platform_dependent's forms of one
+  product, the one that does the most)."""
   total = 0
   for eqn in jaxpr.eqns:
+    if eqn.primitive.name == 'cond':
+      total += max(matmul_flops(branch.jaxpr) for branch in eqn.params['branches'])
+      continue
     if eqn.primitive.name == 'dot_general':
       (_, rhs_contracted), (_, rhs_batch) = eqn.params['dimension_numbers']
       lhs, rhs = (var.aval.shape for var in eqn.invars)
@@ -63,8 +67,7 @@ def test_one_block_at_768_has_12d2_plus_13d(rng):
   assert blocks == 7_087_872
   # A Block initialized alone, and GPT-2's checkpoint, whose block holds ln_1, attn.c_attn
   # (768, 2304), attn.c_proj (768, 768), ln_2, mlp.c_fc (768, 3072) and mlp.c_proj (3072, 768).
-  named_kernel = models.model_config(block | {'attention_kernel': 'xla'})
-  alone = jax.eval_shape(common.block(named_kernel)().init, rng,
+  alone = jax.eval_shape(common.block(models.model_config(block))().init, rng,
                          jnp.zeros((1, 1, 768)))
   assert tree_size(alone) == blocks
   gpt2_block = [(2, 768), (768, 2304), (2304,), (768, 768), (768,), (2, 768), (768, 3072),

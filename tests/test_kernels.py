@@ -46,10 +46,22 @@ def test_auto_picks_by_the_platform_it_is_given():
     choice = kernels.resolve('auto', platform)
     assert (choice.name, choice.fn) == ('xla', kernels.xla.attention)
     assert choice.reason.startswith(f'auto on {platform}: ')
-  with pytest.raises(ValueError, match='picks by the platform the step is compiled for'):
-    kernels.resolve('auto')
-  with pytest.raises(ValueError, match='picks by the platform'):
-    layers.Attention(num_heads=2, head_dim=8, kernel='auto')
+  assert kernels.resolve('auto').reason == 'picked when compiled: cpu on cpu, xla elsewhere'
+
+
+def test_auto_left_to_the_compiler_runs_the_kernel_of_the_platform_lowered_for(rng):
+  """Attention(kernel='auto') with no platform given: lowered for the CPU it runs the CPU kernel
+  (its grouped (B, kv_heads, group * T, head_dim) queries appear), for a TPU XLA's; on the CPU its
+  outputs and gradients are the CPU kernel's."""
+  x = jax.random.normal(rng, (2, 8, 32))
+  auto = layers.Attention(num_heads=4, num_kv_heads=2, head_dim=8)
+  params = auto.init(rng, x)
+  grouped_queries = 'tensor<2x2x16x8xf32>'
+  assert grouped_queries in _lowered(auto.apply, 'cpu', params, x)
+  assert grouped_queries not in _lowered(auto.apply, 'tpu', params, x)
+  cpu = layers.Attention(num_heads=4, num_kv_heads=2, head_dim=8, kernel='cpu')
+  loss = lambda module: jax.grad(lambda p: jnp.sum(module.apply(p, x) ** 2))(params)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), loss(auto), loss(cpu))
 
 
 def test_former_kernel_names_resolve_to_their_kernels():

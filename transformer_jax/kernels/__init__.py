@@ -11,14 +11,18 @@ Kernels by name:
   'reference'  plain einsums (`reference.attention`): the definition the others are tested by.
   'xla'        `jax.nn.dot_product_attention(implementation='xla')`: any platform.
   'cpu'        heads before positions, with the backward pass written out: fastest on XLA:CPU.
-  'auto'       chosen by the platform the step is compiled for (`resolve`).
+  'auto'       the kernel of the platform the step is compiled for: resolved by name for a
+               known platform (`resolve(kernel, platform)`), else when the step is lowered.
 A function of that signature may be passed wherever a name is, or registered under a name of its
 own (`register`) so that a config can select it (`--config.model.attention_kernel=NAME`). Fused
 platform kernels (cuDNN through implementation='cudnn', Pallas splash attention on TPU) join the
 same way, and `auto` then picks them for their platform.
 """
 import dataclasses
+import functools
 from typing import Callable
+
+import jax
 
 from transformer_jax.kernels import cache, cpu, masks, reference, xla
 
@@ -36,6 +40,14 @@ _AUTO = {
 _AUTO_DEFAULT = ('xla', 'no kernel of its own is registered for this platform')
 # Names earlier configs saved: the default kernel then meant what 'auto' means now.
 _RENAMED = {'dot_product_attention': 'auto', 'heads_first': 'cpu', 'einsum': 'reference'}
+
+
+def _auto(q, k, v, mask=None, *, scale):
+  """Each platform's kernel, the one of the platform the computation is lowered for."""
+  bound = lambda name: functools.partial(_KERNELS[name], scale=scale)
+  return jax.lax.platform_dependent(
+      q, k, v, mask, default=bound(_AUTO_DEFAULT[0]),
+      **{platform: bound(name) for platform, (name, _) in _AUTO.items()})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,15 +74,16 @@ def names() -> list[str]:
 
 def resolve(kernel: str | Kernel, platform: str | None = None) -> Choice:
   """The kernel to run for `platform` ('cpu', 'gpu', 'tpu': the platform of the devices the step
-  is compiled for, which need not be the machine's own). Only 'auto' reads the platform."""
+  is compiled for, which need not be the machine's own). Only 'auto' reads the platform; without
+  one, 'auto' is the kernel of whichever platform the step is lowered for."""
   if callable(kernel):
     return Choice(getattr(kernel, '__name__', repr(kernel)), kernel, 'passed as a function')
   name = _RENAMED.get(kernel, kernel)
+  if name == 'auto' and platform is None:
+    return Choice('auto', _auto, 'picked when compiled: ' + ', '.join(
+        [f'{chosen} on {where}' for where, (chosen, _) in _AUTO.items()]
+        + [f'{_AUTO_DEFAULT[0]} elsewhere']))
   if name == 'auto':
-    if platform is None:
-      raise ValueError(f"attention kernel {kernel!r} picks by the platform the step is compiled "
-                       "for: resolve it with kernels.resolve('auto', platform), as models.build "
-                       "does, or name a kernel.")
     chosen, why = _AUTO.get(platform, _AUTO_DEFAULT)
     return Choice(chosen, _KERNELS[chosen], f'auto on {platform}: {why}')
   if name not in _KERNELS:

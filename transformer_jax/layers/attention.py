@@ -53,9 +53,9 @@ class Attention(nn.Module):
 
   The layer projects queries, keys and values, rotates them (RoPE), keeps the cache and projects
   the heads back; the softmax(QK^T)V between is `kernel`: a name of `transformer_jax.kernels`
-  ('xla', 'cpu', 'reference', or one registered there) or a function of the kernels' signature.
-  'auto' is resolved before a layer is built, by the platform the step is compiled for
-  (`kernels.resolve`, which `models.build` calls). The output has `out_features` (default: the
+  ('auto', 'xla', 'cpu', 'reference', or one registered there) or a function of the kernels'
+  signature. 'auto' runs the kernel of the platform the step is compiled for; `models.build`
+  resolves it to a name where it is given that platform. The output has `out_features` (default: the
   input's width). Self-attention takes its keys from its input; cross-attention (`is_cross`)
   from `kv_inputs`. With `rope_base`, queries and keys of self-attention are rotated by their
   `positions` (B, T) (default 0..T-1, after the cache index when decoding). `init_std` None
@@ -76,7 +76,7 @@ class Attention(nn.Module):
   use_bias: bool = True
   out_features: int | None = None  # None: the input's width
   is_cross: bool = False
-  kernel: str | kernels.Kernel = 'xla'
+  kernel: str | kernels.Kernel = 'auto'
   init_std: float | None = 0.02
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
@@ -92,7 +92,7 @@ class Attention(nn.Module):
       raise ValueError(f'RoPE rotates pairs of channels with frequencies rope_base^(-i/h): it '
                        f'needs an even head_dim (not {self.head_dim}) and rope_base > 1 (not '
                        f'{self.rope_base}).')
-    kernels.resolve(self.kernel)  # an unknown name, or 'auto' left unresolved, fails here
+    kernels.resolve(self.kernel)  # an unknown name fails here
     super().__post_init__()
 
   @property

@@ -29,8 +29,8 @@ def family_of(model: ModelConfig | Mapping[str, Any]) -> registry.Family:
 def attention_kernel(model: ModelConfig | Mapping[str, Any],
                      platform: str | None = None) -> kernels.Choice:
   """The attention kernel `model` runs when compiled for `platform` ('cpu', 'gpu', 'tpu'; None:
-  the platform JAX computes on here, jax.default_backend())."""
-  return kernels.resolve(model_config(model).attention_kernel, platform or jax.default_backend())
+  whichever the step is lowered for, for 'auto')."""
+  return kernels.resolve(model_config(model).attention_kernel, platform)
 
 
 def build(model: ModelConfig | Mapping[str, Any], platform: str | None = None) -> nn.Module:
