@@ -10,7 +10,7 @@ import pytest
 
 from helpers import CONFIG_FILES, ROOT, load_config
 from train_helpers import small_config
-from transformer_jax import config_lib, model_config, run, train
+from transformer_jax import config_lib, model_config, models, run, train
 from transformer_jax.errors import ConfigError
 
 LLAMA = ROOT / 'configs' / 'llama_shakespeare.py'
@@ -69,10 +69,14 @@ def test_every_numeric_key_has_a_range():
                   or config_lib.DATA_TYPES.get(key.partition('.')[2]) is int)}
   numeric |= {'training.peak_flops_per_device'}
   assert numeric <= set(config_lib.RANGES), sorted(numeric - set(config_lib.RANGES))
-  model_numeric = {name for name, value in vars(model_config.ModelConfig()).items()
-                   if isinstance(value, (int, float)) and not isinstance(value, bool)}
-  model_numeric |= {'num_decoder_layers', 'num_kv_heads', 'd_ff', 'init_std'}  # None by default
-  assert model_numeric <= set(model_config.RANGES), sorted(model_numeric - set(model_config.RANGES))
+  for family in models.registry.names():
+    config_class = models.registry.get(family).config
+    model_numeric = {name for name, value in model_config.defaults(config_class).items()
+                     if isinstance(value, (int, float)) and not isinstance(value, bool)}
+    model_numeric |= {'num_decoder_layers', 'num_kv_heads', 'd_ff', 'init_std'}  # None by default
+    model_numeric &= set(model_config.names(config_class))
+    missing = sorted(model_numeric - set(config_class.RANGES))
+    assert not missing, (family, missing)
 
 
 @pytest.mark.parametrize('path', CONFIG_FILES, ids=[p.stem for p in CONFIG_FILES])

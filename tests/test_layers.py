@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from helpers import init, tiny
-from transformer_jax import config_lib, layers, models
+from transformer_jax import layers, models
 from transformer_jax.layers import PatchEmbed, attention, causal_mask, resize_position_grid
-from transformer_jax.models import common
+from transformer_jax.models import common, styles
 
 EYE = np.eye(2, dtype=np.float32)
 
@@ -288,7 +288,7 @@ def test_scaled_embeddings_follow_vaswani(rng):
   table = nn.meta.unbox(params)['params']['tokens']
   expected = table[ids] * np.sqrt(cfg.width) + layers.sinusoidal(positions, cfg.width)
   np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
-  assert config_lib.STYLES['transformer']['scale_embeddings']
+  assert styles.STYLES['transformer']['scale_embeddings']
 
 
 def test_layers_are_usable_alone_with_plain_arguments(rng):

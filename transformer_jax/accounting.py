@@ -54,9 +54,9 @@ def _blocks(cfg: ModelConfig, num: int, cross: bool = False) -> dict[str, int]:
           'norms': num * norms * _norm(cfg)}
 
 
-def _text_embedding(cfg: ModelConfig) -> int:
+def _text_embedding(cfg: ModelConfig, type_vocab_size: int = 0) -> int:
   return (cfg.vocab_size + cfg.max_len * (cfg.positions == 'learned')
-          + cfg.type_vocab_size) * cfg.width
+          + type_vocab_size) * cfg.width
 
 
 def _total(counts: dict[str, int]) -> dict[str, int]:
@@ -77,7 +77,8 @@ def decoder_params(cfg: ModelConfig) -> dict[str, int]:
 def encoder_params(cfg: ModelConfig) -> dict[str, int]:
   blocks, d = _blocks(cfg, cfg.num_layers), cfg.width
   norms = _norm(cfg) * (cfg.final_norm + (cfg.embed_norm and cfg.use_norm))
-  return _total({**blocks, 'embedding': _text_embedding(cfg), 'norms': blocks['norms'] + norms,
+  return _total({**blocks, 'embedding': _text_embedding(cfg, cfg.type_vocab_size),
+                 'norms': blocks['norms'] + norms,
                  'head': d * d + d + _norm(cfg) + _untied(cfg) + cfg.vocab_size})
 
 

@@ -2,7 +2,7 @@
 the memory plan per device on the run's mesh."""
 import jax
 
-from transformer_jax import accounting, config_lib, memory, models
+from transformer_jax import accounting, memory, models
 from transformer_jax.train import sharding
 
 
@@ -18,7 +18,7 @@ def shape(cfg) -> str:
   text = f'{blocks}, width {cfg.width}, {heads}, MLP {cfg.mlp} {cfg.hidden_dim}'
   if family.unit == 'image':
     text += f', {cfg.image_size}x{cfg.image_size} images in patches of {cfg.patch_size}'
-    named = [name for name, size in config_lib.VIT_SIZES.items()
+    named = [name for name, size in models.vit.VIT_SIZES.items()
              if size == (cfg.width, cfg.num_layers, cfg.num_heads)]
     text += f' (ViT-{named[0]}/{cfg.patch_size})' if named else ''
   return text

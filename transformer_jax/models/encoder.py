@@ -1,5 +1,6 @@
 """Encoder-only masked language model (BERT style): bidirectional blocks and an MLM head."""
-from typing import Any
+import dataclasses
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -7,8 +8,18 @@ import jax.numpy as jnp
 from transformer_jax import accounting
 from transformer_jax.layers import Linear, padding_mask
 from transformer_jax.layers.mlp import ACTIVATIONS
-from transformer_jax.model_config import ModelConfig
 from transformer_jax.models import common, registry
+from transformer_jax.ranges import Range
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderConfig(common.TextConfig):
+  """An encoder's settings: the text family's, and BERT's ends."""
+  family: str = 'encoder'
+  embed_norm: bool = False  # a norm right after the embeddings (BERT)
+  type_vocab_size: int = 0  # token-type (segment) embeddings (BERT); 0: none
+
+  RANGES: ClassVar = {**common.TextConfig.RANGES, 'type_vocab_size': Range(0, integer=True)}
 
 
 class MlmHead(nn.Module):
@@ -42,7 +53,7 @@ class MlmHead(nn.Module):
 class EncoderMLM(nn.Module):
   """tokens (B, T) -> float32 logits (B, T, V) for every position; every token sees every valid
   token. `valid` (B, T) marks real tokens (padding is never attended to)."""
-  cfg: ModelConfig
+  cfg: EncoderConfig
 
   @nn.compact
   def __call__(self, tokens, positions=None, *, valid=None, token_types=None,
@@ -53,7 +64,7 @@ class EncoderMLM(nn.Module):
     mask = None if valid is None else padding_mask(valid, tokens.shape[1])
     if attention_mask is not None:
       mask = attention_mask if mask is None else mask & attention_mask
-    embed = common.text_embed(cfg, name='embed')
+    embed = common.text_embed(cfg, cfg.type_vocab_size, name='embed')
     x = embed(tokens, positions, token_types)
     if cfg.embed_norm and cfg.use_norm:
       x = common.norm(cfg)(name='embed_norm')(x)
@@ -70,5 +81,5 @@ class EncoderMLM(nn.Module):
 FAMILY = registry.register(registry.Family(
     name='encoder', module=EncoderMLM, example_inputs=common.text_example_inputs,
     logits=lambda apply, batch: apply(batch['inputs'], valid=batch.get('valid')), task='masked',
-    validate=common.validate_text, check_data=common.check_text_data, lengths=common.text_lengths,
+    config=EncoderConfig, check_data=common.check_text_data, lengths=common.text_lengths,
     param_counts=accounting.encoder_params, forward_flops=accounting.encoder_flops))
