@@ -263,8 +263,8 @@ def intended_fan_in(path, shape):
 @pytest.mark.parametrize('family', ['decoder', 'encoder', 'encoder_decoder', 'vit'])
 def test_lecun_initialization_has_variance_one_over_the_fan_in(rng, family):
   """init_std=None draws every dense kernel with std 1 / sqrt(fan-in) (LeCun normal)."""
-  cfg = tiny(family, width=128, num_heads=8, num_kv_heads=2, init_std=None, vocab_size=256,
-             image_size=16)
+  cfg = tiny(family, width=128, num_heads=8, num_kv_heads=2, init_std=None,
+             **(dict(image_size=16) if family == 'vit' else dict(vocab_size=256)))
   params = nn.meta.unbox(models.build(cfg).init(rng, *models.example_inputs(cfg, 2))['params'])
   checked = 0
   for path, kernel in jax.tree_util.tree_flatten_with_path(params)[0]:
