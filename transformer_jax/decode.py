@@ -44,6 +44,7 @@ import numpy as np
 from transformer_jax.layers import causal_mask
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.models import registry
+from transformer_jax.models.common import TextConfig
 
 PROTOCOLS = ('decoder', 'encoder_decoder')
 
@@ -171,7 +172,7 @@ def decoding_of(model) -> str:
 def max_positions(model) -> int | None:
   """The most tokens the model's positions cover: its learned table's rows, or None (no limit)."""
   cfg = getattr(model, 'cfg', None)
-  if isinstance(cfg, ModelConfig):
+  if isinstance(cfg, TextConfig):
     return cfg.max_len if cfg.positions == 'learned' else None
   return getattr(model, 'max_positions', None)
 

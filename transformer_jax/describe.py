@@ -69,7 +69,7 @@ def device_memory(config) -> float | None:
 def memory_lines(config, cfg) -> list[str]:
   """The per-device plan of the train step (and a decoding cache) on the run's mesh and rules."""
   sizes = sharding.mesh_sizes(config.mesh)
-  plan = memory.plan(config, sizes)
+  plan = memory.plan(config, sizes, cfg)
   mesh = ' x '.join(f'{axis}={size}' for axis, size in sizes.items())
   lines = [f'Memory per device on {plan.devices} devices ({mesh}, rule set '
            f'{config.rule_set!r}), batch {config.data.batch_size}'

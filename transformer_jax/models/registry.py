@@ -1,8 +1,9 @@
 """The registry of model families: everything the library knows of a family, in one entry.
 
 Training, evaluation, decoding, the accounting and `--mode=describe` read a family only through
-its `Family`, so adding one is a module and one `register(Family(...))`: see how
-transformer_jax/models/decoder.py ends, or the family a test registers in tests/test_models.py.
+its `Family`, so adding one is a module, the dataclass of its settings and one
+`register(Family(...))`: see transformer_jax/models/decoder.py, or the family with a setting of
+its own in tests/conv_family.py.
 """
 import dataclasses
 from typing import Any, Callable
