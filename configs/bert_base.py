@@ -5,12 +5,13 @@ Its WordPiece data pipeline is not part of this project: this config describes t
 (--mode=describe) and receives converted weights; training it needs a data.name of your own.
 """
 from transformer_jax import config_lib
+from transformer_jax.models import styles
 
 
 def get_config(arg=None):
-  config = config_lib.base_config()
-  config.model.update(config_lib.STYLES['bert'])
-  config.model.update(family='encoder', vocab_size=30522, width=768, num_layers=12, num_heads=12,
+  config = config_lib.base_config('encoder')
+  config.model.update(styles.STYLES['bert'])
+  config.model.update(vocab_size=30522, width=768, num_layers=12, num_heads=12,
                       max_len=512)
   config.data.seq_len = 512
   return config

@@ -5,13 +5,14 @@ The vocabulary is the 65 characters plus [MASK].
       --config.data.manual_dir=DIR
 """
 from transformer_jax import config_lib
+from transformer_jax.models import styles
 
 
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, smoke=False)
-  config = config_lib.base_config()
-  config.model.update(config_lib.STYLES['bert'])
-  config.model.update(family='encoder', vocab_size=66, width=128, num_layers=4, num_heads=4,
+  config = config_lib.base_config('encoder')
+  config.model.update(styles.STYLES['bert'])
+  config.model.update(vocab_size=66, width=128, num_layers=4, num_heads=4,
                       max_len=128, dropout_rate=0.1)
   config.data.update(name='tiny_shakespeare', seq_len=128, batch_size=32)
   config.optimizer.update(learning_rate=1e-3, warmup_steps=200, b2=0.999, weight_decay=0.01)

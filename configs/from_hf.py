@@ -17,9 +17,10 @@ from transformer_jax import config_lib, convert
 
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, path='')
-  config = config_lib.base_config()
-  config.model.update(convert.load_model_config(arg.path) if arg.path else
-                      convert.model_config_of({'architectures': ['GPT2LMHeadModel']}))
+  fields = (convert.load_model_config(arg.path) if arg.path else
+            convert.model_config_of({'architectures': ['GPT2LMHeadModel']}))
+  config = config_lib.base_config(fields['family'])
+  config.model.update(fields)
   config.init_from_hf = arg.path
   model = config.model
   if model.family == 'vit':

@@ -5,13 +5,14 @@ TinyShakespeare characters (ids 0..64 of its 50,257-row table), which exercises 
 its real size; weights converted from a real checkpoint are the way to use it for text.
 """
 from transformer_jax import config_lib
+from transformer_jax.models import styles
 
 
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, smoke=False)
-  config = config_lib.base_config()
-  config.model.update(config_lib.STYLES['gpt2'])
-  config.model.update(family='decoder', vocab_size=50257, width=768, num_layers=12,
+  config = config_lib.base_config('decoder')
+  config.model.update(styles.STYLES['gpt2'])
+  config.model.update(vocab_size=50257, width=768, num_layers=12,
                       num_heads=12, max_len=1024, dtype='bfloat16')
   config.data.update(name='tiny_shakespeare', seq_len=1024, batch_size=32)
   config.optimizer.update(learning_rate=6e-4, warmup_steps=200, min_lr_ratio=0.1)

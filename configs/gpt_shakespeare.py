@@ -4,13 +4,14 @@ wide for a CPU): LayerNorm, GELU MLP (4D), learned positions, biases, tied unemb
       --config.data.manual_dir=DIR
 """
 from transformer_jax import config_lib
+from transformer_jax.models import styles
 
 
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, smoke=False)
-  config = config_lib.base_config()
-  config.model.update(config_lib.STYLES['gpt2'])
-  config.model.update(family='decoder', vocab_size=65, width=192, num_layers=6, num_heads=6,
+  config = config_lib.base_config('decoder')
+  config.model.update(styles.STYLES['gpt2'])
+  config.model.update(vocab_size=65, width=192, num_layers=6, num_heads=6,
                       max_len=256, dropout_rate=0.2)
   config.data.update(name='tiny_shakespeare', seq_len=256, batch_size=64)
   config.optimizer.update(learning_rate=1e-3, warmup_steps=100, min_lr_ratio=0.1, b2=0.99)

@@ -9,13 +9,14 @@ N(0, 1), dense kernels N(0, 0.05^2) (PyTorch's U(+-1/sqrt(128)) has standard dev
       --config.data.manual_dir=DIR
 """
 from transformer_jax import config_lib
+from transformer_jax.models import styles
 
 
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, smoke=False)
-  config = config_lib.base_config()
-  config.model.update(config_lib.STYLES['llama'])
-  config.model.update(family='decoder', vocab_size=65, width=128, num_layers=4, num_heads=4,
+  config = config_lib.base_config('decoder')
+  config.model.update(styles.STYLES['llama'])
+  config.model.update(vocab_size=65, width=128, num_layers=4, num_heads=4,
                       max_len=1024, init_std=0.05, embed_init_std=1.0)
   config.data.update(name='tiny_shakespeare', seq_len=64, batch_size=32)
   config.optimizer.update(learning_rate=3e-3, schedule='constant', warmup_steps=0,

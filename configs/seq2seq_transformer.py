@@ -3,13 +3,14 @@
 post-LN, ReLU, sinusoidal positions, one shared tied embedding, cross-attention in every
 decoder block."""
 from transformer_jax import config_lib
+from transformer_jax.models import styles
 
 
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, task='reverse', smoke=False)
-  config = config_lib.base_config()
-  config.model.update(config_lib.STYLES['transformer'])
-  config.model.update(family='encoder_decoder', vocab_size=29, width=128, num_layers=3,
+  config = config_lib.base_config('encoder_decoder')
+  config.model.update(styles.STYLES['transformer'])
+  config.model.update(vocab_size=29, width=128, num_layers=3,
                       num_decoder_layers=3, num_heads=4, max_len=64)
   config.data.update(name=f'seq2seq_{arg.task}', seq_len=32, batch_size=64)
   config.optimizer.update(learning_rate=1e-3, warmup_steps=200, b2=0.98)

@@ -4,11 +4,12 @@ Its ImageNet input pipeline is not part of this project: this config describes t
 (--mode=describe) and receives converted weights.
 """
 from transformer_jax import config_lib
+from transformer_jax.models import styles, vit
 
 
 def get_config(arg=None):
-  config = config_lib.base_config()
-  config.model.update(config_lib.STYLES['vit'])
-  config.model.update(family='vit', image_size=224, num_classes=1000,
-                      **config_lib.vit_variant('B/16'))
+  config = config_lib.base_config('vit')
+  config.model.update(styles.STYLES['vit'])
+  config.model.update(image_size=224, num_classes=1000,
+                      **vit.variant('B/16'))
   return config

@@ -7,16 +7,17 @@ and positions of 12,480. Training: AdamW, cosine with warmup, label smoothing 0.
 augmentation, 100 epochs.
 """
 from transformer_jax import config_lib
+from transformer_jax.models import styles, vit
 
 STEPS_PER_EPOCH = 50_000 // 128
 
 
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, variant='Ti/4', smoke=False)
-  config = config_lib.base_config()
-  config.model.update(config_lib.STYLES['vit'])
-  config.model.update(family='vit', image_size=32, num_classes=10,
-                      **config_lib.vit_variant(arg.variant))
+  config = config_lib.base_config('vit')
+  config.model.update(styles.STYLES['vit'])
+  config.model.update(image_size=32, num_classes=10,
+                      **vit.variant(arg.variant))
   config.data.update(name='cifar10', batch_size=128, eval_batch_size=500)
   config.optimizer.update(learning_rate=1e-3, warmup_steps=5 * STEPS_PER_EPOCH, b2=0.999,
                           weight_decay=0.05)

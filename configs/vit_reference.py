@@ -4,12 +4,13 @@ patches, learned positions, mean pooling, no [CLS] token: 802,826 parameters."""
 import pathlib
 
 from transformer_jax import config_lib
+from transformer_jax.models import styles
 
 
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, smoke=False)
   config = config_lib.from_file(pathlib.Path(__file__).with_name('vit_cifar.py'))
-  config.model.update(config_lib.STYLES['llama'])
-  config.model.update(family='vit', positions='learned', pool='mean', image_size=32,
+  config.model.update(styles.of('llama', 'vit'))
+  config.model.update(positions='learned', pool='mean', image_size=32,
                       patch_size=4, num_classes=10, width=128, num_layers=4, num_heads=4)
   return config_lib.smoke(config) if arg.smoke else config

@@ -1,15 +1,26 @@
 """A family of a researcher's own, as one file and one registry entry: a language model whose
 blocks mix tokens with a causal depthwise convolution instead of attention, built from our Block,
-MLP, norms and embedding. Importing this module registers 'conv_lm'; a config file can do the
-same, so that `launch.py` trains it like the built-in families."""
+MLP, norms and embedding, with a setting of its own (conv_width) beside the text families'.
+Importing this module registers 'conv_lm'; a config file can do the same, so that `launch.py`
+trains it like the built-in families."""
+import dataclasses
 import functools
+from typing import ClassVar
 
 import flax.linen as nn
 import jax.numpy as jnp
 
 from transformer_jax import layers
-from transformer_jax.model_config import ModelConfig
 from transformer_jax.models import common, registry
+from transformer_jax.ranges import COUNT
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvLMConfig(common.TextConfig):
+  family: str = 'conv_lm'
+  conv_width: int = 4  # the tokens each channel mixes
+
+  RANGES: ClassVar = {**common.TextConfig.RANGES, 'conv_width': COUNT}
 
 
 class CausalConv(nn.Module):
@@ -26,14 +37,14 @@ class CausalConv(nn.Module):
 
 
 class ConvLM(nn.Module):
-  cfg: ModelConfig
+  cfg: ConvLMConfig
 
   @nn.compact
   def __call__(self, tokens, *, deterministic=True):
     cfg = self.cfg
     embed = common.text_embed(cfg, name='embed')
     block = functools.partial(
-        layers.Block, attention=CausalConv,
+        layers.Block, attention=functools.partial(CausalConv, cfg.conv_width),
         mlp=functools.partial(layers.MLP, hidden=cfg.hidden_dim, activation=cfg.mlp),
         norm=common.norm(cfg))
     x = layers.BlockStack(block, cfg.num_layers, name='blocks')(
@@ -43,6 +54,6 @@ class ConvLM(nn.Module):
 
 FAMILY = registry.register(registry.Family(
     name='conv_lm', module=ConvLM, example_inputs=common.text_example_inputs,
-    logits=lambda apply, batch: apply(batch['inputs']), task='next_token',
-    validate=common.validate_text, check_data=common.check_text_data,
+    logits=lambda apply, batch: apply(batch['inputs']), task='next_token', config=ConvLMConfig,
+    check_data=common.check_text_data,
     lengths=common.text_lengths))

@@ -15,8 +15,9 @@ def load_config(path, arg=None):
 
 def tiny(family, **overrides):
   """A small model config of `family` for fast tests."""
-  cfg = dict(family=family, width=32, num_layers=2, num_heads=4, vocab_size=40, max_len=16,
-             image_size=8, patch_size=4, num_classes=5)
+  cfg = dict(family=family, width=32, num_layers=2, num_heads=4)
+  cfg.update(dict(image_size=8, patch_size=4, num_classes=5) if family == 'vit' else
+             dict(vocab_size=40, max_len=16))
   cfg.update(overrides)
   return models.model_config(cfg)
 

@@ -11,17 +11,17 @@ import pytest
 from jax.extend import core as jax_core
 
 from helpers import CONFIG_FILES, ROOT, load_config
-from transformer_jax import accounting, config_lib, layers, models
-from transformer_jax.models import common
+from transformer_jax import accounting, layers, models
+from transformer_jax.models import common, styles
 
 GPT2_SMALL = dict(family='decoder', vocab_size=50257, max_len=1024, width=768, num_layers=12,
-                  num_heads=12, **config_lib.STYLES['gpt2'])
+                  num_heads=12, **styles.STYLES['gpt2'])
 # Embedding 16,384,000, positions 524,288, 8 blocks of 12D^2 + 13D = 25,219,072, final
 # LayerNorm 1,024; an untied head adds 16,384,000.
 DECODER_8X512 = dict(family='decoder', vocab_size=32000, max_len=1024, width=512, num_layers=8,
-                     num_heads=8, **config_lib.STYLES['gpt2'])
+                     num_heads=8, **styles.STYLES['gpt2'])
 LLAMA2_70B = dict(family='decoder', vocab_size=32000, width=8192, num_layers=80, num_heads=64,
-                  num_kv_heads=8, max_len=4096, **config_lib.STYLES['llama'])
+                  num_kv_heads=8, max_len=4096, **styles.STYLES['llama'])
 
 
 def both_counts(model):

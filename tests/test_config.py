@@ -1,5 +1,6 @@
 """Every config value is checked before anything is read or compiled, with one message that names
 the key and a value that works; a workdir's saved config is the default for later commands."""
+import json
 import math
 import os
 import subprocess
@@ -9,7 +10,7 @@ import pytest
 
 from helpers import CONFIG_FILES, ROOT, load_config
 from train_helpers import small_config
-from transformer_jax import config_lib, model_config, run
+from transformer_jax import accounting, config_lib, model_config, models, run
 from transformer_jax.data import pipeline
 from transformer_jax.errors import ConfigError
 from transformer_jax.train import metrics
@@ -70,10 +71,14 @@ def test_every_numeric_key_has_a_range():
                   or pipeline.DATA_TYPES.get(key.partition('.')[2]) is int)}
   numeric |= {'training.peak_flops_per_device'}
   assert numeric <= set(config_lib.RANGES), sorted(numeric - set(config_lib.RANGES))
-  model_numeric = {name for name, value in vars(model_config.ModelConfig()).items()
-                   if isinstance(value, (int, float)) and not isinstance(value, bool)}
-  model_numeric |= {'num_decoder_layers', 'num_kv_heads', 'd_ff', 'init_std'}  # None by default
-  assert model_numeric <= set(model_config.RANGES), sorted(model_numeric - set(model_config.RANGES))
+  for family in models.registry.names():
+    config_class = models.registry.get(family).config
+    model_numeric = {name for name, value in model_config.defaults(config_class).items()
+                     if isinstance(value, (int, float)) and not isinstance(value, bool)}
+    model_numeric |= {'num_decoder_layers', 'num_kv_heads', 'd_ff', 'init_std'}  # None by default
+    model_numeric &= set(model_config.names(config_class))
+    missing = sorted(model_numeric - set(config_class.RANGES))
+    assert not missing, (family, missing)
 
 
 @pytest.mark.parametrize('path', CONFIG_FILES, ids=[p.stem for p in CONFIG_FILES])
@@ -117,6 +122,41 @@ def test_the_saved_config_is_the_default_and_flags_win(tmp_path):
   assert resolved.mesh.shape == tuple(trained.mesh.shape)  # JSON lists become tuples again
   fresh = run.resolve_config(small_config(), {}, str(tmp_path / 'new'))
   assert fresh.data.name == 'synthetic'
+
+
+# The config.json that small_config(family) saved before each family had its own settings: the
+# model section holds all 38 settings of every family. The parameter counts are those that code
+# gave these models.
+EVERY_FAMILYS_SETTINGS = ROOT / 'tests' / 'fixtures' / 'configs'
+
+
+@pytest.mark.parametrize('family,parameters', [
+    ('decoder', 26720), ('encoder', 28224), ('encoder_decoder', 60416), ('vit', 27364)])
+def test_a_saved_config_of_every_familys_settings_loads_as_its_family(tmp_path, family,
+                                                                       parameters):
+  saved = (EVERY_FAMILYS_SETTINGS / f'{family}.json').read_text()
+  assert len(json.loads(saved)['model']) == 38
+  (tmp_path / 'config.json').write_text(saved)
+  config = config_lib.base_config()  # a decoder's section, replaced by the saved family's
+  assert not config_lib.assign(config, config_lib.saved_config(str(tmp_path)))
+  cfg = models.model_config(config.model)
+  assert cfg == models.model_config(small_config(family).model)
+  assert accounting.counted_params(cfg)['total'] == parameters
+
+
+def test_a_saved_setting_of_another_family_off_its_default_is_refused(tmp_path):
+  saved = json.loads((EVERY_FAMILYS_SETTINGS / 'decoder.json').read_text())
+  saved['model']['patch_size'] = 8
+  (tmp_path / 'config.json').write_text(json.dumps(saved))
+  with pytest.raises(ConfigError, match=r"\['patch_size'\] for family 'decoder'"):
+    config_lib.saved_config(str(tmp_path))
+
+
+def test_a_flag_naming_another_familys_setting_fails():
+  config = load_config(LLAMA)
+  config.lock()  # as --config flags see it
+  with pytest.raises(AttributeError, match='"patch_size" does not exist'):
+    config.model.patch_size = 8
 
 
 def launch(*flags, cwd=ROOT):

@@ -10,6 +10,7 @@ import pytest
 
 from helpers import tiny
 from transformer_jax import accounting, config_lib, decode, kernels, layers, models
+from transformer_jax.models import styles
 from transformer_jax.train import losses
 
 # Three prompts of different lengths in one batch, start-aligned; the tail of a short row is
@@ -23,15 +24,15 @@ TARGET_PROMPTS, TARGET_LENGTHS = jnp.array([[1, 0, 0], [1, 7, 3], [1, 12, 0]]), 
 NEW_TOKENS = 6
 
 CASES = {
-    'gpt2': dict(family='decoder', **config_lib.STYLES['gpt2']),
+    'gpt2': dict(family='decoder', **styles.STYLES['gpt2']),
     'llama-gqa-scanned': dict(family='decoder', num_kv_heads=2, scan_layers=True,
-                              **config_lib.STYLES['llama']),
-    'llama-mqa': dict(family='decoder', num_kv_heads=1, **config_lib.STYLES['llama']),
-    'seq2seq': dict(family='encoder_decoder', **config_lib.STYLES['transformer']),
+                              **styles.STYLES['llama']),
+    'llama-mqa': dict(family='decoder', num_kv_heads=1, **styles.STYLES['llama']),
+    'seq2seq': dict(family='encoder_decoder', **styles.STYLES['transformer']),
     'seq2seq-llama-gqa-scanned': dict(family='encoder_decoder', num_kv_heads=2, scan_layers=True,
-                                      **config_lib.STYLES['llama']),
-    'no-positions': dict(family='decoder', **dict(config_lib.STYLES['llama'], positions='none')),
-    'sinusoidal': dict(family='decoder', **config_lib.STYLES['transformer']),
+                                      **styles.STYLES['llama']),
+    'no-positions': dict(family='decoder', **dict(styles.STYLES['llama'], positions='none')),
+    'sinusoidal': dict(family='decoder', **styles.STYLES['transformer']),
 }
 
 
@@ -166,7 +167,7 @@ def word_text(num_chars: int, seed: int) -> np.ndarray:
 
 def train_on(ids, context: int, steps: int):
   """A 2-block RoPE model of width 32, trained by Adam on random windows of `context` tokens."""
-  cfg = tiny('decoder', vocab_size=16, **config_lib.STYLES['llama'])
+  cfg = tiny('decoder', vocab_size=16, **styles.STYLES['llama'])
   model, optimizer = models.build(cfg), optax.adam(3e-3)
   params = models.init_params(cfg, jax.random.key(0))
 

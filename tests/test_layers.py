@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from helpers import init, tiny
-from transformer_jax import config_lib, kernels, layers, models
+from transformer_jax import kernels, layers, models
 from transformer_jax.layers import PatchEmbed, causal_mask, resize_position_grid
-from transformer_jax.models import common
+from transformer_jax.models import common, styles
 
 EYE = np.eye(2, dtype=np.float32)
 
@@ -266,8 +266,8 @@ def intended_fan_in(path, shape):
 @pytest.mark.parametrize('family', ['decoder', 'encoder', 'encoder_decoder', 'vit'])
 def test_lecun_initialization_has_variance_one_over_the_fan_in(rng, family):
   """init_std=None draws every dense kernel with std 1 / sqrt(fan-in) (LeCun normal)."""
-  cfg = tiny(family, width=128, num_heads=8, num_kv_heads=2, init_std=None, vocab_size=256,
-             image_size=16)
+  cfg = tiny(family, width=128, num_heads=8, num_kv_heads=2, init_std=None,
+             **(dict(image_size=16) if family == 'vit' else dict(vocab_size=256)))
   params = nn.meta.unbox(models.build(cfg).init(rng, *models.example_inputs(cfg, 2))['params'])
   checked = 0
   for path, kernel in jax.tree_util.tree_flatten_with_path(params)[0]:
@@ -291,7 +291,7 @@ def test_scaled_embeddings_follow_vaswani(rng):
   table = nn.meta.unbox(params)['params']['tokens']
   expected = table[ids] * np.sqrt(cfg.width) + layers.sinusoidal(positions, cfg.width)
   np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
-  assert config_lib.STYLES['transformer']['scale_embeddings']
+  assert styles.STYLES['transformer']['scale_embeddings']
 
 
 def test_layers_are_usable_alone_with_plain_arguments(rng):

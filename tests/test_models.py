@@ -12,6 +12,7 @@ from train_helpers import losses, small_config
 from transformer_jax import accounting, decode, describe, models, train
 from transformer_jax.layers import causal_mask
 from transformer_jax.model_config import ModelConfig
+from transformer_jax.models import styles
 
 TOKENS = jnp.array([[3, 7, 1, 9, 4, 2, 8, 5], [6, 1, 1, 2, 3, 9, 9, 4]], jnp.int32)
 
@@ -22,8 +23,7 @@ def changed_later_token(tokens, index=5):
 
 @pytest.mark.parametrize('style', ['gpt2', 'llama'])
 def test_decoder_is_causal(rng, style):
-  from transformer_jax import config_lib
-  cfg = tiny('decoder', **config_lib.STYLES[style])
+  cfg = tiny('decoder', **styles.STYLES[style])
   model, params = models.build(cfg), init(cfg, rng)
   before = model.apply({'params': params}, TOKENS)
   after = model.apply({'params': params}, changed_later_token(TOKENS))
@@ -194,10 +194,12 @@ def test_vit_runs_at_a_new_resolution_with_resized_positions(rng):
     (dict(num_heads=32, positions='rope', width=96), 'RoPE rotates pairs'),
     (dict(vocab_size=0), 'vocab_size must be set'),
     (dict(hidden=3), "Unknown model config key"),
+    (dict(family='vit', vocab_size=10),  # a setting of the text families, not at its default
+     r"Unknown model config key\(s\) \['vocab_size'\] for family 'vit'"),
 ])
 def test_bad_configs_fail_at_build_time_naming_the_fix(overrides, message):
-  cfg = dict(family='decoder', width=32, num_heads=4, vocab_size=10)
-  cfg.update(overrides)
+  cfg = dict(family='decoder', width=32, num_heads=4)
+  cfg.update(overrides if overrides.get('family') == 'vit' else {'vocab_size': 10, **overrides})
   with pytest.raises(ValueError, match=message):
     models.build(cfg)
 

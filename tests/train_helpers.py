@@ -1,21 +1,22 @@
 """Small training configs and readers of a run's metrics, for the training tests."""
 
 from transformer_jax import config_lib
+from transformer_jax.models import styles
 from transformer_jax.train import metrics
 
 TINY_MODELS = {
-    'decoder': dict(family='decoder', vocab_size=32, max_len=16, **config_lib.STYLES['llama']),
-    'encoder': dict(family='encoder', vocab_size=32, max_len=16, **config_lib.STYLES['bert']),
+    'decoder': dict(family='decoder', vocab_size=32, max_len=16, **styles.STYLES['llama']),
+    'encoder': dict(family='encoder', vocab_size=32, max_len=16, **styles.STYLES['bert']),
     'encoder_decoder': dict(family='encoder_decoder', vocab_size=32, max_len=16,
-                            **config_lib.STYLES['transformer']),
+                            **styles.STYLES['transformer']),
     'vit': dict(family='vit', image_size=8, patch_size=4, num_classes=4,
-                **config_lib.STYLES['vit']),
+                **styles.STYLES['vit']),
 }
 
 
 def small_config(family='decoder', steps=6, **overrides):
   """A seconds-long run on the synthetic source: width 32, 2 blocks, global batch 16."""
-  config = config_lib.base_config()
+  config = config_lib.base_config(family)
   config.model.update(width=32, num_layers=2, num_heads=4, **TINY_MODELS[family])
   config.data.update(name='synthetic', seq_len=16, batch_size=16, eval_batch_size=16, eval_steps=2)
   if family == 'vit':

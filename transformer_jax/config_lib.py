@@ -17,15 +17,17 @@ from ml_collections import config_dict
 from transformer_jax.errors import ConfigError
 from transformer_jax import models
 from transformer_jax.data.pipeline import DATA_DEFAULTS, DATA_TYPES
-from transformer_jax.model_config import ModelConfig
+from transformer_jax.model_config import ModelConfig, names
 from transformer_jax.ranges import COUNT, FRACTION, Range
 
 
-def model_defaults() -> ml_collections.ConfigDict:
-  """Every ModelConfig field with its default, so a typo in --config.model.x fails."""
-  hints = typing.get_type_hints(ModelConfig)
+def model_defaults(family: str = 'decoder') -> ml_collections.ConfigDict:
+  """Every setting of `family`'s config with its default, so a typo in --config.model.x (or a
+  setting of another family) fails."""
+  config_class = models.registry.get(family).config
+  hints = typing.get_type_hints(config_class)
   model = ml_collections.ConfigDict()
-  for field in dataclasses.fields(ModelConfig):
+  for field in dataclasses.fields(config_class):
     if field.default is None:  # an `X | None` field: a typed placeholder that flags can set
       (kind,) = [t for t in typing.get_args(hints[field.name]) if t is not types.NoneType]
       model[field.name] = config_dict.placeholder(kind)
@@ -52,46 +54,15 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
   return values
 
 
-# Block styles of the named families; a config applies one, then sets the sizes.
-STYLES = {
-    'gpt2': dict(norm='layernorm', norm_eps=1e-5, mlp='gelu_tanh', positions='learned',
-                 use_bias=True, tie_embeddings=True, norm_position='pre'),
-    'llama': dict(norm='rmsnorm', norm_eps=1e-6, mlp='swiglu', positions='rope', use_bias=False,
-                  tie_embeddings=False, norm_position='pre'),
-    'bert': dict(norm='layernorm', norm_eps=1e-12, mlp='gelu', positions='learned', use_bias=True,
-                 tie_embeddings=True, norm_position='post', embed_norm=True, type_vocab_size=2),
-    'vit': dict(norm='layernorm', norm_eps=1e-6, mlp='gelu', positions='learned', use_bias=True,
-                norm_position='pre', pool='cls'),
-    # Vaswani et al. 2017: post-LN, ReLU, sinusoidal positions, one shared and tied embedding
-    # whose rows are scaled by sqrt(d_model) on the way in.
-    'transformer': dict(norm='layernorm', norm_eps=1e-6, mlp='relu', positions='sinusoidal',
-                        use_bias=True, tie_embeddings=True, scale_embeddings=True,
-                        norm_position='post'),
-}
-
-# ViT sizes by name: (width, depth, heads).
-VIT_SIZES = {'XS': (128, 6, 4), 'Ti': (192, 12, 3), 'S': (384, 12, 6), 'M': (512, 12, 8),
-             'B': (768, 12, 12), 'L': (1024, 24, 16)}
-
-
-def vit_variant(variant: str) -> dict:
-  """'S/4' -> width, depth, heads of ViT-S and patch size 4."""
-  name, _, patch = variant.partition('/')
-  if name not in VIT_SIZES or not patch.isdigit():
-    raise ValueError(f'ViT variant {variant!r} is not NAME/PATCH with NAME in '
-                     f'{list(VIT_SIZES)} (for example "S/4").')
-  width, depth, heads = VIT_SIZES[name]
-  return dict(width=width, num_layers=depth, num_heads=heads, patch_size=int(patch))
-
-
-def base_config() -> ml_collections.ConfigDict:
-  """Every section and key a run reads, with defaults; each config file overrides what it needs.
+def base_config(family: str = 'decoder') -> ml_collections.ConfigDict:
+  """Every section and key a run of a `family` model reads, with defaults; each config file
+  overrides what it needs.
 
   With `lock_config`, `--config.x.y=...` can only set keys that exist here, so a typo fails.
   """
   config = ml_collections.ConfigDict()
   config.seed = 0
-  config.model = model_defaults()
+  config.model = model_defaults(family)
   config.data = data_defaults()
   config.optimizer = ml_collections.ConfigDict(dict(
       learning_rate=1e-3,
@@ -155,7 +126,7 @@ def data_defaults() -> ml_collections.ConfigDict:
 def smoke(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Shrinks a run to seconds: 2 blocks, 3 steps of batch 8, one eval batch."""
   config.model.num_layers = min(config.model.num_layers, 2)
-  if config.model.num_decoder_layers:
+  if config.model.get('num_decoder_layers'):
     config.model.num_decoder_layers = min(config.model.num_decoder_layers, 2)
   config.data.update(batch_size=8, eval_batch_size=8, eval_steps=1)
   config.training.update(steps=3, log_every=1, eval_every=3, checkpoint_every=3)
@@ -346,12 +317,18 @@ SAVED_CONFIG = 'config.json'
 
 
 def saved_config(workdir: str | None) -> dict | None:
-  """The resolved config a run saved in its workdir (as JSON), or None."""
+  """The resolved config a run saved in its workdir (as JSON), or None. Its model section holds
+  its family's settings only (a run of an earlier version saved every family's)."""
   path = os.path.join(workdir, SAVED_CONFIG) if workdir else None
   if not path or not os.path.exists(path):
     return None
   with open(path) as f:
-    return json.load(f)
+    saved = json.load(f)
+  if 'model' in saved:
+    cfg = models.model_config(saved['model'])
+    saved['model'] = {key: saved['model'][key] for key in names(type(cfg))
+                      if key in saved['model']}
+  return saved
 
 
 def flatten(tree: dict, prefix: str = '') -> dict:
@@ -387,7 +364,13 @@ def _shown(flat: dict, key: str) -> str:
 def assign(config: ml_collections.ConfigDict, values: dict) -> list[str]:
   """Sets each key of `values` (nested, as a saved config.json, or flat with dotted keys, as
   --config flags) in `config`, lists as the tuples the config holds; returns the keys `config`
-  does not have, which are left out."""
+  does not have, which are left out. A model section of another family replaces the model
+  section with that family's defaults first."""
+  family = values.get('model', {}).get('family', config.model.family)
+  if family != config.model.family:
+    config.model = model_defaults(family)
+    if config.is_locked:
+      config.model.lock()
   unknown = []
   for key, value in flatten(values).items():
     *sections, name = key.split('.')

@@ -43,6 +43,7 @@ import numpy as np
 
 from transformer_jax.layers import causal_mask
 from transformer_jax.models import registry
+from transformer_jax.models.common import TextConfig
 
 PROTOCOLS = ('decoder', 'encoder_decoder')
 
@@ -168,8 +169,9 @@ def decoding_of(model) -> str:
 
 def max_positions(model) -> int | None:
   """The most tokens the model's positions cover: its learned table's rows, or None (no limit)."""
-  if registry.of_module(model) is not None:
-    return model.cfg.max_len if model.cfg.positions == 'learned' else None
+  cfg = getattr(model, 'cfg', None)
+  if isinstance(cfg, TextConfig):
+    return cfg.max_len if cfg.positions == 'learned' else None
   return getattr(model, 'max_positions', None)
 
 

@@ -2,7 +2,7 @@
 the memory plan per device on the run's mesh."""
 import jax
 
-from transformer_jax import accounting, config_lib, memory, models
+from transformer_jax import accounting, memory, models
 from transformer_jax.train import sharding
 
 __all__ = ['describe', 'device_memory', 'memory_lines', 'shape']
@@ -20,7 +20,7 @@ def shape(cfg) -> str:
   text = f'{blocks}, width {cfg.width}, {heads}, MLP {cfg.mlp} {cfg.hidden_dim}'
   if family.unit == 'image':
     text += f', {cfg.image_size}x{cfg.image_size} images in patches of {cfg.patch_size}'
-    named = [name for name, size in config_lib.VIT_SIZES.items()
+    named = [name for name, size in models.vit.VIT_SIZES.items()
              if size == (cfg.width, cfg.num_layers, cfg.num_heads)]
     text += f' (ViT-{named[0]}/{cfg.patch_size})' if named else ''
   return text
@@ -73,7 +73,7 @@ def device_memory(config) -> float | None:
 def memory_lines(config, cfg) -> list[str]:
   """The per-device plan of the train step (and a decoding cache) on the run's mesh and rules."""
   sizes = sharding.mesh_sizes(config.mesh)
-  plan = memory.plan(config, sizes)
+  plan = memory.plan(config, sizes, cfg)
   tokens = models.registry.get(cfg.family).unit == 'token'
   mesh = ' x '.join(f'{axis}={size}' for axis, size in sizes.items())
   lines = [f'Memory per device on {plan.devices} devices ({mesh}, rule set '

@@ -113,10 +113,12 @@ def activation_bytes(cfg: ModelConfig, family, config, split) -> int:
   return int(total * jnp.dtype(cfg.dtype).itemsize)
 
 
-def plan(config: ml_collections.ConfigDict, mesh: dict[str, int] | None = None) -> Plan:
+def plan(config: ml_collections.ConfigDict, mesh: dict[str, int] | None = None,
+         cfg: ModelConfig | None = None) -> Plan:
   """The per-device plan of a run's config on a mesh of `mesh` ({axis: size}; default:
-  config.mesh with -1 resolved over this machine's devices). No device memory is touched."""
-  cfg = models.model_config(config.model)
+  config.mesh with -1 resolved over this machine's devices), of `cfg` (default: config.model's
+  typed config). No device memory is touched."""
+  cfg = cfg or models.model_config(config.model)
   family = models.registry.get(cfg.family)
   sizes = mesh or sharding.mesh_sizes(config.mesh)
   abstract_mesh = jax.sharding.AbstractMesh(tuple(sizes.values()), tuple(sizes))

@@ -1,11 +1,14 @@
-"""The model description shared by every family: a frozen, validated dataclass.
+"""The settings every family shares: its depth and the blocks it stacks, a frozen dataclass that
+checks itself when it is made.
 
-Configs under `configs/` hold the model as an `ml_collections.ConfigDict`; `ModelConfig.from_dict`
-turns it into this dataclass (unknown keys fail with the list of known ones) and `validate` checks
-every combination before anything is built or compiled, with a message that names the fix.
+Each family extends `ModelConfig` with its own settings beside its module (models/decoder.py's
+`DecoderConfig`, models/vit.py's `ViTConfig`, ...) and names that class on its registry entry;
+`models.model_config` turns a config's model section into it once, at the top. Every rule is
+checked once, in `check`, so a config that exists is one the layers accept: unknown keys, values
+out of range and inconsistent sizes fail with a ConfigError that names the setting to change.
 """
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 import jax.numpy as jnp
 
@@ -16,40 +19,21 @@ from transformer_jax.ranges import COUNT, FRACTION, Range
 
 NORMS = ('layernorm', 'rmsnorm')
 POSITIONS = ('learned', 'sinusoidal', 'rope', 'none')
-POOLS = ('cls', 'mean')
-# What each option may be, from the layers that take it.
-CHOICES = {'norm': NORMS, 'norm_position': block.NORM_POSITIONS, 'mlp': mlp.KINDS,
-           'positions': POSITIONS, 'pool': POOLS,
-           'remat_policy': tuple(block.REMAT_POLICIES)}
-# The valid range of every numeric field.
-RANGES = {
-    'width': COUNT, 'num_layers': COUNT, 'num_heads': COUNT,
-    'num_decoder_layers': Range(1, integer=True, optional=True),
-    'num_kv_heads': Range(1, integer=True, optional=True),
-    'd_ff': Range(1, integer=True, optional=True),
-    'vocab_size': Range(0, integer=True, example=65), 'max_len': COUNT,
-    'type_vocab_size': Range(0, integer=True),
-    'norm_eps': Range(0, open_low=True),
-    'rope_base': Range(1, open_low=True),  # frequencies base^(-i/h) must fall with i
-    'dropout_rate': FRACTION,
-    'image_size': COUNT, 'patch_size': COUNT, 'num_channels': COUNT, 'num_classes': COUNT,
-    'init_std': Range(0, optional=True), 'embed_init_std': Range(0),
-}
+# What each option of the blocks may be, from the layers that take it.
+BLOCK_CHOICES = {'norm': NORMS, 'norm_position': block.NORM_POSITIONS, 'mlp': mlp.KINDS,
+                 'positions': POSITIONS, 'remat_policy': tuple(block.REMAT_POLICIES)}
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Every option of every family. Fields a family does not use are ignored by it."""
-  family: str = 'decoder'
+  """The family's name, the depth, and the settings of its blocks."""
+  family: str = ''  # the registry entry; each family's config sets its own
   # Sizes.
   width: int = 512
-  num_layers: int = 6  # encoder layers for 'encoder_decoder'
-  num_decoder_layers: int | None = None  # 'encoder_decoder' only; None: num_layers
+  num_layers: int = 6
   num_heads: int = 8
   num_kv_heads: int | None = None  # None: num_heads (MHA); 1: MQA; in between: GQA
   d_ff: int | None = None  # None: 4 * width, or int(8 * width / 3) for SwiGLU
-  vocab_size: int = 0
-  max_len: int = 1024  # rows of a learned position table; longest sequence
   # Block.
   norm: str = 'layernorm'
   norm_eps: float = 1e-5
@@ -66,18 +50,6 @@ class ModelConfig:
   use_norm: bool = True
   use_residual: bool = True
   dropout_rate: float = 0.0
-  # Ends.
-  tie_embeddings: bool = True
-  # Token rows times sqrt(width) before the positions are added (Vaswani et al. 2017, section
-  # 3.4): small embedding rows would otherwise be swamped by sinusoidal positions of amplitude 1.
-  scale_embeddings: bool = False
-  embed_norm: bool = False  # a norm right after the embeddings (BERT)
-  type_vocab_size: int = 0  # token-type (segment) embeddings (BERT); 0: none
-  image_size: int = 32
-  patch_size: int = 4
-  num_channels: int = 3
-  num_classes: int = 10
-  pool: str = 'cls'  # 'cls' prepends a [CLS] token; 'mean' averages the patch tokens
   # Initialization: dense kernels and embeddings ~ N(0, std); None means LeCun normal (fan-in).
   init_std: float | None = 0.02
   embed_init_std: float = 0.02
@@ -89,14 +61,51 @@ class ModelConfig:
   dtype: str = 'float32'
   param_dtype: str = 'float32'
 
+  # The valid range of each numeric setting and the options of each string one; a family's
+  # config adds its own.
+  RANGES: ClassVar[dict[str, Range]] = {
+      'width': COUNT, 'num_layers': COUNT, 'num_heads': COUNT,
+      'num_kv_heads': Range(1, integer=True, optional=True),
+      'd_ff': Range(1, integer=True, optional=True),
+      'norm_eps': Range(0, open_low=True),
+      'rope_base': Range(1, open_low=True),  # frequencies base^(-i/h) must fall with i
+      'dropout_rate': FRACTION,
+      'init_std': Range(0, optional=True), 'embed_init_std': Range(0),
+  }
+  CHOICES: ClassVar[dict[str, tuple[str, ...]]] = BLOCK_CHOICES
+
+  def __post_init__(self):
+    self.check()
+
   @classmethod
   def from_dict(cls, values: Mapping[str, Any]) -> 'ModelConfig':
-    values = dict(values)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
+    """The config of `values` (a model section as a dict); unknown keys fail, naming the known
+    ones."""
+    known = names(cls)
+    unknown = sorted(set(values) - set(known))
     if unknown:
-      raise ConfigError(f'Unknown model config key(s) {unknown}. Known keys: {sorted(known)}.')
+      raise ConfigError(f'Unknown model config key(s) {unknown} for family '
+                        f'{values.get("family", cls.family)!r}. Known keys: {sorted(known)}.')
     return cls(**values)
+
+  def check(self) -> None:
+    """Fails on any out-of-range or inconsistent setting with a ConfigError naming the setting
+    to change. A family's config extends it (calling super().check() first)."""
+    default = defaults(type(self))
+    for name, valid in self.RANGES.items():
+      valid.check(f'model.{name}', getattr(self, name), default.get(name))
+    for name, allowed in self.CHOICES.items():
+      check_choice(name, getattr(self, name), allowed)
+    check_choice('attention_kernel', self.attention_kernel, tuple(kernels.names()))
+    for name in ('dtype', 'param_dtype'):
+      try:
+        jnp.dtype(getattr(self, name))
+      except TypeError:
+        raise ConfigError(f'model.{name}={getattr(self, name)!r} is not a dtype: use "float32" '
+                          'or "bfloat16".') from None
+    check_heads(self.width, self.num_heads, self.num_kv_heads)
+    if self.positions == 'rope':
+      check_rope(self.head_dim)
 
   # Derived sizes.
   @property
@@ -105,9 +114,6 @@ class ModelConfig:
 
   @property
   def head_dim(self) -> int:
-    if self.width % self.num_heads:  # even before validate(): never a silently rounded width
-      raise ConfigError(f'model.num_heads={self.num_heads} does not divide model.width='
-                        f'{self.width}: the heads would not cover the width.')
     return self.width // self.num_heads
 
   @property
@@ -115,14 +121,6 @@ class ModelConfig:
     if self.d_ff:
       return self.d_ff
     return int(8 * self.width / 3) if self.mlp == 'swiglu' else 4 * self.width
-
-  @property
-  def decoder_layers(self) -> int:
-    return self.num_decoder_layers or self.num_layers
-
-  @property
-  def num_patches(self) -> int:
-    return (self.image_size // self.patch_size) ** 2
 
   @property
   def compute_dtype(self):
@@ -138,39 +136,38 @@ class ModelConfig:
     return self.use_norm and self.norm_position == 'pre'
 
 
-def _choice(name: str, value: str, allowed: tuple[str, ...]):
+def names(config_class: type[ModelConfig]) -> list[str]:
+  """The settings of a config class, in order."""
+  return [field.name for field in dataclasses.fields(config_class)]
+
+
+def defaults(config_class: type[ModelConfig]) -> dict[str, Any]:
+  """{setting: default} of a config class."""
+  return {field.name: field.default for field in dataclasses.fields(config_class)}
+
+
+def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
   if value not in allowed:
     raise ConfigError(f'Unknown {name} {value!r}: set model.{name} to one of {list(allowed)}.')
 
 
-def validate(cfg: ModelConfig) -> ModelConfig:
-  """Fails on any out-of-range or inconsistent option with a ConfigError naming the setting to
-  change."""
-  defaults = ModelConfig()
-  for name, valid in RANGES.items():
-    valid.check(f'model.{name}', getattr(cfg, name), getattr(defaults, name))
-  for name, allowed in CHOICES.items():
-    _choice(name, getattr(cfg, name), allowed)
-  _choice('attention_kernel', cfg.attention_kernel, tuple(kernels.names()))
-  for name in ('dtype', 'param_dtype'):
-    try:
-      jnp.dtype(getattr(cfg, name))
-    except TypeError:
-      raise ConfigError(f'model.{name}={getattr(cfg, name)!r} is not a dtype: use "float32" or '
-                        '"bfloat16".') from None
-  if cfg.width % cfg.num_heads:
-    raise ConfigError(f'model.num_heads={cfg.num_heads} does not divide model.width={cfg.width}: '
+def check_heads(width: int, num_heads: int, num_kv_heads: int | None) -> None:
+  """The heads cover the width exactly, and each key-value head serves a whole group of them."""
+  if width % num_heads:
+    raise ConfigError(f'model.num_heads={num_heads} does not divide model.width={width}: '
                       f'choose a head count that divides the width (for example '
-                      f'{_divisors_near(cfg.width, cfg.num_heads)}).')
-  if cfg.num_heads % cfg.kv_heads:
-    raise ConfigError(f'model.num_kv_heads={cfg.num_kv_heads} does not divide '
-                      f'model.num_heads={cfg.num_heads}: each group of query heads shares one '
-                      f'key-value head, so choose a divisor of {cfg.num_heads} '
-                      f'({_divisors(cfg.num_heads)}).')
-  if cfg.positions == 'rope' and cfg.head_dim % 2:
-    raise ConfigError(f'RoPE rotates pairs of channels, but the head width {cfg.head_dim} is odd: '
+                      f'{_divisors_near(width, num_heads)}).')
+  if num_kv_heads and num_heads % num_kv_heads:
+    raise ConfigError(f'model.num_kv_heads={num_kv_heads} does not divide '
+                      f'model.num_heads={num_heads}: each group of query heads shares one '
+                      f'key-value head, so choose a divisor of {num_heads} '
+                      f'({_divisors(num_heads)}).')
+
+
+def check_rope(head_dim: int) -> None:
+  if head_dim % 2:
+    raise ConfigError(f'RoPE rotates pairs of channels, but the head width {head_dim} is odd: '
                       'choose model.width / model.num_heads even, or another model.positions.')
-  return cfg
 
 
 def _divisors(n: int) -> list[int]:

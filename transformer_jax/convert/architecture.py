@@ -1,5 +1,5 @@
 """What one of Hugging Face's model classes is in our terms: its config.json options as
-ModelConfig fields (and back), and its tensors as our parameters."""
+settings of our model config (and back), and its tensors as our parameters."""
 import dataclasses
 from typing import Any, Callable
 
@@ -11,10 +11,9 @@ from transformer_jax.model_config import ModelConfig
 ACTIVATIONS = {'gelu': 'gelu', 'gelu_new': 'gelu_tanh', 'gelu_pytorch_tanh': 'gelu_tanh',
                'relu': 'relu'}
 HF_ACTIVATIONS = {'gelu': 'gelu', 'gelu_tanh': 'gelu_new', 'relu': 'relu'}
-# Every HF class here has every sublayer, norm and residual (none of our ablations) and adds its
-# embedding rows unscaled.
-NO_ABLATIONS = dict(use_attention=True, use_mlp=True, use_norm=True, use_residual=True,
-                    scale_embeddings=False)
+# Every HF class here has every sublayer, norm and residual (none of our ablations); the text
+# ones add their embedding rows unscaled (scale_embeddings=False).
+NO_ABLATIONS = dict(use_attention=True, use_mlp=True, use_norm=True, use_residual=True)
 
 
 class CheckpointError(UserError, ValueError):

@@ -8,7 +8,7 @@ from transformer_jax.convert.tensors import Tensor, linear, norm
 NAME = 'BertForMaskedLM'
 FIXED = dict(family='encoder', norm='layernorm', norm_bias=True, norm_position='post',
              positions='learned', use_bias=True, num_kv_heads=None, embed_norm=True,
-             **NO_ABLATIONS)
+             scale_embeddings=False, **NO_ABLATIONS)
 
 
 def model_fields(c: HfConfig) -> dict:

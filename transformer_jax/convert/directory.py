@@ -208,6 +208,9 @@ def _expressed(cfg: ModelConfig, name: str | None) -> tuple[Architecture, dict]:
                 [a for a in ARCHITECTURES.values() if a.family == cfg.family])
   reasons = []
   for arch in candidates:
+    if arch.family != cfg.family:
+      reasons.append(f'{arch.name} holds a {arch.family!r} model')
+      continue
     try:
       hf_values = arch.hf_config(cfg)
       differences = _differences(arch.model_fields(HfConfig(arch.name, hf_values)), cfg,

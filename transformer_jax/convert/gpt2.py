@@ -7,8 +7,8 @@ from transformer_jax.convert.tensors import Tensor, linear, norm
 
 NAME = 'GPT2LMHeadModel'
 FIXED = dict(family='decoder', norm='layernorm', norm_bias=True, norm_position='pre',
-             positions='learned', use_bias=True, num_kv_heads=None, embed_norm=False,
-             type_vocab_size=0, **NO_ABLATIONS)
+             positions='learned', use_bias=True, num_kv_heads=None, scale_embeddings=False,
+             **NO_ABLATIONS)
 
 
 def model_fields(c: HfConfig) -> dict:

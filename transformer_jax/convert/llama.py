@@ -5,7 +5,7 @@ from transformer_jax.convert.tensors import Tensor, linear, norm
 
 NAME = 'LlamaForCausalLM'
 FIXED = dict(family='decoder', norm='rmsnorm', norm_position='pre', mlp='swiglu',
-             positions='rope', embed_norm=False, type_vocab_size=0, **NO_ABLATIONS)
+             positions='rope', scale_embeddings=False, **NO_ABLATIONS)
 
 
 def rope_base(c: HfConfig) -> float:

@@ -1,5 +1,6 @@
 """The families, built from a config: `build(config.model)`. Each family is one entry of
-`registry` (the four below register themselves on import)."""
+`registry` (the four below register themselves on import), with its settings beside its module
+(decoder.DecoderConfig, vit.ViTConfig, ...); `styles` holds the named block styles."""
 import dataclasses
 from typing import Any, Mapping
 
@@ -9,17 +10,33 @@ import jax.numpy as jnp
 
 from transformer_jax import kernels
 from transformer_jax.layers.block import LAYERS
-from transformer_jax.model_config import ModelConfig, validate
-from transformer_jax.models import decoder, encoder, encoder_decoder, registry, vit
+from transformer_jax.model_config import ModelConfig, defaults, names
+from transformer_jax.models import decoder, encoder, encoder_decoder, registry, styles, vit
 
 
 def model_config(model: ModelConfig | Mapping[str, Any]) -> ModelConfig:
-  """The validated dataclass from a ConfigDict, a dict or a ModelConfig: every option, then the
-  family's own checks."""
-  if not isinstance(model, ModelConfig):
-    model = ModelConfig.from_dict(model.to_dict() if hasattr(model, 'to_dict') else model)
-  registry.get(model.family).validate(validate(model))
-  return model
+  """The typed config of a model section (a ConfigDict or a dict): its family's config class,
+  which checks every setting as it is made. Resolve a section once, at the top, and pass the
+  result down: a typed config is returned as it is.
+
+  A setting of another family that holds that family's default is left out (the config.json of
+  a run of earlier versions holds every family's settings); one set otherwise fails, naming it.
+  """
+  if isinstance(model, ModelConfig):
+    return model
+  values = dict(model.to_dict() if hasattr(model, 'to_dict') else model)
+  config_class = registry.get(values.get('family', 'decoder')).config
+  return config_class.from_dict(_own_settings(values, config_class))
+
+
+def _own_settings(values: dict[str, Any], config_class: type[ModelConfig]) -> dict[str, Any]:
+  own = set(names(config_class))
+  elsewhere: dict[str, list] = {}
+  for name in registry.names():
+    for key, default in defaults(registry.get(name).config).items():
+      elsewhere.setdefault(key, []).append(default)
+  return {key: value for key, value in values.items()
+          if key in own or value not in elsewhere.get(key, [])}
 
 
 def family_of(model: ModelConfig | Mapping[str, Any]) -> registry.Family:

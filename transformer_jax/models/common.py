@@ -1,8 +1,9 @@
 """What the families share: the one place that maps a ModelConfig onto the layers' arguments,
-default positions, the decoder's mask, the LM head, the checks of the text families, and the
-parameter and FLOP formulas of the blocks."""
+default positions, the decoder's mask, the LM head, the settings of the text families, and
+the parameter and FLOP formulas of the blocks."""
+import dataclasses
 import functools
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
@@ -14,7 +15,28 @@ from transformer_jax.layers import (MLP, Attention, Block, BlockStack, LayerNorm
                                     TextEmbed, axes, causal_mask)
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.models import registry
-from transformer_jax.ranges import COUNT
+from transformer_jax.ranges import COUNT, Range
+
+
+@dataclasses.dataclass(frozen=True)
+class TextConfig(ModelConfig):
+  """The blocks, and the ends of a family that reads and writes token ids."""
+  vocab_size: int = 0
+  max_len: int = 1024  # rows of a learned position table; longest sequence
+  tie_embeddings: bool = True
+  # Token rows times sqrt(width) before the positions are added (Vaswani et al. 2017, section
+  # 3.4): small embedding rows would otherwise be swamped by sinusoidal positions of amplitude 1.
+  scale_embeddings: bool = False
+
+  RANGES: ClassVar = {**ModelConfig.RANGES, 'vocab_size': Range(0, integer=True, example=65),
+                      'max_len': COUNT}
+
+  def check(self) -> None:
+    super().check()
+    if not COUNT.admits(self.vocab_size):
+      raise ConfigError(f'model.vocab_size must be set for family {self.family!r} to the number '
+                        f"of token ids of the data, not {self.vocab_size!r} (65 for "
+                        "TinyShakespeare's characters): for example --config.model.vocab_size=65.")
 
 
 def norm(cfg: ModelConfig) -> functools.partial:
@@ -51,10 +73,10 @@ def stack(cfg: ModelConfig, num_layers: int, cross_attention: bool = False, **kw
                     remat_policy=cfg.remat_policy, **kwargs)
 
 
-def text_embed(cfg: ModelConfig, **kwargs) -> TextEmbed:
+def text_embed(cfg: TextConfig, type_vocab_size: int = 0, **kwargs) -> TextEmbed:
   return TextEmbed(
       cfg.vocab_size, cfg.width, positions=cfg.positions if cfg.positions != 'rope' else 'none',
-      max_len=cfg.max_len, type_vocab_size=cfg.type_vocab_size, scale=cfg.scale_embeddings,
+      max_len=cfg.max_len, type_vocab_size=type_vocab_size, scale=cfg.scale_embeddings,
       init_std=cfg.embed_init_std, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
       **kwargs)
 
@@ -107,26 +129,19 @@ class LmHead(nn.Module):
     return axes.constrain(logits, axes.VOCAB)
 
 
-def lm_head(cfg: ModelConfig, **kwargs) -> LmHead:
+def lm_head(cfg: TextConfig, **kwargs) -> LmHead:
   return LmHead(cfg.vocab_size, cfg.tie_embeddings, cfg.init_std, cfg.compute_dtype,
                 cfg.weight_dtype, **kwargs)
 
 
-def text_example_inputs(cfg: ModelConfig, batch: int = 1, seq_len: int | None = None,
+def text_example_inputs(cfg: TextConfig, batch: int = 1, seq_len: int | None = None,
                         streams: int = 1) -> tuple:
   """`streams` token arrays (B, T): the inputs of a text family's __call__."""
   tokens = jnp.zeros((batch, seq_len or min(cfg.max_len, 8)), jnp.int32)
   return (tokens,) * streams
 
 
-def validate_text(cfg: ModelConfig) -> None:
-  if not COUNT.admits(cfg.vocab_size):
-    raise ConfigError(f'model.vocab_size must be set for family {cfg.family!r} to the number of '
-                      f"token ids of the data, not {cfg.vocab_size!r} (65 for TinyShakespeare's "
-                      'characters): for example --config.model.vocab_size=65.')
-
-
-def check_text_data(info: dict, cfg: ModelConfig) -> None:
+def check_text_data(info: dict, cfg: TextConfig) -> None:
   if info['vocab_size'] > cfg.vocab_size:
     raise ConfigError(f'The data has {info["vocab_size"]} token ids but model.vocab_size='
                       f'{cfg.vocab_size}: set --config.model.vocab_size={info["vocab_size"]}.')
@@ -165,12 +180,12 @@ def block_params(cfg: ModelConfig, num: int, cross: bool = False) -> dict[str, i
           'norms': num * norms * norm_params(cfg)}
 
 
-def text_embedding_params(cfg: ModelConfig) -> int:
+def text_embedding_params(cfg: TextConfig, type_vocab_size: int = 0) -> int:
   return (cfg.vocab_size + cfg.max_len * (cfg.positions == 'learned')
-          + cfg.type_vocab_size) * cfg.width
+          + type_vocab_size) * cfg.width
 
 
-def untied_head_params(cfg: ModelConfig) -> int:
+def untied_head_params(cfg: TextConfig) -> int:
   return 0 if cfg.tie_embeddings else cfg.width * cfg.vocab_size
 
 

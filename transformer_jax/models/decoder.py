@@ -1,8 +1,17 @@
-"""Decoder-only language model: GPT-2 style and LLaMA style are presets of this one module."""
+"""Decoder-only language model: GPT-2 style and LLaMA style are presets of this one module
+(models/styles.py)."""
+import dataclasses
+
 import flax.linen as nn
 
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.models import common, registry
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderConfig(common.TextConfig):
+  """A decoder's settings: the text family's, nothing of its own."""
+  family: str = 'decoder'
 
 
 class DecoderLM(nn.Module):
@@ -11,7 +20,7 @@ class DecoderLM(nn.Module):
   positions (B, T) default to 0..T-1. With `cache_index`, keys and values go into the 'cache'
   collection at that slot (the prefill and each decoding step of `transformer_jax.decode`).
   """
-  cfg: ModelConfig
+  cfg: DecoderConfig
 
   @nn.compact
   def __call__(self, tokens, positions=None, *, attention_mask=None, cache_index=None,
@@ -50,6 +59,6 @@ def forward_flops(cfg: ModelConfig, seq_len=None, target_len=None) -> dict[str, 
 
 FAMILY = registry.register(registry.Family(
     name='decoder', module=DecoderLM, example_inputs=common.text_example_inputs,
-    logits=lambda apply, batch: apply(batch['inputs']), task='next_token', decoding='decoder',
-    validate=common.validate_text, check_data=common.check_text_data, lengths=common.text_lengths,
+    logits=lambda apply, batch: apply(batch['inputs']), task='next_token', config=DecoderConfig,
+    decoding='decoder', check_data=common.check_text_data, lengths=common.text_lengths,
     param_counts=param_counts, forward_flops=forward_flops))

@@ -1,13 +1,24 @@
 """Encoder-only masked language model (BERT style): bidirectional blocks and an MLM head."""
-from typing import Any
+import dataclasses
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax.numpy as jnp
 
 from transformer_jax.layers import Linear, padding_mask
 from transformer_jax.layers.mlp import ACTIVATIONS
-from transformer_jax.model_config import ModelConfig
 from transformer_jax.models import common, registry
+from transformer_jax.ranges import Range
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderConfig(common.TextConfig):
+  """An encoder's settings: the text family's, and BERT's ends."""
+  family: str = 'encoder'
+  embed_norm: bool = False  # a norm right after the embeddings (BERT)
+  type_vocab_size: int = 0  # token-type (segment) embeddings (BERT); 0: none
+
+  RANGES: ClassVar = {**common.TextConfig.RANGES, 'type_vocab_size': Range(0, integer=True)}
 
 
 class MlmHead(nn.Module):
@@ -42,7 +53,7 @@ class MlmHead(nn.Module):
 class EncoderMLM(nn.Module):
   """tokens (B, T) -> float32 logits (B, T, V) for every position; every token sees every valid
   token. `valid` (B, T) marks real tokens (padding is never attended to)."""
-  cfg: ModelConfig
+  cfg: EncoderConfig
 
   @nn.compact
   def __call__(self, tokens, positions=None, *, valid=None, token_types=None,
@@ -58,7 +69,7 @@ class EncoderMLM(nn.Module):
     mask = None if valid is None else padding_mask(valid, tokens.shape[1])
     if attention_mask is not None:
       mask = attention_mask if mask is None else mask & attention_mask
-    embed = common.text_embed(cfg, name='embed')
+    embed = common.text_embed(cfg, cfg.type_vocab_size, name='embed')
     x = embed(tokens, positions, token_types)
     if cfg.embed_norm and cfg.use_norm:
       x = common.norm(cfg)(name='embed_norm')(x)
@@ -72,15 +83,16 @@ class EncoderMLM(nn.Module):
                    cfg.compute_dtype, cfg.weight_dtype, name='head')(x, embed)
 
 
-def param_counts(cfg: ModelConfig) -> dict[str, int]:
+def param_counts(cfg: EncoderConfig) -> dict[str, int]:
   blocks, d, norm = common.block_params(cfg, cfg.num_layers), cfg.width, common.norm_params(cfg)
   norms = norm * (cfg.final_norm + (cfg.embed_norm and cfg.use_norm))
   return common.with_total({
-      **blocks, 'embedding': common.text_embedding_params(cfg), 'norms': blocks['norms'] + norms,
+      **blocks, 'embedding': common.text_embedding_params(cfg, cfg.type_vocab_size),
+      'norms': blocks['norms'] + norms,
       'head': d * d + d + norm + common.untied_head_params(cfg) + cfg.vocab_size})
 
 
-def forward_flops(cfg: ModelConfig, seq_len=None, target_len=None) -> dict[str, int]:
+def forward_flops(cfg: EncoderConfig, seq_len=None, target_len=None) -> dict[str, int]:
   del target_len
   return common.text_flops(cfg, seq_len or cfg.max_len,
                            head=cfg.width * cfg.vocab_size + cfg.width * cfg.width)
@@ -89,5 +101,5 @@ def forward_flops(cfg: ModelConfig, seq_len=None, target_len=None) -> dict[str, 
 FAMILY = registry.register(registry.Family(
     name='encoder', module=EncoderMLM, example_inputs=common.text_example_inputs,
     logits=lambda apply, batch: apply(batch['inputs'], valid=batch.get('valid')), task='masked',
-    validate=common.validate_text, check_data=common.check_text_data, lengths=common.text_lengths,
+    config=EncoderConfig, check_data=common.check_text_data, lengths=common.text_lengths,
     param_counts=param_counts, forward_flops=forward_flops))

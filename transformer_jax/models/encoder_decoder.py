@@ -1,10 +1,27 @@
 """Encoder-decoder (original transformer / T5 layout): one shared embedding, cross-attention in
 every decoder block."""
+import dataclasses
+from typing import ClassVar
+
 import flax.linen as nn
 
 from transformer_jax.layers import padding_mask
-from transformer_jax.model_config import ModelConfig
 from transformer_jax.models import common, registry
+from transformer_jax.ranges import Range
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderDecoderConfig(common.TextConfig):
+  """An encoder-decoder's settings: the text family's; num_layers is the encoder's depth."""
+  family: str = 'encoder_decoder'
+  num_decoder_layers: int | None = None  # None: num_layers
+
+  RANGES: ClassVar = {**common.TextConfig.RANGES,
+                      'num_decoder_layers': Range(1, integer=True, optional=True)}
+
+  @property
+  def decoder_layers(self) -> int:
+    return self.num_decoder_layers or self.num_layers
 
 
 class EncoderDecoder(nn.Module):
@@ -14,7 +31,7 @@ class EncoderDecoder(nn.Module):
   that decoding runs the encoder once; with `cache_index`, `decode` caches its self-attention keys
   and values and, at the prefill, the cross-attention ones (pass `encoded=None` afterwards).
   """
-  cfg: ModelConfig
+  cfg: EncoderDecoderConfig
 
   def setup(self):
     cfg = self.cfg
@@ -60,7 +77,7 @@ class EncoderDecoder(nn.Module):
     return self.decode(targets, encoded, input_valid, deterministic=deterministic)
 
 
-def param_counts(cfg: ModelConfig) -> dict[str, int]:
+def param_counts(cfg: EncoderDecoderConfig) -> dict[str, int]:
   encoder = common.block_params(cfg, cfg.num_layers)
   decoder = common.block_params(cfg, cfg.decoder_layers, cross=True)
   counts = {part: encoder[part] + decoder[part] for part in encoder}
@@ -69,7 +86,7 @@ def param_counts(cfg: ModelConfig) -> dict[str, int]:
                             'head': common.untied_head_params(cfg)})
 
 
-def forward_flops(cfg: ModelConfig, seq_len=None, target_len=None) -> dict[str, int]:
+def forward_flops(cfg: EncoderDecoderConfig, seq_len=None, target_len=None) -> dict[str, int]:
   """A source of seq_len tokens (default model.max_len), a target of target_len (default
   seq_len): the encoder on the source, the decoder on the target with cross-attention."""
   s = seq_len or cfg.max_len
@@ -90,7 +107,7 @@ FAMILY = registry.register(registry.Family(
         cfg, batch, seq_len, streams=2),
     logits=lambda apply, batch: apply(batch['inputs'], batch['decoder_inputs'],
                                       batch.get('input_valid')),
-    task='seq2seq', decoding='encoder_decoder', validate=common.validate_text,
+    task='seq2seq', config=EncoderDecoderConfig, decoding='encoder_decoder',
     check_data=common.check_text_data,
     lengths=lambda batch: (batch['inputs'].shape[1], batch['decoder_inputs'].shape[1]),
     param_counts=param_counts, forward_flops=forward_flops))

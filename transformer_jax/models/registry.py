@@ -1,8 +1,9 @@
 """The registry of model families: everything the library knows of a family, in one entry.
 
 Training, evaluation, decoding, the accounting and `--mode=describe` read a family only through
-its `Family`, so adding one is a module and one `register(Family(...))`: see how
-transformer_jax/models/decoder.py ends, or the family a test registers in tests/test_models.py.
+its `Family`, so adding one is a module, the dataclass of its settings and one
+`register(Family(...))`: see transformer_jax/models/decoder.py, or the family with a setting of
+its own in tests/conv_family.py.
 """
 import dataclasses
 from typing import Any, Callable
@@ -36,6 +37,9 @@ class Family:
 
   name: the value of config.model.family.
   module: the Flax module of a config (cfg -> nn.Module).
+  config: the family's settings, a frozen dataclass extending model_config.ModelConfig (or a
+    family's config such as models.common.TextConfig) that checks its own values; the keys of
+    config.model are its fields.
   example_inputs: (cfg, batch, seq_len) -> the positional arguments of the module's __call__
     with the right shapes, for init and jax.eval_shape (seq_len None: a default).
   logits: (apply, batch) -> float32 logits of a batch of `task`'s data.
@@ -46,7 +50,6 @@ class Family:
   decoding: how decode.generate runs it: None (it cannot: no causal mask), 'decoder' or
     'encoder_decoder' (the two cache protocols documented in transformer_jax.decode).
   unit: what one example is to the accounting: 'token' (a text position) or 'image'.
-  validate: cfg -> None, raising ConfigError for options the family cannot take.
   check_data: (data.info, cfg) -> None, raising ConfigError where the data does not fit.
   lengths: batch -> (seq_len, target_len) of its examples, for the FLOPs of a step.
   param_counts: cfg -> {part: count} by the analytic formulas (PARTS); None: only
@@ -59,11 +62,11 @@ class Family:
   example_inputs: Callable[[ModelConfig, int, int | None], tuple]
   logits: Callable[[Apply, dict], jax.Array]
   task: str
+  config: type[ModelConfig]
   targets: str = 'targets'
   classification: bool = False
   decoding: str | None = None
   unit: str = 'token'
-  validate: Callable[[ModelConfig], None] = _no_checks
   check_data: Callable[[dict, ModelConfig], None] = _no_checks
   lengths: Callable[[dict], tuple[int | None, int | None]] = _no_lengths
   param_counts: Callable[[ModelConfig], dict[str, int]] | None = None

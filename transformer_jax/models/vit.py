@@ -1,4 +1,8 @@
-"""Vision transformer: patch tokens, optional [CLS], learned 1-D positions, encoder blocks."""
+"""Vision transformer: patch tokens, optional [CLS], learned 1-D positions, encoder blocks; its
+settings and its sizes by name (ViT-Ti, S, B, ...)."""
+import dataclasses
+from typing import ClassVar
+
 import flax.linen as nn
 import jax.numpy as jnp
 
@@ -6,6 +10,52 @@ from transformer_jax.errors import ConfigError
 from transformer_jax.layers import Linear, PatchEmbed, resize_position_grid
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.models import common, registry
+from transformer_jax.ranges import COUNT
+
+POOLS = ('cls', 'mean')
+# ViT sizes by name: (width, depth, heads).
+VIT_SIZES = {'XS': (128, 6, 4), 'Ti': (192, 12, 3), 'S': (384, 12, 6), 'M': (512, 12, 8),
+             'B': (768, 12, 12), 'L': (1024, 24, 16)}
+
+
+def variant(name: str) -> dict:
+  """'S/4' -> width, depth, heads of ViT-S and patch size 4."""
+  size, _, patch = name.partition('/')
+  if size not in VIT_SIZES or not patch.isdigit():
+    raise ValueError(f'ViT variant {name!r} is not NAME/PATCH with NAME in '
+                     f'{list(VIT_SIZES)} (for example "S/4").')
+  width, depth, heads = VIT_SIZES[size]
+  return dict(width=width, num_layers=depth, num_heads=heads, patch_size=int(patch))
+
+
+@dataclasses.dataclass(frozen=True)
+class ViTConfig(ModelConfig):
+  """A ViT's settings: the blocks, the images and the classes."""
+  family: str = 'vit'
+  image_size: int = 32
+  patch_size: int = 4
+  num_channels: int = 3
+  num_classes: int = 10
+  pool: str = 'cls'  # 'cls' prepends a [CLS] token; 'mean' averages the patch tokens
+
+  RANGES: ClassVar = {**ModelConfig.RANGES, 'image_size': COUNT, 'patch_size': COUNT,
+                      'num_channels': COUNT, 'num_classes': COUNT}
+  CHOICES: ClassVar = {**ModelConfig.CHOICES, 'pool': POOLS}
+
+  def check(self) -> None:
+    super().check()
+    if self.image_size % self.patch_size:
+      raise ConfigError(f'model.patch_size={self.patch_size} does not divide '
+                        f'model.image_size={self.image_size}: choose a patch size from '
+                        f'{[d for d in range(1, self.image_size + 1) if self.image_size % d == 0]}'
+                        ' or resize the images.')
+    if self.positions not in ('learned', 'none'):
+      raise ConfigError(f'A ViT takes learned 1-D positions or none, not {self.positions!r}: '
+                        'set model.positions to "learned" or "none".')
+
+  @property
+  def num_patches(self) -> int:
+    return (self.image_size // self.patch_size) ** 2
 
 
 def num_tokens(cfg) -> int:
@@ -28,7 +78,7 @@ class ViT(nn.Module):
   averages the patch vectors (no [CLS] token). The head starts at zero, as in big_vision.
   `encode` gives the pooled representation (B, width), for a head of your own.
   """
-  cfg: ModelConfig
+  cfg: ViTConfig
 
   def setup(self):
     cfg = self.cfg
@@ -71,18 +121,7 @@ class ViT(nn.Module):
     return self.head(self.encode(images, deterministic=deterministic))
 
 
-def validate(cfg: ModelConfig) -> None:
-  if cfg.image_size % cfg.patch_size:
-    raise ConfigError(f'model.patch_size={cfg.patch_size} does not divide '
-                      f'model.image_size={cfg.image_size}: choose a patch size from '
-                      f'{[d for d in range(1, cfg.image_size + 1) if cfg.image_size % d == 0]} '
-                      'or resize the images.')
-  if cfg.positions not in ('learned', 'none'):
-    raise ConfigError(f'A ViT takes learned 1-D positions or none, not {cfg.positions!r}: '
-                      'set model.positions to "learned" or "none".')
-
-
-def check_data(info: dict, cfg: ModelConfig) -> None:
+def check_data(info: dict, cfg: ViTConfig) -> None:
   if info['num_classes'] != cfg.num_classes:
     raise ConfigError(f'The data has {info["num_classes"]} classes but model.num_classes='
                       f'{cfg.num_classes}: set --config.model.num_classes={info["num_classes"]}.')
@@ -93,7 +132,7 @@ def check_data(info: dict, cfg: ModelConfig) -> None:
                       f'{cfg.num_channels}: set --config.model.image_size={height}.')
 
 
-def param_counts(cfg: ModelConfig) -> dict[str, int]:
+def param_counts(cfg: ViTConfig) -> dict[str, int]:
   d, cls = cfg.width, cfg.pool == 'cls'
   blocks = common.block_params(cfg, cfg.num_layers)
   return common.with_total({
@@ -103,7 +142,7 @@ def param_counts(cfg: ModelConfig) -> dict[str, int]:
       'head': d * cfg.num_classes + cfg.num_classes})
 
 
-def forward_flops(cfg: ModelConfig, seq_len=None, target_len=None) -> dict[str, int]:
+def forward_flops(cfg: ViTConfig, seq_len=None, target_len=None) -> dict[str, int]:
   """Per image: seq_len is the patch count (+1 for [CLS]) whatever is passed."""
   del seq_len, target_len
   d, patches, t = cfg.width, cfg.num_patches, num_tokens(cfg)
@@ -118,5 +157,5 @@ FAMILY = registry.register(registry.Family(
     example_inputs=lambda cfg, batch=1, seq_len=None: (jnp.zeros(
         (batch, cfg.image_size, cfg.image_size, cfg.num_channels), jnp.float32),),
     logits=lambda apply, batch: apply(batch['image']), task='image', targets='label',
-    classification=True, unit='image', validate=validate, check_data=check_data,
+    config=ViTConfig, classification=True, unit='image', check_data=check_data,
     param_counts=param_counts, forward_flops=forward_flops))

@@ -1,0 +1,28 @@
+"""Block styles of the named models: a config applies one, then sets the sizes. A style serves
+every family whose settings it names (LLaMA's blocks make a decoder, an encoder-decoder or a ViT);
+`of(name, family)` keeps the settings that `family` has."""
+from transformer_jax.model_config import names
+from transformer_jax.models import registry
+
+STYLES = {
+    'gpt2': dict(norm='layernorm', norm_eps=1e-5, mlp='gelu_tanh', positions='learned',
+                 use_bias=True, tie_embeddings=True, norm_position='pre'),
+    'llama': dict(norm='rmsnorm', norm_eps=1e-6, mlp='swiglu', positions='rope', use_bias=False,
+                  tie_embeddings=False, norm_position='pre'),
+    'bert': dict(norm='layernorm', norm_eps=1e-12, mlp='gelu', positions='learned', use_bias=True,
+                 tie_embeddings=True, norm_position='post', embed_norm=True, type_vocab_size=2),
+    'vit': dict(norm='layernorm', norm_eps=1e-6, mlp='gelu', positions='learned', use_bias=True,
+                norm_position='pre', pool='cls'),
+    # Vaswani et al. 2017: post-LN, ReLU, sinusoidal positions, one shared and tied embedding
+    # whose rows are scaled by sqrt(d_model) on the way in.
+    'transformer': dict(norm='layernorm', norm_eps=1e-6, mlp='relu', positions='sinusoidal',
+                        use_bias=True, tie_embeddings=True, scale_embeddings=True,
+                        norm_position='post'),
+}
+
+
+def of(name: str, family: str) -> dict:
+  """The settings of style `name` that `family`'s config has: LLaMA's blocks on a ViT leave out
+  tie_embeddings, which a ViT does not have."""
+  settings = names(registry.get(family).config)
+  return {key: value for key, value in STYLES[name].items() if key in settings}
