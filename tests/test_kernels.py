@@ -71,6 +71,7 @@ def test_former_kernel_names_resolve_to_their_kernels():
   assert kernels.resolve('heads_first').fn is kernels.cpu.attention
   assert kernels.resolve('einsum').fn is kernels.reference.attention
   cfg = tiny('decoder', attention_kernel='dot_product_attention')
+  assert cfg.attention_kernel == 'auto'
   assert models.attention_kernel(cfg, 'cpu').name == 'cpu'
 
 
@@ -129,8 +130,8 @@ def test_describe_names_the_kernel_and_why():
   config = config_lib.from_file('configs/llama_shakespeare.py')
   config.model.vocab_size = 65
   text = describe.describe(config)
-  assert ('Attention kernel: cpu (auto on cpu: XLA:CPU runs the step fastest with the heads '
-          'before the positions and the backward pass written out)') in text
+  assert ('Attention kernel: cpu (auto on cpu: heads before positions and the backward written '
+          'out run fastest there)') in text
   config.model.attention_kernel = 'reference'
   assert 'Attention kernel: reference (chosen by name)' in describe.describe(config)
 

@@ -26,7 +26,8 @@ import jax
 
 from transformer_jax.kernels import cache, cpu, masks, reference, xla
 
-__all__ = ['Choice', 'Kernel', 'cache', 'masks', 'names', 'reference', 'register', 'resolve']
+__all__ = ['Choice', 'Kernel', 'cache', 'current_name', 'masks', 'names', 'reference', 'register',
+           'resolve']
 
 Kernel = Callable  # (q, k, v, mask=None, *, scale) -> out
 
@@ -34,8 +35,7 @@ _KERNELS: dict[str, Kernel] = {
     'reference': reference.attention, 'xla': xla.attention, 'cpu': cpu.attention}
 # The kernel 'auto' picks for each platform (jax.Device.platform), and why.
 _AUTO = {
-    'cpu': ('cpu', "XLA:CPU runs the step fastest with the heads before the positions and the "
-                   "backward pass written out"),
+    'cpu': ('cpu', 'heads before positions and the backward written out run fastest there'),
 }
 _AUTO_DEFAULT = ('xla', 'no kernel of its own is registered for this platform')
 # Names earlier configs saved: the default kernel then meant what 'auto' means now.
@@ -67,6 +67,11 @@ def register(name: str, fn: Kernel, platform: str | None = None) -> None:
     _AUTO[platform] = (name, f'registered as the kernel for {platform}')
 
 
+def current_name(name: str) -> str:
+  """A kernel's name today: a former name (saved by earlier configs) becomes its kernel's."""
+  return _RENAMED.get(name, name)
+
+
 def names() -> list[str]:
   """Every name `resolve` takes."""
   return ['auto', *_KERNELS, *_RENAMED]
@@ -78,7 +83,7 @@ def resolve(kernel: str | Kernel, platform: str | None = None) -> Choice:
   one, 'auto' is the kernel of whichever platform the step is lowered for."""
   if callable(kernel):
     return Choice(getattr(kernel, '__name__', repr(kernel)), kernel, 'passed as a function')
-  name = _RENAMED.get(kernel, kernel)
+  name = current_name(kernel)
   if name == 'auto' and platform is None:
     return Choice('auto', _auto, 'picked when compiled: ' + ', '.join(
         [f'{chosen} on {where}' for where, (chosen, _) in _AUTO.items()]

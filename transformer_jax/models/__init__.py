@@ -25,6 +25,8 @@ def model_config(model: ModelConfig | Mapping[str, Any]) -> ModelConfig:
   if isinstance(model, ModelConfig):
     return model
   values = dict(model.to_dict() if hasattr(model, 'to_dict') else model)
+  if 'attention_kernel' in values:
+    values['attention_kernel'] = kernels.current_name(values['attention_kernel'])
   config_class = registry.get(values.get('family', 'decoder')).config
   return config_class.from_dict(_own_settings(values, config_class))
 
