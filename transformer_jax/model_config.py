@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from transformer_jax.errors import ConfigError
 from transformer_jax import kernels
-from transformer_jax.layers import block, mlp
+from transformer_jax.layers import attention, block, mlp
 from transformer_jax.ranges import COUNT, FRACTION, Range
 
 NORMS = ('layernorm', 'rmsnorm')
@@ -103,9 +103,13 @@ class ModelConfig:
       except TypeError:
         raise ConfigError(f'model.{name}={getattr(self, name)!r} is not a dtype: use "float32" '
                           'or "bfloat16".') from None
-    check_heads(self.width, self.num_heads, self.num_kv_heads)
+    if self.width % self.num_heads:
+      raise ConfigError(f'model.num_heads={self.num_heads} does not divide model.width='
+                        f'{self.width}: choose a head count that divides the width (for example '
+                        f'{_divisors_near(self.width, self.num_heads)}).')
+    attention.check_kv_heads(self.num_heads, self.num_kv_heads, prefix='model.')
     if self.positions == 'rope':
-      check_rope(self.head_dim)
+      attention.check_rope(self.head_dim, self.rope_base, prefix='model.')
 
   # Derived sizes.
   @property
@@ -149,25 +153,6 @@ def defaults(config_class: type[ModelConfig]) -> dict[str, Any]:
 def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
   if value not in allowed:
     raise ConfigError(f'Unknown {name} {value!r}: set model.{name} to one of {list(allowed)}.')
-
-
-def check_heads(width: int, num_heads: int, num_kv_heads: int | None) -> None:
-  """The heads cover the width exactly, and each key-value head serves a whole group of them."""
-  if width % num_heads:
-    raise ConfigError(f'model.num_heads={num_heads} does not divide model.width={width}: '
-                      f'choose a head count that divides the width (for example '
-                      f'{_divisors_near(width, num_heads)}).')
-  if num_kv_heads and num_heads % num_kv_heads:
-    raise ConfigError(f'model.num_kv_heads={num_kv_heads} does not divide '
-                      f'model.num_heads={num_heads}: each group of query heads shares one '
-                      f'key-value head, so choose a divisor of {num_heads} '
-                      f'({_divisors(num_heads)}).')
-
-
-def check_rope(head_dim: int) -> None:
-  if head_dim % 2:
-    raise ConfigError(f'RoPE rotates pairs of channels, but the head width {head_dim} is odd: '
-                      'choose model.width / model.num_heads even, or another model.positions.')
 
 
 def _divisors(n: int) -> list[int]:

@@ -7,11 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax import kernels
+from transformer_jax.errors import ConfigError
 from transformer_jax.layers import axes
 from transformer_jax.layers.embeddings import apply_rope
 from transformer_jax.layers.linear import Linear
 
-__all__ = ['Attention', 'causal_mask', 'padding_mask']
+__all__ = ['Attention', 'causal_mask', 'check_kv_heads', 'check_rope', 'padding_mask']
 
 
 def causal_mask(query_slots: jax.Array, positions: jax.Array, kv_len: int,
@@ -41,6 +42,26 @@ def causal_mask(query_slots: jax.Array, positions: jax.Array, kv_len: int,
 def padding_mask(valid: jax.Array, num_queries: int) -> jax.Array:
   """(B, 1, T, S) from the keys' validity (B, S): every query sees every valid key."""
   return jnp.broadcast_to(valid[:, None, None, :], (valid.shape[0], 1, num_queries, valid.shape[1]))
+
+
+def check_kv_heads(num_heads: int, num_kv_heads: int | None, prefix: str = '') -> None:
+  """Each key-value head serves a whole group of query heads. `prefix` is where the settings
+  live ('model.' in a run's config), for the message."""
+  if num_kv_heads is not None and (num_kv_heads < 1 or num_heads % num_kv_heads):
+    divisors = [d for d in range(1, num_heads + 1) if num_heads % d == 0]
+    raise ConfigError(f'{prefix}num_kv_heads={num_kv_heads} does not divide {prefix}num_heads='
+                      f'{num_heads}: the key-value heads must divide the query heads, each group '
+                      f'of which shares one, so choose a divisor of {num_heads} ({divisors}).')
+
+
+def check_rope(head_dim: int, rope_base: float, prefix: str = '') -> None:
+  """RoPE rotates pairs of channels, at frequencies base^(-i/h) that fall with i."""
+  if head_dim % 2 or not rope_base > 1:
+    fix = (f' (choose {prefix}width / {prefix}num_heads even, or other {prefix}positions)'
+           if prefix else '')
+    raise ConfigError(f'RoPE rotates pairs of channels with frequencies rope_base^(-i/h): it needs '
+                      f'an even head_dim (not {head_dim}){fix} and {prefix}rope_base > 1 (not '
+                      f'{rope_base}).')
 
 
 class Attention(nn.Module):
@@ -85,13 +106,9 @@ class Attention(nn.Module):
     if self.num_heads < 1 or self.head_dim < 1:
       raise ValueError(f'Attention needs num_heads >= 1 and head_dim >= 1, not {self.num_heads} '
                        f'and {self.head_dim}.')
-    if self.kv_heads < 1 or self.num_heads % self.kv_heads:
-      raise ValueError(f'num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}: '
-                       'each group of query heads shares one key-value head.')
-    if self.rope_base is not None and (self.head_dim % 2 or not self.rope_base > 1):
-      raise ValueError(f'RoPE rotates pairs of channels with frequencies rope_base^(-i/h): it '
-                       f'needs an even head_dim (not {self.head_dim}) and rope_base > 1 (not '
-                       f'{self.rope_base}).')
+    check_kv_heads(self.num_heads, self.num_kv_heads)
+    if self.rope_base is not None:
+      check_rope(self.head_dim, self.rope_base)
     kernels.resolve(self.kernel)  # an unknown name fails here
     super().__post_init__()
 
