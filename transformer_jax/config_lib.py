@@ -15,7 +15,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from transformer_jax.errors import ConfigError
-from transformer_jax import models
+from transformer_jax import decode, models
 from transformer_jax.data.pipeline import DATA_DEFAULTS, DATA_TYPES
 from transformer_jax.model_config import ModelConfig, names
 from transformer_jax.ranges import COUNT, FRACTION, Range
@@ -250,9 +250,7 @@ RANGES = {
     'training.peak_flops_per_device': Range(0, open_low=True, optional=True, example=1e12),
     'training.device_memory_gb': Range(0, open_low=True, optional=True, example=16),
     'sample.max_new_tokens': COUNT,
-    'sample.temperature': Range(0),  # 0: greedy
-    'sample.top_k': Range(0, integer=True),  # 0: every token
-    'sample.top_p': Range(0, 1, open_low=True),
+    **{f'sample.{name}': valid for name, (valid, _) in decode.SAMPLER_RANGES.items()},
     'sample.seed': Range(0, integer=True),
     'sample.num_samples': COUNT,
     'sample.window': Range(0, integer=True, optional=True),  # 0: the whole context

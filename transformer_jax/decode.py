@@ -44,6 +44,7 @@ import numpy as np
 from transformer_jax.layers import causal_mask
 from transformer_jax.models import registry
 from transformer_jax.models.common import TextConfig
+from transformer_jax.ranges import Range
 
 PROTOCOLS = ('decoder', 'encoder_decoder')
 
@@ -51,14 +52,18 @@ PROTOCOLS = ('decoder', 'encoder_decoder')
 # Samplers: pure float32 functions of the logits (..., V) and an explicit rng. Among equal
 # logits the lower token id ranks first, so top-k and top-p keep a definite set under ties.
 
+# What each sampler setting may be, and what its edge means (config.sample's keys check the same).
+SAMPLER_RANGES = {'temperature': (Range(0), '0 means greedy'),
+                  'top_k': (Range(0, integer=True), '0 keeps every token'),
+                  'top_p': (Range(0, 1, open_low=True), '1 keeps every token')}
+
+
 def check_sampler(temperature: float, top_k: int, top_p: float):
   """Fails on settings that have no meaning, naming the allowed range."""
-  if not (np.isfinite(temperature) and temperature >= 0):
-    raise ValueError(f'temperature={temperature} must be finite and >= 0 (0 means greedy).')
-  if int(top_k) != top_k or top_k < 0:
-    raise ValueError(f'top_k={top_k} must be a whole number >= 0 (0 keeps every token).')
-  if not 0 < top_p <= 1:
-    raise ValueError(f'top_p={top_p} must be in (0, 1] (1 keeps every token).')
+  for name, value in (('temperature', temperature), ('top_k', top_k), ('top_p', top_p)):
+    valid, meaning = SAMPLER_RANGES[name]
+    if not valid.admits(value):
+      raise ValueError(f'{name}={value} must be {valid.describe()} ({meaning}).')
 
 
 def greedy(logits: jax.Array) -> jax.Array:

@@ -58,7 +58,3 @@ class Range:
 
 COUNT = Range(1, integer=True)  # a positive whole number
 FRACTION = Range(0, 1, open_high=True)  # [0, 1)
-
-
-COUNT = Range(1, integer=True)  # a positive whole number
-FRACTION = Range(0, 1, open_high=True)  # [0, 1)
