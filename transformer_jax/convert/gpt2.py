@@ -3,7 +3,7 @@ with q, k and v fused into one c_attn, and the head tied to the token embedding 
 its own where tie_word_embeddings is false)."""
 from transformer_jax.convert.architecture import (NO_ABLATIONS, Architecture, HfConfig,
                                                   hf_activation)
-from transformer_jax.convert.tensors import Tensor, linear, norm
+from transformer_jax.convert.tensors import Tensor, decoder_ends, linear, norm, tied_to
 
 NAME = 'GPT2LMHeadModel'
 FIXED = dict(family='decoder', norm='layernorm', norm_bias=True, norm_position='pre',
@@ -44,17 +44,11 @@ def tensors(cfg) -> list[Tensor]:
               *norm(f'{hf}.ln_2', f'{ours}/mlp_norm'),
               *linear(f'{hf}.mlp.c_fc', f'{ours}/mlp/up', **conv1d),
               *linear(f'{hf}.mlp.c_proj', f'{ours}/mlp/down', **conv1d)]
-  specs += norm('transformer.ln_f', 'final_norm')
-  if not cfg.tie_embeddings:
-    specs += linear('lm_head', 'head/unembed', bias=False)
-  return specs
-
-
-def tied(cfg) -> dict[str, str]:
-  return {'lm_head.weight': 'transformer.wte.weight'} if cfg.tie_embeddings else {}
+  return specs + decoder_ends(cfg, 'transformer.ln_f')
 
 
 GPT2 = Architecture(
-    NAME, 'gpt2', 'decoder', 'transformer', model_fields, hf_config, tensors, tied,
+    NAME, 'gpt2', 'decoder', 'transformer', model_fields, hf_config, tensors,
+    tied_to('transformer.wte.weight'),
     # The causal-mask buffers that older GPT-2 checkpoints (the hub's gpt2) still hold.
     ignored=(r'transformer\.h\.\d+\.attn\.(bias|masked_bias)',))

@@ -1,7 +1,7 @@
 """LlamaForCausalLM: pre-LN RMSNorm blocks, SwiGLU, RoPE (HF's rotate_half is our half-split
 rotation), grouped-query attention, an untied or tied head."""
 from transformer_jax.convert.architecture import NO_ABLATIONS, Architecture, HfConfig
-from transformer_jax.convert.tensors import Tensor, linear, norm
+from transformer_jax.convert.tensors import Tensor, decoder_ends, linear, norm, tied_to
 
 NAME = 'LlamaForCausalLM'
 FIXED = dict(family='decoder', norm='rmsnorm', norm_position='pre', mlp='swiglu',
@@ -53,17 +53,11 @@ def tensors(cfg) -> list[Tensor]:
     specs += norm(f'{hf}.post_attention_layernorm', f'{ours}/mlp_norm', bias=False)
     for name in ('gate', 'up', 'down'):
       specs += linear(f'{hf}.mlp.{name}_proj', f'{ours}/mlp/{name}', bias=cfg.use_bias)
-  specs += norm('model.norm', 'final_norm', bias=False)
-  if not cfg.tie_embeddings:
-    specs += linear('lm_head', 'head/unembed', bias=False)
-  return specs
-
-
-def tied(cfg) -> dict[str, str]:
-  return {'lm_head.weight': 'model.embed_tokens.weight'} if cfg.tie_embeddings else {}
+  return specs + decoder_ends(cfg, 'model.norm', norm_bias=False)
 
 
 LLAMA = Architecture(
-    NAME, 'llama', 'decoder', 'model', model_fields, hf_config, tensors, tied,
+    NAME, 'llama', 'decoder', 'model', model_fields, hf_config, tensors,
+    tied_to('model.embed_tokens.weight'),
     # The RoPE frequencies that older conversions saved as a buffer (recomputed from rope_theta).
     ignored=(r'model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq',))

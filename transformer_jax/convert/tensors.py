@@ -107,3 +107,14 @@ def norm(hf: str, ours: str, *, bias: bool = True) -> list[Tensor]:
   """HF's LayerNorm (weight, bias) or RMSNorm (weight) as our norm's scale (and bias)."""
   return ([Tensor(f'{hf}.weight', (f'{ours}/scale',))] +
           ([Tensor(f'{hf}.bias', (f'{ours}/bias',))] if bias else []))
+
+
+def decoder_ends(cfg, final_norm: str, *, norm_bias: bool = True) -> list[Tensor]:
+  """A decoder checkpoint's final norm, and its lm_head unless the head is tied."""
+  head = [] if cfg.tie_embeddings else linear('lm_head', 'head/unembed', bias=False)
+  return norm(final_norm, 'final_norm', bias=norm_bias) + head
+
+
+def tied_to(embedding: str):
+  """The `tied` of an Architecture whose lm_head, when tied, is `embedding`."""
+  return lambda cfg: {'lm_head.weight': embedding} if cfg.tie_embeddings else {}
