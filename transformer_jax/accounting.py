@@ -23,6 +23,10 @@ from transformer_jax import models
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.models.registry import EMBEDDING_NAMES, PARTS
 
+__all__ = [
+    'count_params', 'counted_params', 'flops_per_token', 'forward_flops', 'kv_cache_bytes',
+    'param_counts', 'part_of', 'xla_flops']
+
 
 # By config, through the family's registry entry: each family's formulas live in its module.
 

@@ -20,6 +20,11 @@ from transformer_jax.data.pipeline import DATA_DEFAULTS, DATA_TYPES
 from transformer_jax.model_config import ModelConfig, names
 from transformer_jax.ranges import COUNT, FRACTION, Range
 
+__all__ = [
+    'assign', 'base_config', 'CheckedConfigFile', 'CHOICES', 'data_defaults', 'differences',
+    'differing_keys', 'flatten', 'from_file', 'LOCATION_KEYS', 'model_defaults', 'parse_arg',
+    'RANGES', 'SAVED_CONFIG', 'saved_config', 'smoke', 'unknown_keys', 'validate']
+
 
 def model_defaults(family: str = 'decoder') -> ml_collections.ConfigDict:
   """Every setting of `family`'s config with its default, so a typo in --config.model.x (or a

@@ -46,6 +46,12 @@ from transformer_jax.models import registry
 from transformer_jax.models.common import TextConfig
 from transformer_jax.ranges import Range
 
+__all__ = [
+    'cache_slots', 'check_inputs', 'check_positions', 'check_sampler', 'check_window',
+    'decoding_of', 'filter_logits', 'forced_logits', 'generate', 'Generation', 'greedy',
+    'init_cache', 'max_positions', 'probabilities', 'PROTOCOLS', 'sample', 'sample_settings',
+    'sample_text', 'SAMPLER_RANGES', 'TextVocab', 'top_k_mask', 'top_p_mask']
+
 PROTOCOLS = ('decoder', 'encoder_decoder')
 
 

@@ -17,6 +17,9 @@ from transformer_jax import kernels
 from transformer_jax.layers import attention, block, mlp
 from transformer_jax.ranges import COUNT, FRACTION, Range
 
+__all__ = [
+    'BLOCK_CHOICES', 'check_choice', 'defaults', 'ModelConfig', 'names', 'NORMS', 'POSITIONS']
+
 NORMS = ('layernorm', 'rmsnorm')
 POSITIONS = ('learned', 'sinusoidal', 'rope', 'none')
 # What each option of the blocks may be, from the layers that take it.

@@ -7,3 +7,6 @@ from transformer_jax.convert.architecture import CheckpointError
 from transformer_jax.convert.directory import (ARCHITECTURES, load, load_model_config,
                                                load_params, model_config_of, read_tensors, save)
 from transformer_jax.convert.tokenizer import Tokenizer
+
+__all__ = ['ARCHITECTURES', 'CheckpointError', 'Tokenizer', 'load', 'load_model_config',
+           'load_params', 'model_config_of', 'read_tensors', 'save']

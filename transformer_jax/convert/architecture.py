@@ -7,6 +7,10 @@ from transformer_jax.convert.tensors import Tensor
 from transformer_jax.errors import UserError
 from transformer_jax.model_config import ModelConfig
 
+__all__ = [
+    'ACTIVATIONS', 'Architecture', 'CheckpointError', 'hf_activation', 'HF_ACTIVATIONS',
+    'HfConfig', 'NO_ABLATIONS']
+
 # HF's activation names (transformers.activations.ACT2FN) -> our model.mlp, and back.
 ACTIVATIONS = {'gelu': 'gelu', 'gelu_new': 'gelu_tanh', 'gelu_pytorch_tanh': 'gelu_tanh',
                'relu': 'relu'}

@@ -5,6 +5,8 @@ from transformer_jax.convert.architecture import (NO_ABLATIONS, Architecture, Hf
                                                   hf_activation)
 from transformer_jax.convert.tensors import Tensor, linear, norm
 
+__all__ = ['BERT', 'FIXED', 'hf_config', 'model_fields', 'NAME', 'tensors', 'tied']
+
 NAME = 'BertForMaskedLM'
 FIXED = dict(family='encoder', norm='layernorm', norm_bias=True, norm_position='post',
              positions='learned', use_bias=True, num_kv_heads=None, embed_norm=True,

@@ -25,6 +25,10 @@ from transformer_jax.convert.llama import LLAMA
 from transformer_jax.convert.vit import VIT
 from transformer_jax.model_config import ModelConfig
 
+__all__ = [
+    'architecture_of', 'ARCHITECTURES', 'load', 'load_model_config', 'load_params',
+    'model_config_of', 'read_config', 'read_tensors', 'save']
+
 ARCHITECTURES = {arch.name: arch for arch in (GPT2, LLAMA, VIT, BERT)}
 INDEX, WEIGHTS = 'model.safetensors.index.json', 'model.safetensors'
 

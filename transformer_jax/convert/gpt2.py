@@ -5,6 +5,8 @@ from transformer_jax.convert.architecture import (NO_ABLATIONS, Architecture, Hf
                                                   hf_activation)
 from transformer_jax.convert.tensors import Tensor, decoder_ends, linear, norm, tied_to
 
+__all__ = ['FIXED', 'GPT2', 'hf_config', 'model_fields', 'NAME', 'tensors']
+
 NAME = 'GPT2LMHeadModel'
 FIXED = dict(family='decoder', norm='layernorm', norm_bias=True, norm_position='pre',
              positions='learned', use_bias=True, num_kv_heads=None, scale_embeddings=False,

@@ -3,6 +3,8 @@ rotation), grouped-query attention, an untied or tied head."""
 from transformer_jax.convert.architecture import NO_ABLATIONS, Architecture, HfConfig
 from transformer_jax.convert.tensors import Tensor, decoder_ends, linear, norm, tied_to
 
+__all__ = ['FIXED', 'hf_config', 'LLAMA', 'model_fields', 'NAME', 'rope_base', 'tensors']
+
 NAME = 'LlamaForCausalLM'
 FIXED = dict(family='decoder', norm='rmsnorm', norm_position='pre', mlp='swiglu',
              positions='rope', scale_embeddings=False, **NO_ABLATIONS)

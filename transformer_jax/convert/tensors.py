@@ -10,6 +10,9 @@ import math
 
 import numpy as np
 
+__all__ = [
+    'Array', 'decoder_ends', 'Dense', 'linear', 'norm', 'Shape', 'Tensor', 'tied_to', 'Vectors']
+
 Shape = tuple[int, ...]
 
 

@@ -5,6 +5,8 @@ import tokenizers
 
 from transformer_jax.convert.directory import read_config
 
+__all__ = ['Tokenizer']
+
 
 class Tokenizer:
   """Text <-> ids with the `tokenizers` package (no transformers): `encode` adds the special

@@ -5,6 +5,8 @@ from transformer_jax.convert.architecture import (NO_ABLATIONS, Architecture, Hf
                                                   hf_activation)
 from transformer_jax.convert.tensors import Array, Tensor, linear, norm
 
+__all__ = ['FIXED', 'hf_config', 'model_fields', 'NAME', 'square', 'tensors', 'VIT']
+
 NAME = 'ViTForImageClassification'
 FIXED = dict(family='vit', norm='layernorm', norm_bias=True, norm_position='pre',
              positions='learned', use_bias=True, num_kv_heads=None, pool='cls', **NO_ABLATIONS)

@@ -13,6 +13,10 @@ from transformer_jax.layers.block import LAYERS
 from transformer_jax.model_config import ModelConfig, defaults, names
 from transformer_jax.models import decoder, encoder, encoder_decoder, registry, styles, vit
 
+__all__ = ['abstract_variables', 'attention_kernel', 'build', 'decoder', 'encoder',
+           'encoder_decoder', 'example_inputs', 'family_of', 'init_params', 'model_config',
+           'registry', 'stack_layers', 'styles', 'unstack_layers', 'vit']
+
 
 def model_config(model: ModelConfig | Mapping[str, Any]) -> ModelConfig:
   """The typed config of a model section (a ConfigDict or a dict): its family's config class,

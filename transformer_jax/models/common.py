@@ -17,6 +17,13 @@ from transformer_jax.model_config import ModelConfig
 from transformer_jax.models import registry
 from transformer_jax.ranges import COUNT, Range
 
+__all__ = [
+    'attention', 'attention_weights', 'block', 'block_params', 'block_weights',
+    'check_text_data', 'decoder_mask', 'default_positions', 'lm_head', 'LmHead', 'mlp_weights',
+    'norm', 'norm_params', 'stack', 'text_embed', 'text_embedding_params',
+    'text_example_inputs', 'text_flops', 'text_lengths', 'TextConfig', 'untied_head_params',
+    'with_total']
+
 
 @dataclasses.dataclass(frozen=True)
 class TextConfig(ModelConfig):

@@ -7,6 +7,8 @@ import flax.linen as nn
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.models import common, registry
 
+__all__ = ['DecoderConfig', 'DecoderLM', 'FAMILY', 'forward_flops', 'param_counts']
+
 
 @dataclasses.dataclass(frozen=True)
 class DecoderConfig(common.TextConfig):

@@ -10,6 +10,8 @@ from transformer_jax.layers.mlp import ACTIVATIONS
 from transformer_jax.models import common, registry
 from transformer_jax.ranges import Range
 
+__all__ = ['EncoderConfig', 'EncoderMLM', 'FAMILY', 'forward_flops', 'MlmHead', 'param_counts']
+
 
 @dataclasses.dataclass(frozen=True)
 class EncoderConfig(common.TextConfig):

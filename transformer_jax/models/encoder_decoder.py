@@ -9,6 +9,8 @@ from transformer_jax.layers import padding_mask
 from transformer_jax.models import common, registry
 from transformer_jax.ranges import Range
 
+__all__ = ['EncoderDecoder', 'EncoderDecoderConfig', 'FAMILY', 'forward_flops', 'param_counts']
+
 
 @dataclasses.dataclass(frozen=True)
 class EncoderDecoderConfig(common.TextConfig):

@@ -14,6 +14,8 @@ import jax.numpy as jnp
 from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import ModelConfig
 
+__all__ = ['Apply', 'EMBEDDING_NAMES', 'Family', 'get', 'names', 'of_module', 'PARTS', 'register']
+
 Apply = Callable[..., jax.Array]  # the module applied to its params (and rngs, deterministic)
 
 # The parts a parameter count is split into (Family.param_counts, transformer_jax.accounting).

@@ -4,6 +4,8 @@ every family whose settings it names (LLaMA's blocks make a decoder, an encoder-
 from transformer_jax.model_config import names
 from transformer_jax.models import registry
 
+__all__ = ['of', 'STYLES']
+
 STYLES = {
     'gpt2': dict(norm='layernorm', norm_eps=1e-5, mlp='gelu_tanh', positions='learned',
                  use_bias=True, tie_embeddings=True, norm_position='pre'),

@@ -12,6 +12,10 @@ from transformer_jax.model_config import ModelConfig
 from transformer_jax.models import common, registry
 from transformer_jax.ranges import COUNT
 
+__all__ = [
+    'check_data', 'FAMILY', 'forward_flops', 'num_tokens', 'param_counts', 'POOLS',
+    'resize_positions', 'variant', 'ViT', 'VIT_SIZES', 'ViTConfig']
+
 POOLS = ('cls', 'mean')
 # ViT sizes by name: (width, depth, heads).
 VIT_SIZES = {'XS': (128, 6, 4), 'Ti': (192, 12, 3), 'S': (384, 12, 6), 'M': (512, 12, 8),
