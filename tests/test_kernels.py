@@ -160,3 +160,18 @@ def test_linear_runs_as_one_matmul_only_when_compiled_for_the_cpu():
   contract = lambda x, kernel: linear.contract(x, kernel, 2)
   assert 'tensor<6x20xf32>' in _lowered(contract, 'cpu', x, kernel)
   assert 'tensor<6x20xf32>' not in _lowered(contract, 'tpu', x, kernel)
+
+
+def test_a_registered_kernel_is_selectable_and_auto_picks_it_for_its_platform(monkeypatch):
+  monkeypatch.setattr(kernels, '_KERNELS', dict(kernels._KERNELS))  # undone after the test
+  monkeypatch.setattr(kernels, '_AUTO', dict(kernels._AUTO))
+  kernels.register('mine', kernels.reference.attention, platform='tpu')
+  assert 'mine' in kernels.names()
+  assert kernels.resolve('mine').fn is kernels.reference.attention
+  assert kernels.resolve('auto', 'tpu').name == 'mine'
+  assert kernels.resolve('auto', 'cpu').name == 'cpu'
+  assert kernels.resolve('auto').reason == ('picked when compiled: cpu on cpu, mine on tpu, xla '
+                                            'elsewhere')
+  for reserved in ('auto', 'einsum'):
+    with pytest.raises(ValueError, match='reserved'):
+      kernels.register(reserved, kernels.xla.attention)
