@@ -1,11 +1,13 @@
 """The memory plan against XLA's own memory analysis of the compiled train step, on 1 and 8
 devices under data, fully-sharded and tensor parallelism, for models its fitted activation
 counts did not see; and its state part against the real shards."""
+import dataclasses
+
 import jax
 import pytest
 
 from train_helpers import small_config
-from transformer_jax import describe, memory, train
+from transformer_jax import accounting, describe, memory, models, train
 from transformer_jax.train import setup, sharding
 
 # Width 96, 3 blocks, 4 heads of 24, MLP 256, vocabulary 80, batch 32 of 48 tokens (or 16x16
@@ -65,3 +67,24 @@ def test_describe_prints_the_plan_and_whether_it_fits():
   config.training.device_memory_gb = 80
   assert 'train step total' in describe.describe(config)
   assert ': fits in 74.51 GiB' in describe.describe(config)
+
+
+@pytest.mark.parametrize('family', ['decoder', 'encoder_decoder'])
+def test_the_kv_cache_of_a_family_without_formulas_is_measured_from_its_cache(monkeypatch,
+                                                                              family):
+  """A family registered without formulas (here a copy of ours) gets its cache's bytes from the
+  shapes of decode.init_cache: the accounting's formula for the same model."""
+  monkeypatch.setattr(models.registry, '_FAMILIES', dict(models.registry._FAMILIES))
+  ours = models.registry.get(family)
+  models.registry.register(dataclasses.replace(ours, name=f'plain_{family}', param_counts=None,
+                                               forward_flops=None))
+  config = small_config(family, **{'model.num_kv_heads': 2})
+  cfg = models.model_config(config.model)
+  plain = dataclasses.replace(cfg, family=f'plain_{family}')
+  for dtype in ('float32', 'bfloat16'):
+    expected = accounting.kv_cache_bytes(cfg, 16, dtype=dtype,
+                                         source_len=16 if family == 'encoder_decoder' else None)
+    assert memory.kv_cache_bytes(plain, 16, dtype) == expected
+  config.model.family = f'plain_{family}'
+  assert f'in float32: {memory.kv_cache_bytes(plain, 16, "float32"):,} bytes' in (
+      describe.describe(config))

@@ -48,9 +48,8 @@ def describe(config) -> str:
   lines.append(f'FLOPs per {unit}: forward {flops["forward"]:,.0f}, training '
                f'{flops["train"]:,.0f} (attention matrices {flops["attention_share"]:.1%})')
   if family.decoding:
-    source = seq_len if family.decoding == 'encoder_decoder' else None
     for dtype in sorted({cfg.dtype, 'bfloat16'}):
-      cache = accounting.kv_cache_bytes(cfg, seq_len, dtype=dtype, source_len=source)
+      cache = memory.kv_cache_bytes(cfg, seq_len, dtype)
       lines.append(f'KV cache per sequence of {seq_len} tokens in {dtype}: {cache:,} bytes '
                    f'({cfg.kv_heads} of {cfg.num_heads} heads cached)')
   else:

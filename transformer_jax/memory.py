@@ -21,12 +21,12 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from transformer_jax import accounting, models
+from transformer_jax import accounting, decode, models
 from transformer_jax.layers import axes
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.train import optim, setup, sharding
 
-__all__ = ['activation_bytes', 'ACTIVATION_COPIES', 'Plan', 'plan']
+__all__ = ['kv_cache_bytes', 'activation_bytes', 'ACTIVATION_COPIES', 'Plan', 'plan']
 
 # Copies of each size that XLA keeps live per block and token at the step's peak: of the width D
 # (the residual stream, the norms' inputs and outputs, the projections' inputs and their
@@ -113,6 +113,19 @@ def activation_bytes(cfg: ModelConfig, family, config, split) -> int:
   return int(total * jnp.dtype(cfg.dtype).itemsize)
 
 
+def kv_cache_bytes(cfg: ModelConfig, seq_len: int, dtype: str) -> int:
+  """Bytes of one sequence's KV cache of `seq_len` tokens (and as many encoder outputs, for an
+  encoder-decoder): by the accounting's formula, or, for a family that registers none, from
+  the shapes of its cache (decode.init_cache, abstractly)."""
+  family = models.registry.get(cfg.family)
+  source = seq_len if family.decoding == 'encoder_decoder' else None
+  if family.param_counts is not None:
+    return accounting.kv_cache_bytes(cfg, seq_len, dtype=dtype, source_len=source)
+  model = models.build(dataclasses.replace(cfg, dtype=dtype))
+  cache = jax.eval_shape(lambda: decode.init_cache(model, 1, seq_len, source))
+  return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(cache))
+
+
 def plan(config: ml_collections.ConfigDict, mesh: dict[str, int] | None = None,
          cfg: ModelConfig | None = None) -> Plan:
   """The per-device plan of a run's config on a mesh of `mesh` ({axis: size}; default:
@@ -135,10 +148,7 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int] | None = None,
                     _batch_shapes(cfg, family, config)) // split(axes.BATCH)
   kv = None
   if family.decoding:
-    kv = accounting.kv_cache_bytes(cfg, config.data.seq_len, dtype=cfg.dtype,
-                                   source_len=config.data.seq_len
-                                   if family.decoding == 'encoder_decoder' else None)
-    kv //= split(axes.KV_HEADS)
+    kv = kv_cache_bytes(cfg, config.data.seq_len, cfg.dtype) // split(axes.KV_HEADS)
   batch_axes = {a for name, a in rules if name == axes.BATCH and a}
   return Plan(params=params, optimizer=_sharded_bytes(state.opt_state, shardings.opt_state),
               gradients=params,
