@@ -1,0 +1,474 @@
+"""Preprocessing specs, RandAugment and mixup/CutMix: each op against an independent
+computation on the same image (numpy formulas, Pillow), the spec errors, and the pairs of
+mixing rows whatever the number of processes."""
+import io
+import pickle
+
+import numpy as np
+from PIL import Image
+import pytest
+
+from transformer_jax.data import mixing, preprocess, randaugment
+from transformer_jax.errors import ConfigError
+
+CIFAR_NORM = 'normalize((125.3, 123.0, 113.9), (63.0, 62.1, 66.7))'
+
+
+def random_image(height=32, width=40, channels=3, seed=0):
+  shape = (height, width) if channels is None else (height, width, channels)
+  return np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
+
+
+def gen(seed=0):
+  return np.random.default_rng(seed)
+
+
+def apply(spec, image, seed=0):
+  return preprocess.build(spec)(image, gen(seed))
+
+
+def png(array):
+  buffer = io.BytesIO()
+  Image.fromarray(array).save(buffer, 'PNG')
+  return buffer.getvalue()
+
+
+def coordinate_image(height, width):
+  """Red = 5 x row, green = 5 x column (sides up to 51): a crop can be read back from its
+  pixels."""
+  rows, columns = np.meshgrid(np.arange(height), np.arange(width), indexing='ij')
+  return np.stack([5 * rows, 5 * columns, np.zeros_like(rows)], axis=-1).astype(np.uint8)
+
+
+# --- spec parsing and checks ---
+
+def test_parse_reads_names_and_literal_arguments():
+  assert preprocess.parse("decode|random_crop(32, pad=4)|normalize((1, 2, 3), 4.5)") == [
+      ('decode', (), {}), ('random_crop', (32,), {'pad': 4}),
+      ('normalize', ((1, 2, 3), 4.5), {})]
+
+
+@pytest.mark.parametrize('spec,says', [
+    ('decode|flip|value_range', "did you mean 'flip_lr'"),
+    ('decode|resize(1, 2, 3)', 'resize(height, width=None)'),
+    ('decode|inception_crop(224, area=3)', "unexpected keyword argument 'area'"),
+    ('decode|resize(-4)', 'height must be a positive int'),
+    ('decode|randaug(2, 11)', 'magnitude must be in [0, 10]'),
+    ('decode|normalize(0, 1)|flip_lr', 'must be the last op'),
+    ('decode|value_range|normalize(0, 1)', 'must be the last op'),
+    ('flip_lr|decode', 'decode must be the first op'),
+    ("decode|resize(__import__('os').getpid())", 'must be Python literals'),
+    ('decode||flip_lr', "'' is not an op"),
+    ('decode|flip_lr(', 'is not an op'),
+    ('', 'give the preprocessing ops as a string'),
+])
+def test_a_bad_spec_is_refused_at_build_naming_its_key(spec, says):
+  with pytest.raises(ConfigError) as error:
+    preprocess.build(spec, key='data.pp_train')
+  message = str(error.value)
+  assert message.startswith('data.pp_train=') and says in message and '\n' not in message
+
+
+def test_output_shape_and_is_random_follow_the_ops():
+  cases = {
+      'decode': (None, False),
+      'resize_small(256)': (None, False),
+      'resize_small(256)|central_crop(224)|value_range(-1, 1)': ((224, 224, 3), False),
+      'resize(20, 30)|flip_lr': ((20, 30, 3), True),
+      'inception_crop(224)|resize_small(300)': (None, True),
+      'decode|random_crop(32, pad=4)|randaug(2, 9)': ((32, 32, 3), True),
+  }
+  for spec, (shape, is_random) in cases.items():
+    built = preprocess.build(spec)
+    assert (built.output_shape(), built.is_random) == (shape, is_random), spec
+
+
+def test_a_preprocess_survives_pickling_with_the_same_outputs():
+  spec = f'decode|random_crop(32, pad=4)|flip_lr|randaug(2, 9)|{CIFAR_NORM}'
+  built = preprocess.build(spec)
+  copy = pickle.loads(pickle.dumps(built))
+  image = random_image(32, 32)
+  np.testing.assert_array_equal(copy(image, gen(5)), built(image, gen(5)))
+  assert repr(copy) == f'Preprocess({spec!r})'
+
+
+# --- the ops ---
+
+@pytest.mark.parametrize('channels', [None, 1, 3, 4])
+def test_decode_of_png_bytes_and_of_arrays_gives_rgb(channels):
+  image = random_image(channels=channels)
+  planes = image.reshape(*image.shape[:2], -1)
+  expected = np.repeat(planes, 3, axis=-1) if planes.shape[-1] == 1 else planes[..., :3]
+  from_array = apply('decode', image)
+  assert from_array.dtype == np.uint8 and from_array.shape == (32, 40, 3)
+  np.testing.assert_array_equal(from_array, expected)
+  if channels != 1:  # Pillow writes no (H, W, 1) PNG
+    np.testing.assert_array_equal(apply('decode', png(image)), expected)
+
+
+def test_decode_refuses_what_is_not_a_uint8_image():
+  with pytest.raises(ValueError, match='float32'):
+    apply('decode', np.zeros((4, 4, 3), np.float32))
+  with pytest.raises(ValueError, match=r'\(4, 4, 2\)'):
+    apply('decode', np.zeros((4, 4, 2), np.uint8))
+
+
+def test_decode_of_jpeg_bytes_is_pillows_decoding():
+  buffer = io.BytesIO()
+  Image.fromarray(random_image()).save(buffer, 'JPEG', quality=90)
+  expected = np.asarray(Image.open(io.BytesIO(buffer.getvalue())))
+  np.testing.assert_array_equal(apply('decode', buffer.getvalue()), expected)
+
+
+def test_resize_is_pillows_bilinear_to_exactly_that_size():
+  image = random_image(32, 40)
+  for spec, (height, width) in {'resize(20, 24)': (20, 24), 'resize(64)': (64, 64)}.items():
+    expected = np.asarray(Image.fromarray(image).resize((width, height), Image.BILINEAR))
+    np.testing.assert_array_equal(apply(spec, image), expected)
+
+
+@pytest.mark.parametrize('shape,size,expected', [
+    ((375, 500), 256, (256, 341)), ((500, 375), 256, (341, 256)), ((32, 32), 48, (48, 48)),
+    ((300, 200), 100, (150, 100))])
+def test_resize_small_sets_the_shorter_side_and_keeps_the_aspect(shape, size, expected):
+  out = apply(f'resize_small({size})', random_image(*shape))
+  assert out.shape == (*expected, 3)
+
+
+def test_central_crop_is_the_centre_slice_and_refuses_a_smaller_image():
+  image = random_image(33, 40)
+  np.testing.assert_array_equal(apply('central_crop(16, 20)', image), image[8:24, 10:30])
+  np.testing.assert_array_equal(apply('central_crop(7)', image), image[13:20, 16:23])
+  with pytest.raises(ValueError, match='central_crop of 34x34 from an image of 33x40'):
+    apply('central_crop(34)', image)
+
+
+def test_random_crop_is_a_slice_of_the_zero_padded_image_at_drawn_offsets():
+  image = random_image(32, 32)
+  padded = np.pad(image, ((4, 4), (4, 4), (0, 0)))
+  tops = set()
+  for seed in range(60):
+    top, left = gen(seed).integers(0, [9, 9])
+    tops.add(int(top))
+    np.testing.assert_array_equal(apply('random_crop(32, pad=4)', image, seed),
+                                  padded[top:top + 32, left:left + 32])
+  assert tops == set(range(9))
+
+
+def test_flip_lr_mirrors_the_columns_with_probability_p():
+  image = random_image()
+  np.testing.assert_array_equal(apply('flip_lr(p=1)', image), image[:, ::-1])
+  np.testing.assert_array_equal(apply('flip_lr(0)', image), image)
+  flipped = [np.array_equal(apply('flip_lr', image, seed), image[:, ::-1]) for seed in range(200)]
+  assert 70 < sum(flipped) < 130
+
+
+def crop_box_of(output):
+  """(top, left, height, width) of the crop of a coordinate image that `output` enlarges."""
+  rows, columns = np.rint(output[..., 0] / 5), np.rint(output[..., 1] / 5)
+  top, left = int(rows.min()), int(columns.min())
+  return top, left, int(rows.max()) - top + 1, int(columns.max()) - left + 1
+
+
+def test_inception_crop_boxes_stay_within_the_area_and_aspect_ranges():
+  height, width, size = 40, 50, 128  # every box is enlarged, so its pixels can be read back
+  image = coordinate_image(height, width)
+  fractions = []
+  for seed in range(100):
+    out = apply(f'inception_crop({size})', image, seed)
+    top, left, h, w = crop_box_of(out)
+    # The box is the crop, resized (not an artefact of reading it back).
+    crop = image[top:top + h, left:left + w]
+    np.testing.assert_array_equal(out, np.asarray(
+        Image.fromarray(crop).resize((size, size), Image.BILINEAR)))
+    # h and w are rounded from a box of area 5..100 % and aspect ratio w / h in [3/4, 4/3].
+    assert (w + 0.5) * (h + 0.5) >= 0.05 * height * width
+    assert (w + 0.5) / (h - 0.5) >= 3 / 4 and (w - 0.5) / (h + 0.5) <= 4 / 3
+    fractions.append(h * w / (height * width))
+  assert min(fractions) < 0.2 and max(fractions) > 0.8
+
+
+@pytest.mark.parametrize('shape,box', [((8, 50), (0, 19, 8, 11)), ((50, 8), (19, 0, 11, 8))])
+def test_inception_crop_falls_back_to_the_central_crop_of_the_nearest_ratio(shape, box):
+  # With at least 60 % of a 1:8 image, no box of ratio 3/4..4/3 fits in 10 tries.
+  out = apply('inception_crop(32, area_min=60)', coordinate_image(*shape))
+  assert crop_box_of(out) == box
+
+
+def test_normalize_and_value_range_are_their_formulas_in_float32():
+  image = random_image()
+  mean, std = np.array([125.3, 123.0, 113.9]), np.array([63.0, 62.1, 66.7])
+  out = apply(CIFAR_NORM, image)
+  assert out.dtype == np.float32
+  np.testing.assert_allclose(out, (image - mean) / std, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(apply('normalize(127.5, 127.5)', image), image / 127.5 - 1,
+                             atol=1e-6)
+  for low, high in ((-1, 1), (0, 1)):
+    out = apply(f'value_range({low}, {high})', image)
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, low + image / 255 * (high - low), atol=1e-6)
+
+
+def test_the_reference_specs_give_their_shapes_and_dtypes():
+  jpeg = io.BytesIO()
+  Image.fromarray(random_image(375, 500)).save(jpeg, 'JPEG')
+  for spec in ('decode|inception_crop(224)|flip_lr|randaug(2, 10)|value_range(-1, 1)',
+               'decode|resize_small(256)|central_crop(224)|value_range(-1, 1)'):
+    out = apply(spec, jpeg.getvalue())
+    assert out.shape == (224, 224, 3) and out.dtype == np.float32
+    assert -1 <= out.min() < out.max() <= 1
+  out = apply('random_crop(32, pad=4)|flip_lr|randaug(2, 9)', random_image(32, 32, 1))
+  assert out.shape == (32, 32, 3) and out.dtype == np.uint8
+
+
+# --- RandAugment ---
+
+def blend(degenerate, image, factor):
+  """Pillow's Image.blend: degenerate x (1 - factor) + image x factor, clipped to 0..255."""
+  return np.clip(degenerate * (1.0 - factor) + image * factor, 0, 255).astype(np.uint8)
+
+
+def grey(image):
+  """ITU-R 601-2 luma, Pillow's conversion to 'L'."""
+  return image @ np.array([0.299, 0.587, 0.114])
+
+
+def assert_within_one(actual, expected):
+  difference = np.abs(actual.astype(int) - expected.astype(int))
+  assert difference.max() <= 1 and difference.mean() < 0.5, difference.max()
+
+
+def ra(name, image, arg):
+  out = randaugment.OPS[name](image, arg)
+  assert out.dtype == np.uint8 and out.shape == image.shape, name
+  return out
+
+
+@pytest.fixture
+def image():
+  return random_image(24, 32)
+
+
+def test_randaugment_pixel_ops_are_their_numpy_formulas(image):
+  wide = image.astype(int)
+  np.testing.assert_array_equal(ra('Invert', image, None), 255 - image)
+  np.testing.assert_array_equal(ra('Solarize', image, 100),
+                                np.where(image < 100, image, 255 - image))
+  np.testing.assert_array_equal(ra('SolarizeAdd', image, 99),
+                                np.where(image < 128, np.minimum(wide + 99, 255), image))
+  for bits in (1, 3, 4):
+    np.testing.assert_array_equal(ra('Posterize', image, bits),
+                                  image & (0xFF << (8 - bits) & 0xFF))
+  # 0 bits is tensorflow/tpu's argument below magnitude 2.5; its shifts clamp to 7 bits: 1 kept.
+  np.testing.assert_array_equal(ra('Posterize', image, 0), image & 0x80)
+
+
+def test_randaugment_enhance_ops_blend_with_pillows_degenerate_images(image):
+  factor = 1.72  # magnitude 9
+  np.testing.assert_array_equal(ra('Brightness', image, factor), blend(0, image, factor))
+  np.testing.assert_array_equal(ra('Brightness', image, 0.4), blend(0, image, 0.4))
+  # Pillow's grey level is a fixed-point luma, so the others may differ by a rounding.
+  mean_grey = np.floor(grey(image).mean() + 0.5)
+  assert_within_one(ra('Contrast', image, factor), blend(mean_grey, image, factor))
+  assert_within_one(ra('Color', image, factor), blend(np.rint(grey(image))[..., None], image,
+                                                      factor))
+  smooth = image.astype(float)  # Pillow's SMOOTH: 3x3 of ones, centre 5, / 13; border kept
+  windows = np.lib.stride_tricks.sliding_window_view(smooth, (3, 3), axis=(0, 1))
+  smooth[1:-1, 1:-1] = (windows.sum(axis=(-2, -1)) + 4 * smooth[1:-1, 1:-1]) / 13
+  assert_within_one(ra('Sharpness', image, factor), blend(np.rint(smooth), image, factor))
+
+
+def test_autocontrast_stretches_each_channel_to_the_full_range(image):
+  image = (image // 2 + 40).astype(np.uint8)  # 40..167
+  lo, hi = image.min(axis=(0, 1)), image.max(axis=(0, 1))
+  expected = np.floor((image - lo) * (255 / (hi - lo))).clip(0, 255)
+  np.testing.assert_array_equal(ra('AutoContrast', image, None), expected)
+  flat = np.full((4, 4, 3), 9, np.uint8)
+  np.testing.assert_array_equal(ra('AutoContrast', flat, None), flat)
+
+
+def test_equalize_maps_each_channel_through_its_cumulative_histogram(image):
+  image = (image // 4 + image // 8).astype(np.uint8)  # an uneven histogram over 0..94
+  expected = np.empty_like(image)
+  for c in range(3):
+    histogram = np.bincount(image[..., c].ravel(), minlength=256)
+    step = (histogram.sum() - histogram[np.flatnonzero(histogram)[-1]]) // 255
+    lut = (np.concatenate([[0], np.cumsum(histogram)[:-1]]) + step // 2) // step
+    expected[..., c] = np.clip(lut, 0, 255)[image[..., c]]
+  np.testing.assert_array_equal(ra('Equalize', image, None), expected)
+
+
+@pytest.mark.parametrize('pixels', [3, -5])
+def test_translate_by_whole_pixels_shifts_and_fills_with_grey(image, pixels):
+  filled = np.full((24 + 20, 32 + 20, 3), 128, np.uint8)
+  filled[10:-10, 10:-10] = image
+  np.testing.assert_array_equal(ra('TranslateX', image, pixels),
+                                filled[10:-10, 10 + pixels:10 + pixels + 32])
+  np.testing.assert_array_equal(ra('TranslateY', image, pixels),
+                                filled[10 + pixels:10 + pixels + 24, 10:-10])
+
+
+def test_shear_takes_each_row_from_its_sheared_position(image):
+  shear = 0.3
+  rows, columns = np.meshgrid(np.arange(24), np.arange(32), indexing='ij')
+  source = np.floor(columns + 0.5 + shear * (rows + 0.5)).astype(int)  # pixel centres
+  inside = (source >= 0) & (source < 32)
+  expected = np.where(inside[..., None], image[rows, source.clip(0, 31)], 128)
+  np.testing.assert_array_equal(ra('ShearX', image, shear), expected)
+  np.testing.assert_array_equal(ra('ShearY', image.transpose(1, 0, 2), shear),
+                                expected.transpose(1, 0, 2))
+
+
+def test_rotate_turns_about_the_centre_and_fills_with_grey():
+  square = random_image(32, 32)
+  np.testing.assert_array_equal(ra('Rotate', square, 90.0), np.rot90(square))
+  np.testing.assert_array_equal(ra('Rotate', square, -90.0), np.rot90(square, -1))
+  turned = ra('Rotate', square, 30.0)
+  assert (turned[0, 0] == 128).all() and (turned[-1, -1] == 128).all()
+  np.testing.assert_array_equal(turned[15:17, 15:17].mean(), square[15:17, 15:17].mean())
+
+
+def test_cutout_greys_the_square_clipped_to_the_image(image):
+  out = ra('Cutout', image, (3, 1, 10))  # rows -2..3 and columns 7..12, clipped
+  expected = image.copy()
+  expected[0:4, 7:13] = 128
+  np.testing.assert_array_equal(out, expected)
+
+
+def test_op_args_at_magnitude_9_are_tensorflow_tpus_scaled_to_the_image():
+  def arg(name, shape=(224, 224, 3), seed=0):
+    return randaugment.op_arg(name, 9, shape, gen(seed))
+  assert [arg(n) for n in ('AutoContrast', 'Equalize', 'Invert')] == [None] * 3
+  assert (arg('Posterize'), arg('Solarize'), arg('SolarizeAdd')) == (3, 230, 99)
+  for name in ('Color', 'Contrast', 'Brightness', 'Sharpness'):
+    assert arg(name) == pytest.approx(1.72)
+  signs = set()
+  for seed in range(20):
+    for name, value in (('Rotate', 27.0), ('ShearX', 0.27), ('TranslateX', 90.0)):
+      assert abs(arg(name, seed=seed)) == pytest.approx(value)
+    signs.add(np.sign(arg('Rotate', seed=seed)))
+  assert signs == {-1, 1}
+  assert abs(arg('TranslateX', (32, 64, 3))) == pytest.approx(90 * 64 / 224)
+  assert abs(arg('TranslateY', (32, 64, 3))) == pytest.approx(90 * 32 / 224)
+  half, row, column = arg('Cutout', (224, 100, 3))
+  assert half == int(36 * 100 / 224) and 0 <= row < 224 and 0 <= column < 100
+  assert arg('Cutout')[0] == 36
+
+
+@pytest.mark.parametrize('name', ['Rotate', 'ShearX', 'ShearY', 'TranslateX', 'TranslateY',
+                                  'Cutout'])
+def test_geometric_ops_are_the_identity_at_magnitude_0(image, name):
+  np.testing.assert_array_equal(ra(name, image, randaugment.op_arg(name, 0, image.shape, gen())),
+                                image)
+
+
+def test_rand_augment_is_a_function_of_the_generator_and_stays_uint8_rgb(image):
+  outputs = [randaugment.rand_augment(image, gen(seed), 2, 9) for seed in range(40)]
+  for seed, out in enumerate(outputs):
+    assert out.dtype == np.uint8 and out.shape == image.shape
+    np.testing.assert_array_equal(out, randaugment.rand_augment(image, gen(seed), 2, 9))
+  distinct = {out.tobytes() for out in outputs}
+  assert len(distinct) > 30
+  np.testing.assert_array_equal(randaugment.rand_augment(image, gen(), 0, 9), image)
+
+
+# --- mixup and CutMix ---
+
+def labelled_batch(batch_size=8, height=6, width=5):
+  """Every pixel value unique, so where each pixel came from can be read back."""
+  images = np.arange(batch_size * height * width * 3, dtype=np.float32).reshape(
+      batch_size, height, width, 3)
+  return images, np.arange(batch_size) * 3 % 10
+
+
+def mix(images, labels, seed=0, rows=None, batch_size=None, **alphas):
+  batch_size = batch_size or len(images)
+  rows = rows or slice(0, batch_size)
+  return mixing.mix_pairs(images[rows], labels[rows], gen(seed), batch_size=batch_size,
+                          rows=rows, **alphas)
+
+
+def test_mixup_rows_are_lam_own_plus_one_minus_lam_partner():
+  images, labels = labelled_batch()
+  out = mix(images, labels, mixup_alpha=0.8, cutmix_alpha=0.0)
+  lam = out['mix_weight']
+  partner = np.arange(8) ^ 1
+  assert out['image'].dtype == np.float32 and lam.dtype == np.float32
+  np.testing.assert_allclose(out['image'], lam[:, None, None, None] * images
+                             + (1 - lam[:, None, None, None]) * images[partner], rtol=1e-6)
+  np.testing.assert_array_equal(lam[::2], lam[1::2])
+  assert ((lam > 0) & (lam < 1)).all() and len(set(lam.tolist())) == 4
+  np.testing.assert_array_equal(out['label'], labels)
+  np.testing.assert_array_equal(out['label_mix'], labels[partner])
+
+
+def test_cutmix_rows_are_pixelwise_one_image_and_own_fraction_is_the_weight():
+  images, labels = labelled_batch(16, 12, 10)
+  out = mix(images, labels, mixup_alpha=0.0, cutmix_alpha=1.0)
+  partner = np.arange(16) ^ 1
+  own, other = out['image'] == images, out['image'] == images[partner]
+  assert (own ^ other).all()
+  own_fraction = own[..., 0].mean(axis=(1, 2))
+  np.testing.assert_array_equal(out['mix_weight'], own_fraction.astype(np.float32))
+  assert (own_fraction < 1).any()
+  # Each pair swaps one box: the partner's region in one row is its own in the other.
+  np.testing.assert_array_equal(other[::2], other[1::2])
+
+
+def test_mixed_labels_make_soft_labels_that_sum_to_one():
+  images, labels = labelled_batch(32, 8, 8)
+  out = mix(images, labels, mixup_alpha=0.8, cutmix_alpha=1.0, cutmix_prob=0.5)
+  weight = out['mix_weight'][:, None]
+  soft = weight * np.eye(10)[out['label']] + (1 - weight) * np.eye(10)[out['label_mix']]
+  np.testing.assert_allclose(soft.sum(axis=1), 1, rtol=1e-6)
+  np.testing.assert_allclose(soft[np.arange(32), out['label']], out['mix_weight'], rtol=1e-6)
+  cut = (out['image'] == images).any(axis=(1, 2, 3))  # mixup leaves no pixel as it was
+  assert 0 < cut.sum() < 32
+
+
+@pytest.mark.parametrize('processes', [2, 4])
+def test_process_shares_concatenate_to_the_one_process_batch(processes):
+  images, labels = labelled_batch(16)
+  alphas = dict(mixup_alpha=0.8, cutmix_alpha=1.0)
+  whole = mix(images, labels, seed=7, **alphas)
+  share = 16 // processes
+  parts = [mix(images, labels, seed=7, rows=slice(p * share, (p + 1) * share), batch_size=16,
+               **alphas) for p in range(processes)]
+  for key, value in whole.items():
+    np.testing.assert_array_equal(np.concatenate([part[key] for part in parts]), value)
+
+
+@pytest.mark.parametrize('rows,batch_size', [(slice(1, 5), 8), (slice(0, 3), 8),
+                                             (slice(0, 7), 7)])
+def test_rows_that_split_a_pair_are_refused(rows, batch_size):
+  images, labels = labelled_batch(8)
+  with pytest.raises(ConfigError, match='must be even'):
+    mixing.mix_pairs(images[rows], labels[rows], gen(), batch_size=batch_size, rows=rows,
+                     mixup_alpha=0.8, cutmix_alpha=1.0)
+
+
+@pytest.mark.parametrize('values,key', [((-0.1, 1.0, 0.5), 'data.mixup_alpha'),
+                                        ((0.8, -1.0, 0.5), 'data.cutmix_alpha'),
+                                        ((0.8, 1.0, 1.5), 'data.cutmix_prob')])
+def test_check_mixing_names_the_key_out_of_range(values, key):
+  with pytest.raises(ConfigError, match=key):
+    mixing.check_mixing(*values)
+  mixing.check_mixing(0.0, 0.0, 0.0)
+
+
+def test_a_fixed_seed_gives_the_same_augmented_batch_on_a_rerun():
+  spec = f'decode|random_crop(32, pad=4)|flip_lr|randaug(2, 9)|{CIFAR_NORM}'
+  raw = np.stack([random_image(32, 32, seed=i) for i in range(8)])
+  labels = np.arange(8)
+
+  def batch(seed, step):
+    built = preprocess.build(spec)
+    images = np.stack([built(x, np.random.default_rng((seed, step, i))) for i, x in
+                       enumerate(raw)])
+    return mixing.mix_pairs(images, labels, np.random.default_rng((seed, step)), batch_size=8,
+                            rows=slice(0, 8), mixup_alpha=0.8, cutmix_alpha=1.0)
+
+  first, again, other = batch(1, 3), batch(1, 3), batch(1, 4)
+  for key in first:
+    np.testing.assert_array_equal(first[key], again[key])
+  assert not np.array_equal(first['image'], other['image'])
