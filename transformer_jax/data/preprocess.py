@@ -33,6 +33,12 @@ def _positive_int(name: str, value):
            f'{name} must be a positive int, got {value!r}')
 
 
+def _number(name: str, value, low: float = -np.inf, high: float = np.inf):
+  within = f' in [{low}, {high}]' if np.isfinite([low, high]).all() else ''
+  _require(isinstance(value, (int, float)) and not isinstance(value, bool) and
+           low <= value <= high, f'{name} must be a number{within}, got {value!r}')
+
+
 def _pair(height: int, width: int | None) -> tuple[int, int]:
   width = height if width is None else width
   _positive_int('height', height)
@@ -162,8 +168,10 @@ class InceptionCrop(_Op):
 
   def __init__(self, size: int, area_min: float = 5, area_max: float = 100):
     _positive_int('size', size)
-    _require(0 < area_min <= area_max <= 100,
-             f'need 0 < area_min <= area_max <= 100 (percent), got {area_min}, {area_max}')
+    _number('area_min', area_min, 0, 100)
+    _number('area_max', area_max, 0, 100)
+    _require(0 < area_min <= area_max, f'need 0 < area_min <= area_max (percent of the image), '
+             f'got {area_min}, {area_max}')
     self.size, self.area_min, self.area_max = size, area_min, area_max
 
   def box(self, height: int, width: int, generator: np.random.Generator):
@@ -192,7 +200,7 @@ class FlipLR(_Op):
   random = True
 
   def __init__(self, p: float = 0.5):
-    _require(0 <= p <= 1, f'p must be in [0, 1], got {p!r}')
+    _number('p', p, 0, 1)
     self.p = p
 
   def __call__(self, image, generator):
@@ -206,13 +214,11 @@ class RandAug(_Op):
   def __init__(self, num_ops: int = 2, magnitude: float = 9):
     _require(isinstance(num_ops, int) and num_ops >= 0, f'num_ops must be an int >= 0, '
              f'got {num_ops!r}')
-    _require(0 <= magnitude <= randaugment.MAX_LEVEL,
-             f'magnitude must be in [0, {randaugment.MAX_LEVEL}], got {magnitude!r}')
+    _number('magnitude', magnitude, 0, randaugment.MAX_LEVEL)
     self.num_ops, self.magnitude = num_ops, magnitude
 
   def __call__(self, image, generator):
-    return randaugment.rand_augment(np.ascontiguousarray(image), generator, self.num_ops,
-                                    self.magnitude)
+    return randaugment.rand_augment(image, generator, self.num_ops, self.magnitude)
 
 
 def _channel_values(name: str, value) -> np.ndarray:
@@ -237,6 +243,8 @@ class ValueRange(_Op):
   """value_range(low=-1, high=1): float32, [0, 255] mapped linearly onto [low, high]."""
 
   def __init__(self, low: float = -1, high: float = 1):
+    _number('low', low)
+    _number('high', high)
     _require(low < high, f'need low < high, got {low!r}, {high!r}')
     self.low, self.high = low, high
 
@@ -280,7 +288,7 @@ def _parse_op(text: str) -> tuple[str, tuple, dict]:
       name = node.func.id
       args = tuple(ast.literal_eval(arg) for arg in node.args)
       kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg is not None}
-    except ValueError:
+    except (ValueError, TypeError):
       raise ValueError(f'{text!r}: arguments must be Python literals (numbers, strings, '
                        f'tuples)') from None
     if len(kwargs) < len(node.keywords):
