@@ -152,18 +152,6 @@ def test_synthetic_data_is_learnable():
   assert (distances.argmin(axis=1) == held_out['label']).mean() > 0.9
 
 
-def test_crop_and_flip_matches_a_per_image_reference():
-  batch = np.random.default_rng(0).integers(0, 256, size=(6, 5, 7, 3), dtype=np.uint8)
-  generator = np.random.default_rng(1)
-  got = images.crop_and_flip(batch, np.random.default_rng(1), 8, slice(2, 8))
-  offsets = generator.integers(0, 9, size=(8, 2))[2:]
-  flips = generator.random(8)[2:] < 0.5
-  for image, (y, x), flip, out in zip(batch, offsets, flips, got):
-    crop = np.pad(image, ((4, 4), (4, 4), (0, 0)))[y:y + 5, x:x + 7]
-    np.testing.assert_array_equal(out, crop[:, ::-1] if flip else crop)
-  assert flips.any() and not flips.all()
-
-
 def test_channel_stats_are_exact():
   batch = np.random.default_rng(0).integers(0, 256, size=(50, 4, 4, 3), dtype=np.uint8)
   mean, std = images.channel_stats(batch)
@@ -242,6 +230,12 @@ def write_jpeg_layout(root, per_split=(('train', 2), ('test', 1))):
   return pixels
 
 
+def read_split(name, split, data_dir):
+  source = tfds.data_source(name, split=split, data_dir=str(data_dir), download=False)
+  return (np.stack([example['image'] for example in source]),
+          np.array([example['label'] for example in source]))
+
+
 def cifar_config(tmp_path, manual_dir, **overrides):
   return {'name': 'cifar10', 'tfds_data_dir': str(tmp_path / 'tfds'), 'manual_dir': str(manual_dir),
           'download': False, 'batch_size': 8, 'eval_batch_size': 5, **overrides}
@@ -272,11 +266,11 @@ def test_cifar10_builder_reads_the_jpeg_archive_alike(tmp_path):
   with tarfile.open(tmp_path / 'manual' / builders.CIFAR10_JPEG, 'w:gz') as tar:
     tar.add(tmp_path / 'layout' / 'train', arcname='cifar10/train')
     tar.add(tmp_path / 'layout' / 'test', arcname='cifar10/test')
-  loaded = sources.load_cifar10(str(tmp_path / 'tfds'), str(tmp_path / 'manual'), download=False)
+  name = sources.prepare_cifar10(str(tmp_path / 'tfds'), str(tmp_path / 'manual'), download=False)
   for split in ('train', 'test'):
     expected = [(label, pixels[f'{split}/{name}/0000.jpg'])
                 for label, name in enumerate(builders.CIFAR10_CLASSES)]
-    got_images, got_labels = loaded[split]
+    got_images, got_labels = read_split(name, split, tmp_path / 'tfds')
     order = np.argsort(got_labels)
     np.testing.assert_array_equal(got_labels[order], [label for label, _ in expected])
     np.testing.assert_array_equal(got_images[order], np.stack([image for _, image in expected]))
@@ -299,8 +293,8 @@ def test_cifar10_builder_parses_the_official_binary_archive(tmp_path):
         info.size = part.nbytes
         tar.addfile(info, io.BytesIO(part.tobytes()))
       expected[split] = labels, hwc
-  loaded = sources.load_cifar10(str(tmp_path / 'tfds'), str(manual), download=False)
-  assert loaded['source'] == sources.CIFAR10_ORIGINAL
+  assert sources.prepare_cifar10(str(tmp_path / 'tfds'), str(manual),
+                                 download=False) == sources.CIFAR10_ORIGINAL
   for split, (labels, hwc) in expected.items():
     source = tfds.data_source(sources.CIFAR10_ORIGINAL, split=split,
                               data_dir=str(tmp_path / 'tfds'), download=False)
@@ -328,9 +322,9 @@ class StockCifar10(cifar.Cifar10, skip_registration=True):
 def test_a_stock_prepared_cifar10_is_read_as_it_is(tmp_path):
   StockCifar10(data_dir=str(tmp_path / 'tfds'), file_format='array_record').download_and_prepare()
   write_jpeg_layout(tmp_path / 'manual', per_split=(('train', 1), ('test', 1)))
-  loaded = sources.load_cifar10(str(tmp_path / 'tfds'), str(tmp_path / 'manual'), download=False)
-  assert loaded['source'] == 'cifar10'
-  images_, labels = loaded['train']
+  name = sources.prepare_cifar10(str(tmp_path / 'tfds'), str(tmp_path / 'manual'), download=False)
+  assert name == 'cifar10'
+  images_, labels = read_split(name, 'train', tmp_path / 'tfds')
   np.testing.assert_array_equal(images_[:, 0, 0, 0], 20 * labels)
   assert not (tmp_path / 'tfds' / 'transformer_jax_cifar10').exists()
 
@@ -359,8 +353,13 @@ def test_missing_tiny_shakespeare_reports_the_failed_download(tmp_path, monkeypa
   assert f'no route to {builders.SHAKESPEARE_URL}' in message
 
 
-def test_unknown_names_and_families_fail_clearly():
+def test_unknown_names_and_families_fail_clearly(tmp_path):
+  with pytest.raises(data.DataNotFoundError, match=f"mnist is not prepared in {tmp_path} "):
+    make('vit', name='mnist', tfds_data_dir=str(tmp_path))
+  with pytest.raises(data.DataNotFoundError,
+                     match="data.name='mnits' is neither prepared .* did you mean 'mnist'"):
+    make('vit', name='mnits', tfds_data_dir=str(tmp_path))
   with pytest.raises(ValueError, match="data.name='mnist' is not one of"):
-    make('vit', name='mnist')
+    make('decoder', name='mnist')
   with pytest.raises(ValueError, match="'seq2seq_sort' feeds seq2seq models, not 'next_tok"):
     make('decoder', name='seq2seq_sort')

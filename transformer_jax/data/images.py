@@ -1,56 +1,150 @@
-"""Image classification batches from uint8 arrays held in memory.
+"""Image classification batches from a random-access source (a TFDS split, or arrays in memory),
+read record by record: decoded and preprocessed one by one by a preprocessing spec
+(data.preprocess), stacked, and mixed in pairs by mixup or CutMix (data.mixing).
 
-Decoded images stay in memory (CIFAR-10 is 180 MB as uint8) and whole batches are gathered,
-cropped, flipped and normalized with numpy: about 20x faster here than reading and augmenting
-one example at a time from disk.
+Nothing is held but the records in flight: memory does not grow with the dataset. Example k of
+the run (step * batch_size + row) is record `permutation(seed, k // N)[k % N]` of the N training
+records, preprocessed with numbers keyed by (seed, k), so a batch is a pure function of (seed,
+step) whatever the number of processes, threads or workers that read it.
 """
+import dataclasses
 import functools
+import sys
 
+import grain
 import numpy as np
 
-from transformer_jax.data import rng
+from transformer_jax.data import mixing, preprocess, rng
+from transformer_jax.errors import ConfigError
 
-__all__ = ['channel_stats', 'crop_and_flip', 'ImageTask', 'PAD', 'synthetic_images']
+__all__ = ['ArraySource', 'channel_stats', 'ImageTask', 'Mixing', 'synthetic_images']
 
-PAD = 4  # pixels of zero padding around the image before a random crop
+
+class ArraySource:
+  """Images and labels held in memory, read like a TFDS data source."""
+
+  def __init__(self, images: np.ndarray, labels: np.ndarray):
+    self.images, self.labels = images, labels
+
+  def __len__(self) -> int:
+    return len(self.labels)
+
+  def __getitem__(self, index: int) -> dict:
+    return {'image': self.images[index], 'label': self.labels[index]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Mixing:
+  """Batch-level mixing of training rows in pairs (data.mixing.mix_pairs); all zero: none."""
+  mixup_alpha: float = 0.0
+  cutmix_alpha: float = 0.0
+  cutmix_prob: float = 0.5
+
+  @property
+  def active(self) -> bool:
+    return self.mixup_alpha > 0 or self.cutmix_alpha > 0
 
 
 class ImageTask:
-  """{'image': float32 (b, H, W, C) normalized per channel, 'label': int32 (b,)}.
+  """{'image': float32 (b, H, W, 3), 'label': int32 (b,)}, and with mixing 'label_mix' (int32)
+  and 'mix_weight' (float32, the weight of 'label' in the row's target)."""
 
-  Training reads the train split in a fresh permutation per epoch, example k of the run (step *
-  batch_size + row) at position k mod N of epoch k // N's permutation, so a batch may straddle
-  two epochs. The channel statistics come from the train split.
-  """
-
-  def __init__(self, train: tuple[np.ndarray, np.ndarray], held_out: tuple[np.ndarray, np.ndarray],
-               *, num_classes: int, seed: int, augment: bool):
-    self.train_images, self.train_labels = train
-    self.eval_images, self.eval_labels = held_out
-    self.seed, self.augment = seed, augment
-    self.mean, self.std = channel_stats(self.train_images)
-    self.num_eval_examples = len(self.eval_labels)
+  # A spec without a resizing op (CIFAR-10's images all have one size) makes images of the
+  # shape of its dataset's first record.
+  def __init__(self, train, held_out, *, num_classes: int, seed: int,
+               pp_train: preprocess.Preprocess, pp_eval: preprocess.Preprocess,
+               image_key: str = 'image', label_key: str = 'label', mix: Mixing = Mixing()):
+    first = lambda pp, source: pp(source[0][image_key], rng.generator(rng.AUGMENT)).shape
+    shapes = {key: pp.output_shape() or first(pp, source)
+              for key, pp, source in (('pp_train', pp_train, train),
+                                      ('pp_eval', pp_eval, held_out))}
+    if len(set(shapes.values())) > 1:
+      raise ConfigError(f'data.pp_train and data.pp_eval give images of different shapes '
+                        f'({shapes}): end each with resize(S), central_crop(S), random_crop(S) or '
+                        'inception_crop(S) of the same S.')
+    self.train, self.held_out = train, held_out
+    self.seed, self.pp_train, self.pp_eval, self.mix = seed, pp_train, pp_eval, mix
+    self.image_key, self.label_key = image_key, label_key
+    self.num_eval_examples = len(held_out)
     self.vocab = None
-    self.info = {'num_classes': num_classes, 'image_shape': self.train_images.shape[1:],
-                 'num_train_examples': len(self.train_labels),
-                 'channel_mean': tuple(self.mean.tolist()), 'channel_std': tuple(self.std.tolist())}
+    self.info = {'num_classes': num_classes, 'image_shape': shapes['pp_train'],
+                 'num_train_examples': len(train)}
+
+  def check_batch(self, batch_size: int, rows: slice) -> None:
+    """Before any reading: a process's share of a mixed batch must be whole pairs."""
+    if self.mix.active:
+      mixing.pair_range(batch_size, rows)
+
+  def train_example(self, k: int) -> dict:
+    """Example k of the run, preprocessed with numbers keyed by (seed, k)."""
+    epoch, position = divmod(k, len(self.train))
+    record = self.train[int(_permutation(self.seed, epoch, len(self.train))[position])]
+    generator = rng.generator(rng.AUGMENT, self.seed, k) if self.pp_train.is_random else None
+    return {'image': self.pp_train(record[self.image_key], generator),
+            'label': np.int32(record[self.label_key])}
+
+  def mixed(self, batch: dict, step: int, batch_size: int, rows: slice) -> dict:
+    if not self.mix.active:
+      return batch
+    return mixing.mix_pairs(batch['image'], batch['label'], rng.generator(rng.MIX, self.seed, step),
+                            batch_size=batch_size, rows=rows, mixup_alpha=self.mix.mixup_alpha,
+                            cutmix_alpha=self.mix.cutmix_alpha, cutmix_prob=self.mix.cutmix_prob)
 
   def train_batch(self, step: int, batch_size: int, rows: slice) -> dict:
-    size = len(self.train_labels)
-    epoch, position = np.divmod(step * batch_size + np.arange(batch_size)[rows], size)
-    order = np.empty_like(position)
-    for e in np.unique(epoch):
-      order[epoch == e] = _permutation(self.seed, int(e), size)[position[epoch == e]]
-    images = self.train_images[order]
-    if self.augment:
-      images = crop_and_flip(images, rng.generator(rng.AUGMENT, self.seed, step), batch_size, rows)
-    return {'image': self.normalize(images), 'label': self.train_labels[order]}
+    examples = [self.train_example(step * batch_size + row)
+                for row in range(batch_size)[rows]]
+    return self.mixed(_stack(examples), step, batch_size, rows)
+
+  def train_dataset(self, start_step: int, batch_size: int, rows: slice,
+                    read_options: grain.ReadOptions) -> grain.IterDataset:
+    """train_batch of start_step, start_step + 1, ...: the examples read, decoded and
+    preprocessed by grain's threads, `read_options.prefetch_buffer_size` batches ahead."""
+    share = len(range(batch_size)[rows])
+    locate = functools.partial(_example_of, start_step=start_step, batch_size=batch_size,
+                               first_row=rows.start or 0, share=share)
+    examples = grain.MapDataset.range(0, sys.maxsize).map(locate).map(self._stepped_example)
+    return (examples.to_iter_dataset(_per_example(read_options, share)).batch(share)
+            .map(functools.partial(self._mixed_batch, batch_size=batch_size, rows=rows)))
+
+  def _stepped_example(self, step_and_k: tuple[int, int]) -> dict:
+    step, k = step_and_k
+    return {**self.train_example(k), 'step': step}  # the batch's mix is keyed by its step
+
+  def _mixed_batch(self, batch: dict, batch_size: int, rows: slice) -> dict:
+    step = int(batch.pop('step')[0])
+    return self.mixed(batch, step, batch_size, rows)
 
   def eval_examples(self, indices: np.ndarray) -> dict:
-    return {'image': self.normalize(self.eval_images[indices]), 'label': self.eval_labels[indices]}
+    return _stack([self.eval_example(int(index)) for index in indices])
 
-  def normalize(self, images: np.ndarray) -> np.ndarray:
-    return (images.astype(np.float32) - self.mean) / self.std
+  def eval_dataset(self, indices: np.ndarray, share: int,
+                   read_options: grain.ReadOptions) -> grain.IterDataset:
+    """The held-out examples `indices` in batches of `share`, preprocessed by grain's threads."""
+    examples = grain.MapDataset.source(indices.tolist()).map(self.eval_example)
+    return examples.to_iter_dataset(_per_example(read_options, share)).batch(share)
+
+  def eval_example(self, index: int) -> dict:
+    record = self.held_out[index]
+    generator = rng.generator(rng.HELD_OUT, index) if self.pp_eval.is_random else None
+    return {'image': self.pp_eval(record[self.image_key], generator),
+            'label': np.int32(record[self.label_key])}
+
+
+def _per_example(read_options: grain.ReadOptions, share: int) -> grain.ReadOptions:
+  """Read options whose buffer holds prefetch_buffer_size batches of `share` examples."""
+  return dataclasses.replace(read_options,
+                             prefetch_buffer_size=read_options.prefetch_buffer_size * share)
+
+
+def _example_of(index: int, *, start_step: int, batch_size: int, first_row: int,
+                share: int) -> tuple[int, int]:
+  """(step, k) of this process's `index`-th example from start_step: k = step * batch_size + row."""
+  step, row = divmod(index, share)
+  return start_step + step, (start_step + step) * batch_size + first_row + row
+
+
+def _stack(examples: list[dict]) -> dict:
+  return {key: np.stack([example[key] for example in examples]) for key in examples[0]}
 
 
 @functools.lru_cache(maxsize=4)
@@ -58,33 +152,20 @@ def _permutation(seed: int, epoch: int, size: int) -> np.ndarray:
   return rng.generator(rng.SHUFFLE, seed, epoch).permutation(size)
 
 
-def channel_stats(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """float32 mean and standard deviation per channel of uint8 images, in pixel units, exact
-  (from each channel's 256-bin histogram, in float64)."""
+def channel_stats(images: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
+  """The mean and standard deviation per channel of uint8 images, in pixel units, exact (from
+  each channel's 256-bin histogram, in float64) and rounded to float32."""
   values = np.arange(256, dtype=np.float64)
   counts = np.stack([np.bincount(images[..., c].ravel(), minlength=256)
                      for c in range(images.shape[-1])])
   mean = counts @ values / counts.sum(axis=1)
   var = (counts * (values - mean[:, None]) ** 2).sum(axis=1) / counts.sum(axis=1)
-  return mean.astype(np.float32), np.sqrt(var).astype(np.float32)
-
-
-def crop_and_flip(images: np.ndarray, generator: np.random.Generator, batch_size: int,
-                  rows: slice) -> np.ndarray:
-  """A random crop of the zero-padded image and a horizontal flip with probability 1/2, in one
-  gather. The numbers are drawn for the whole global batch and `rows` keeps this process's
-  share, so a row is augmented alike whatever the number of processes."""
-  offsets = generator.integers(0, 2 * PAD + 1, size=(batch_size, 2))[rows]
-  flips = generator.random(batch_size)[rows] < 0.5
-  b, h, w, _ = images.shape
-  padded = np.pad(images, ((0, 0), (PAD, PAD), (PAD, PAD), (0, 0)))
-  ys = offsets[:, :1] + np.arange(h)
-  xs = offsets[:, 1:] + np.where(flips[:, None], np.arange(w)[::-1], np.arange(w))
-  return padded[np.arange(b)[:, None, None], ys[:, :, None], xs[:, None, :]]
+  return (tuple(mean.astype(np.float32).tolist()),
+          tuple(np.sqrt(var).astype(np.float32).tolist()))
 
 
 def synthetic_images(num_examples: int, image_size: int, num_classes: int,
-                     key: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+                     key: tuple[int, ...]) -> ArraySource:
   """Learnable images: each class has its own colour (fixed for every seed), plus noise; a
   colour survives cropping and flipping."""
   colours = rng.generator(rng.TASK).integers(32, 224, size=(num_classes, 3))
@@ -92,4 +173,4 @@ def synthetic_images(num_examples: int, image_size: int, num_classes: int,
   labels = generator.integers(0, num_classes, size=num_examples, dtype=np.int32)
   noise = generator.normal(0.0, 24.0, size=(num_examples, image_size, image_size, 3))
   images = np.clip(np.rint(colours[labels][:, None, None, :] + noise), 0, 255).astype(np.uint8)
-  return images, labels
+  return ArraySource(images, labels)

@@ -9,7 +9,7 @@ import numpy as np
 
 from transformer_jax.errors import ConfigError
 
-__all__ = ['check_mixing', 'mix_pairs']
+__all__ = ['check_mixing', 'mix_pairs', 'pair_range']
 
 
 def check_mixing(mixup_alpha: float, cutmix_alpha: float, cutmix_prob: float):
@@ -23,7 +23,8 @@ def check_mixing(mixup_alpha: float, cutmix_alpha: float, cutmix_prob: float):
                       f'than mixup for a pair must be in [0, 1]')
 
 
-def _pair_range(batch_size: int, rows: slice) -> slice:
+def pair_range(batch_size: int, rows: slice) -> slice:
+  """The global pairs a process holds: rows // 2; ConfigError unless its share is whole pairs."""
   start = 0 if rows.start is None else rows.start
   stop = batch_size if rows.stop is None else rows.stop
   if batch_size % 2 or start % 2 or stop % 2:
@@ -76,7 +77,7 @@ def mix_pairs(images: np.ndarray, labels: np.ndarray, generator: np.random.Gener
   'label_mix': the partner's labels (int32), 'mix_weight': lam, the weight of 'label' (float32)}.
   """
   check_mixing(mixup_alpha, cutmix_alpha, cutmix_prob)
-  pairs = _pair_range(batch_size, rows)
+  pairs = pair_range(batch_size, rows)
   b, height, width, _ = images.shape
   if b != 2 * (pairs.stop - pairs.start) or len(labels) != b:
     raise ValueError(f'rows {rows} of {batch_size} are {2 * (pairs.stop - pairs.start)} rows, '

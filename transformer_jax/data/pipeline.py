@@ -7,7 +7,7 @@ import grain
 import numpy as np
 
 from transformer_jax.errors import ConfigError
-from transformer_jax.data import builders, images, rng, seq2seq, sources, text
+from transformer_jax.data import images, preprocess, rng, seq2seq, sources, text
 
 __all__ = ['Data', 'DATA_DEFAULTS', 'DATA_TYPES', 'DATASETS', 'make_data', 'TASKS', 'TEXT']
 
@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 
 # The tasks a model family trains on (its registry entry names one), and the datasets that feed
 # each: images with labels; text windows for next-token prediction or masked-token prediction;
-# source and target strings.
+# source and target strings. Any other name is a TFDS image-classification dataset.
 TASKS = ('image', 'next_token', 'masked', 'seq2seq')
 TEXT = ('next_token', 'masked')
 DATASETS = {'cifar10': ('image',), 'tiny_shakespeare': TEXT, 'text_file': TEXT,
@@ -23,7 +23,7 @@ DATASETS = {'cifar10': ('image',), 'tiny_shakespeare': TEXT, 'text_file': TEXT,
 
 # Every key make_data reads from config.data, with its default (None or missing: the default).
 DATA_DEFAULTS = {
-    'name': None,  # 'cifar10' | 'tiny_shakespeare' | 'text_file' | 'seq2seq_reverse' | ...
+    'name': None,  # a key of DATASETS, or any TFDS image-classification dataset's name
     'tfds_data_dir': None,  # TFDS data dir; None: TFDS's default (TFDS_DATA_DIR or ~/...)
     'manual_dir': None,  # local source files to prepare a dataset from (see sources.py)
     'download': True,  # whether a dataset that is not prepared may be downloaded
@@ -33,7 +33,20 @@ DATA_DEFAULTS = {
     'eval_batch_size': None,  # None: batch_size
     'eval_steps': -1,  # eval batches; -1 or None: every full batch of the held-out split
     'eval_examples': 1024,  # held-out size of generated data; synthetic trains on 9x as much
-    'augment': True,  # image training batches: random crop of the 4-pixel-padded image + flip
+    'train_split': 'train',  # TFDS split strings of an image dataset: 'train[:98%]', ...
+    'eval_split': None,  # None: 'test' where the dataset has one, else 'validation'
+    'image_key': 'image',  # the image and ClassLabel features of an image dataset
+    'label_key': 'label',
+    # Preprocessing of each training and held-out image, a spec of ops (data.preprocess), e.g.
+    # 'decode|inception_crop(224)|flip_lr|randaug(2, 10)|value_range(-1, 1)'. None: the image
+    # brought to model.image_size (resize_small + central crop), plus with `augment` a random
+    # crop of the image padded by an eighth of its side and a flip, to values in [-1, 1].
+    'pp_train': None,
+    'pp_eval': None,
+    'augment': True,
+    'mixup_alpha': 0.0,  # mixup (Zhang et al. 2018) of training images in pairs; 0: none
+    'cutmix_alpha': 0.0,  # CutMix (Yun et al. 2019); 0: none
+    'cutmix_prob': 0.5,  # with both: the share of pairs CutMix mixes
     'mlm_probability': 0.15,  # encoder: share of positions selected for the MLM loss
     'alphabet': 'abcdefghijklmnopqrstuvwxyz',  # symbols of generated text and seq2seq data
     'seq2seq_min_len': 1,  # shortest source, in symbols
@@ -44,7 +57,8 @@ DATA_DEFAULTS = {
     'prefetch_buffer_size': 4,  # training batches grain keeps ready
 }
 DATA_TYPES = {'name': str, 'tfds_data_dir': str, 'manual_dir': str, 'path': str,
-              'eval_batch_size': int, 'seq2seq_max_len': int}
+              'eval_batch_size': int, 'seq2seq_max_len': int, 'eval_split': str, 'pp_train': str,
+              'pp_eval': str}
 
 
 class Data:
@@ -59,6 +73,8 @@ class Data:
     self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
     self.process_index, self.process_count = process_index, process_count
     self.read_options = read_options
+    if hasattr(task, 'check_batch'):
+      task.check_batch(batch_size, self._rows(batch_size))
     self.eval_steps = _eval_steps(eval_steps, task.num_eval_examples, eval_batch_size)
     self.info = {**task.info, 'num_eval_examples': self.eval_steps * eval_batch_size}
 
@@ -72,14 +88,21 @@ class Data:
   def train_iterator(self, start_step: int = 0) -> Iterator[dict[str, np.ndarray]]:
     """train_batch of start_step, start_step + 1, ..., assembled by grain's threads while the
     device runs the current step."""
+    if hasattr(self.task, 'train_dataset'):  # a task read example by example
+      return iter(self.task.train_dataset(start_step, self.batch_size, self._rows(self.batch_size),
+                                          self.read_options))
     steps = grain.MapDataset.range(start_step, sys.maxsize)
     return iter(steps.map(self.train_batch).to_iter_dataset(self.read_options))
 
   def eval_batches(self) -> Iterator[dict[str, np.ndarray]]:
-    """The same eval_steps batches of the held-out split at every call."""
+    """The same eval_steps batches of the held-out split at every call, assembled by grain's
+    threads."""
     share = np.arange(self.eval_batch_size)[self._rows(self.eval_batch_size)]
-    for index in range(self.eval_steps):
-      yield self.task.eval_examples(index * self.eval_batch_size + share)
+    indices = np.arange(self.eval_steps)[:, None] * self.eval_batch_size + share
+    if hasattr(self.task, 'eval_dataset'):  # a task read example by example
+      return iter(self.task.eval_dataset(indices.ravel(), len(share), self.read_options))
+    batches = grain.MapDataset.source(list(indices)).map(self.task.eval_examples)
+    return iter(batches.to_iter_dataset(self.read_options))
 
 
 def _check_shares(batch_size: int, eval_batch_size: int, process_index: int,
@@ -110,12 +133,14 @@ def _eval_steps(requested: int | None, num_examples: int, batch_size: int) -> in
 
 
 def make_data(config, task: str, *, seed: int, process_index: int | None = None,
-              process_count: int | None = None) -> Data:
+              process_count: int | None = None, image_size: int | None = None) -> Data:
   """The data of config.data (a ConfigDict or a dict; see DATA_DEFAULTS) for a
   `task` (one of TASKS), as a model family's registry entry names it.
 
-  Reads, and where needed prepares, the dataset now, so that missing data fails before any
+  Opens, and where needed prepares, the dataset now, so that missing data fails before any
   compile. process_index/process_count default to jax.process_index()/jax.process_count().
+  image_size: the side of the model's images, which the default preprocessing brings images
+  to (default: data.image_size).
   """
   def option(key):
     value = config.get(key, None)
@@ -127,23 +152,23 @@ def make_data(config, task: str, *, seed: int, process_index: int | None = None,
   batch_size = option('batch_size')
   eval_batch_size = option('eval_batch_size') or batch_size
   _check_shares(batch_size, eval_batch_size, process_index, process_count)  # before any reading
-  return Data(_make_task(option, task, seed), batch_size=batch_size,
+  return Data(_make_task(option, task, seed, image_size), batch_size=batch_size,
               eval_batch_size=eval_batch_size, eval_steps=option('eval_steps'),
               process_index=process_index, process_count=process_count,
               read_options=grain.ReadOptions(num_threads=option('num_threads'),
                                              prefetch_buffer_size=option('prefetch_buffer_size')))
 
 
-def _make_task(option, task: str, seed: int):
+def _make_task(option, task: str, seed: int, image_size: int | None):
   name = option('name')
-  if name not in DATASETS:
+  if name not in DATASETS and task != 'image':
     raise ConfigError(f'data.name={name!r} is not one of {sorted(DATASETS)}.')
-  if task not in DATASETS[name]:
+  if name in DATASETS and task not in DATASETS[name]:
     feeds = [n for n, tasks in DATASETS.items() if task in tasks]
     raise ConfigError(f'data.name={name!r} feeds {" and ".join(DATASETS[name])} models, not '
                       f'{task!r} ones: set data.name to one of {feeds}.')
   if task == 'image':
-    return _image_task(option, name, seed)
+    return _image_task(option, name, seed, image_size or option('image_size'))
   if task == 'seq2seq':
     seq_len = option('seq_len')
     return seq2seq.Seq2SeqTask(
@@ -157,21 +182,46 @@ def _make_task(option, task: str, seed: int):
                          probability=option('mlm_probability'))
 
 
-def _image_task(option, name: str, seed: int) -> images.ImageTask:
-  if name == 'cifar10':
-    splits = sources.load_cifar10(option('tfds_data_dir'), option('manual_dir'),
-                                  option('download'))
-    train, held_out, source = splits['train'], splits['test'], splits['source']
-    num_classes = len(builders.CIFAR10_CLASSES)
+def _image_task(option, name: str, seed: int, image_size: int) -> images.ImageTask:
+  mix = images.Mixing(option('mixup_alpha'), option('cutmix_alpha'), option('cutmix_prob'))
+  if name == 'synthetic':
+    size, count = option('image_size'), option('eval_examples')
+    train, held_out, num_classes = (
+        images.synthetic_images(9 * count, size, option('num_classes'), (rng.GENERATE,)),
+        images.synthetic_images(count, size, option('num_classes'), (rng.HELD_OUT,)),
+        option('num_classes'))
+    # In memory, generated images are standardized with their exact channel statistics.
+    scale = 'normalize({}, {})'.format(*images.channel_stats(train.images))
+    pp_train, pp_eval = _preprocessing(option, image_size, scale)
+    source, splits = name, ('generated', 'generated')
   else:
-    size, num_classes, count = option('image_size'), option('num_classes'), option('eval_examples')
-    train = images.synthetic_images(9 * count, size, num_classes, (rng.GENERATE,))
-    held_out = images.synthetic_images(count, size, num_classes, (rng.HELD_OUT,))
-    source = name
-  task = images.ImageTask(train, held_out, num_classes=num_classes, seed=seed,
-                          augment=option('augment'))
-  task.info['source'] = source
+    pp_train, pp_eval = _preprocessing(option, image_size)  # checked before reading
+    if name == 'cifar10':
+      name = sources.prepare_cifar10(option('tfds_data_dir'), option('manual_dir'),
+                                     option('download'))
+    dataset = sources.open_image_dataset(
+        name, data_dir=option('tfds_data_dir'), manual_dir=option('manual_dir'),
+        train_split=option('train_split'), eval_split=option('eval_split'),
+        image_key=option('image_key'), label_key=option('label_key'))
+    train, held_out, num_classes = dataset.train, dataset.held_out, dataset.num_classes
+    source, splits = name, dataset.splits
+  task = images.ImageTask(train, held_out, num_classes=num_classes, seed=seed, pp_train=pp_train,
+                          pp_eval=pp_eval, image_key=option('image_key'),
+                          label_key=option('label_key'), mix=mix)
+  task.info.update(source=source, splits=splits)
   return task
+
+
+def _preprocessing(option, size: int, scale: str = 'value_range(-1, 1)'):
+  """The training and held-out preprocessing: data.pp_train / data.pp_eval, else the image
+  brought to size x size and scaled, with `augment` randomly cropped from a padded copy and
+  flipped."""
+  fit = f'decode|resize_small({size})|central_crop({size})'
+  augment = f'|random_crop({size}, pad={max(size // 8, 1)})|flip_lr' if option('augment') else ''
+  train = option('pp_train') or f'{fit}{augment}|{scale}'
+  held_out = option('pp_eval') or f'{fit}|{scale}'
+  return (preprocess.build(train, key='data.pp_train'),
+          preprocess.build(held_out, key='data.pp_eval'))
 
 
 def _texts(option, name: str) -> tuple[str, str]:

@@ -10,7 +10,7 @@ __all__ = ['generator']
 
 # Streams. The synthetic tasks and every held-out split are keyed without the seed: the data
 # is the same for every seed, which is what makes eval metrics comparable from seed to seed.
-SHUFFLE, AUGMENT, WINDOWS, GENERATE, HELD_OUT, TASK = range(6)
+SHUFFLE, AUGMENT, WINDOWS, GENERATE, HELD_OUT, TASK, MIX = range(7)
 
 
 def generator(*key: int) -> np.random.Generator:

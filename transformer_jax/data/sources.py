@@ -1,14 +1,20 @@
 """Finds, prepares and reads the datasets on disk, or says exactly how to provide them.
 
-CIFAR-10 and TinyShakespeare are read with `tfds.data_source` (array_record, no TensorFlow), in
-this order: a stock-prepared dataset (`cifar10`, `tiny_shakespeare`) as it is; the project's own
-builders already prepared; the own builder prepared from the manual dir or, where allowed, by
-download. Nothing else is ever substituted: when all fail, DataNotFoundError says what to provide.
+Every dataset is read with `tfds.data_source` (array_record, no TensorFlow). An image dataset is
+any TFDS image-classification dataset prepared in the data dir: a stock one, or one a user
+prepared with a builder of their own (TFDS reads it by name from the dir, without its code);
+`open_image_dataset` gives its splits as random-access sources, decoded record by record by
+whoever reads them. CIFAR-10 and TinyShakespeare are found in this order: a stock-prepared
+dataset (`cifar10`, `tiny_shakespeare`) as it is; the project's own builders already prepared;
+the own builder prepared from the manual dir or, where allowed, by download. Nothing else is
+ever substituted: when all fail, DataNotFoundError says what to provide.
 """
+import dataclasses
+import difflib
 import logging
+from typing import Any
 
 from etils import epath
-import numpy as np
 import requests
 import tensorflow_datasets as tfds
 
@@ -16,16 +22,15 @@ from transformer_jax.data import builders
 from transformer_jax.errors import ConfigError, UserError
 
 __all__ = [
-    'CIFAR10_HELP', 'CIFAR10_JPEG', 'CIFAR10_ORIGINAL', 'DataNotFoundError', 'load_cifar10',
-    'load_text_file', 'load_tiny_shakespeare', 'read_images', 'read_text', 'SHAKESPEARE',
-    'SHAKESPEARE_HELP']
+    'CIFAR10_HELP', 'CIFAR10_JPEG', 'CIFAR10_ORIGINAL', 'DataNotFoundError', 'ImageDataset',
+    'load_text_file', 'load_tiny_shakespeare', 'open_image_dataset', 'prepare_cifar10',
+    'prepared_datasets', 'read_text', 'SHAKESPEARE', 'SHAKESPEARE_HELP']
 
 log = logging.getLogger(__name__)
 
 CIFAR10_ORIGINAL = 'transformer_jax_cifar10/original'
 CIFAR10_JPEG = 'transformer_jax_cifar10/jpeg_q75'
 SHAKESPEARE = 'transformer_jax_tiny_shakespeare'
-_CHUNK = 5000  # examples decoded per read
 
 CIFAR10_HELP = f"""CIFAR-10 is not prepared in {{data_dir}} and could not be prepared.
 Provide it by one of:
@@ -50,9 +55,8 @@ class DataNotFoundError(UserError, FileNotFoundError):
   """A dataset is neither prepared nor preparable; the message says how to provide it."""
 
 
-def load_cifar10(data_dir, manual_dir, download: bool) -> dict:
-  """{'train': (images, labels), 'test': (images, labels), 'source': TFDS name}: uint8
-  (N, 32, 32, 3) images and int32 labels, decoded into memory once."""
+def prepare_cifar10(data_dir, manual_dir, download: bool) -> str:
+  """The TFDS name under which CIFAR-10 is prepared in `data_dir`, preparing it where needed."""
   binary = builders.find_cifar10_binary(manual_dir)
   jpeg = builders.find_cifar10_jpeg(manual_dir)
   recipes = [(CIFAR10_ORIGINAL, binary, builders.CIFAR10_URL)] if binary or download else []
@@ -62,8 +66,7 @@ def load_cifar10(data_dir, manual_dir, download: bool) -> dict:
   if name == CIFAR10_JPEG:
     log.warning('CIFAR-10 comes from a JPEG q75 copy (%s): not bit-exact, it costs about 2 to 3 '
                 'points of test accuracy; say so wherever an accuracy on it is reported.', name)
-  return {'source': name, **{split: read_images(name, split, data_dir)
-                             for split in builders.SPLITS}}
+  return name
 
 
 def load_tiny_shakespeare(data_dir, manual_dir, download: bool) -> tuple[str, str]:
@@ -103,11 +106,7 @@ def _find_or_prepare(prepared, recipes, data_dir, manual_dir, help_text) -> str:
     if unreachable:
       failures.append(f'  (the download for {name} failed: {unreachable})')
       continue
-    log.info('Preparing %s from %s into %s.', name, local or url, data_dir or 'the TFDS data dir')
-    tfds.disable_progress_bar()
-    tfds.builder(name, data_dir=data_dir, file_format='array_record').download_and_prepare(
-        download_config=tfds.download.DownloadConfig(manual_dir=manual_dir,
-                                                     try_download_gcs=False))
+    _prepare(name, data_dir, manual_dir, source=local or url)
     return name
   raise DataNotFoundError('\n'.join([help_text.format(data_dir=data_dir or 'the TFDS data dir')]
                                     + failures))
@@ -135,16 +134,102 @@ def _is_prepared(name: str, data_dir) -> bool:
   return False
 
 
-def read_images(name: str, split: str, data_dir) -> tuple[np.ndarray, np.ndarray]:
-  source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
-  images, labels = [], []
-  for start in range(0, len(source), _CHUNK):
-    examples = source.__getitems__(range(start, min(start + _CHUNK, len(source))))
-    images.append(np.stack([example['image'] for example in examples]))
-    labels.append(np.array([example['label'] for example in examples], np.int32))
-  return np.concatenate(images), np.concatenate(labels)
-
-
 def read_text(name: str, split: str, data_dir) -> str:
   source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
   return ''.join(example['text'].decode('utf-8') for example in source)
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageDataset:
+  """The two splits of an image-classification dataset as random-access sources (len() and
+  [index] -> the record's features, decoded when read), and its number of classes."""
+  name: str
+  train: Any
+  held_out: Any
+  num_classes: int
+  splits: tuple[str, str]
+
+
+def open_image_dataset(name: str, *, data_dir, manual_dir, train_split: str,
+                       eval_split: str | None, image_key: str, label_key: str) -> ImageDataset:
+  """The TFDS dataset `name` prepared in `data_dir` (prepared first from `manual_dir` where it
+  is not yet), checked for its feature keys and splits; reads no record."""
+  builder = _builder(name, data_dir)
+  if manual_dir and not builder.is_prepared():
+    try:
+      _prepare(name, data_dir, manual_dir, source=manual_dir)
+    except ModuleNotFoundError as error:  # most stock builders prepare with TensorFlow
+      raise DataNotFoundError(
+          f'TFDS cannot prepare {name} from data.manual_dir={manual_dir} here: {error}. Install '
+          f'TensorFlow, or prepare it on a machine with it: tfds build {name} --manual_dir='
+          f'{manual_dir} --file_format=array_record.') from None
+    builder = _builder(name, data_dir)
+  eval_split = eval_split or next((s for s in ('test', 'validation') if s in builder.info.splits),
+                                  'test')
+  train, held_out = (_split_source(builder, key, split, data_dir)
+                     for key, split in (('train_split', train_split), ('eval_split', eval_split)))
+  features = builder.info.features
+  for key, value, kind in (('image_key', image_key, tfds.features.Image),
+                           ('label_key', label_key, tfds.features.ClassLabel)):
+    if value not in features or not isinstance(features[value], kind):
+      fitting = [k for k in features.keys() if isinstance(features[k], kind)]
+      raise ConfigError(f'data.{key}={value!r}: {name} has no {kind.__name__} feature of that '
+                        f'name; its {kind.__name__} features: {fitting} (all: '
+                        f'{sorted(features.keys())}).')
+  return ImageDataset(name, train, held_out, features[label_key].num_classes,
+                      (train_split, eval_split))
+
+
+def prepared_datasets(data_dir) -> list[str]:
+  """The names of the datasets prepared in `data_dir` (each with a dataset_info.json)."""
+  root = epath.Path(data_dir or tfds.core.constants.DATA_DIR)
+  if not root.is_dir():
+    return []
+  return sorted({info.relative_to(root).parts[0] for pattern in ('*/*/dataset_info.json',
+                                                                 '*/*/*/dataset_info.json')
+                 for info in root.glob(pattern)})
+
+
+def _builder(name: str, data_dir):
+  try:
+    return tfds.builder(name, data_dir=data_dir)
+  except tfds.core.registered.DatasetNotFoundError:
+    prepared = prepared_datasets(data_dir)
+    known = prepared + tfds.list_builders(with_community_datasets=False)
+    near = difflib.get_close_matches(name, known, n=1)
+    raise DataNotFoundError(
+        f'data.name={name!r} is neither prepared in {_shown(data_dir)} (prepared there: '
+        f'{prepared}) nor a TFDS dataset{f"; did you mean {near[0]!r}?" if near else "."}'
+    ) from None
+
+
+def _split_source(builder, key: str, split: str, data_dir):
+  try:
+    return builder.as_data_source(split=split)
+  except ValueError as error:  # TFDS: "Unknown split 'x'. Should be one of [...]."
+    splits = {s: info.num_examples for s, info in builder.info.splits.items()}
+    raise ConfigError(f'data.{key}={split!r}: {error} The splits of {builder.name}: {splits}; '
+                      "a slice such as 'train[98%:]' holds out part of one.") from None
+  except (AssertionError, NotImplementedError, FileNotFoundError):
+    if builder.is_prepared():
+      raise DataNotFoundError(
+          f'{builder.name} is prepared in {builder.data_dir} as {builder.info.file_format.value},'
+          ' which tfds.data_source cannot read: with TensorFlow, `tfds build '
+          f'{builder.name} --file_format=array_record` makes it readable.') from None
+    raise DataNotFoundError(
+        f'{builder.name} is not prepared in {_shown(data_dir)} (prepared there: '
+        f'{prepared_datasets(data_dir)}): set --config.data.tfds_data_dir to where it is, '
+        '--config.data.manual_dir to its downloaded files where TFDS prepares it from them, or '
+        f'prepare it with TensorFlow: tfds build {builder.name} --file_format=array_record'
+        f'{f" --data_dir={data_dir}" if data_dir else ""}.') from None
+
+
+def _shown(data_dir) -> str:
+  return data_dir or f'{tfds.core.constants.DATA_DIR} (TFDS\'s default data dir)'
+
+
+def _prepare(name: str, data_dir, manual_dir, source) -> None:
+  log.info('Preparing %s from %s into %s.', name, source, data_dir or 'the TFDS data dir')
+  tfds.disable_progress_bar()
+  tfds.builder(name, data_dir=data_dir, file_format='array_record').download_and_prepare(
+      download_config=tfds.download.DownloadConfig(manual_dir=manual_dir, try_download_gcs=False))
