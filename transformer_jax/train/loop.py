@@ -195,20 +195,27 @@ def _log_once(message: str) -> None:
 
 
 def evaluate_params(run: Run, eval_step, params) -> dict:
-  sums = {'loss': 0.0, 'correct': 0.0, 'weight': 0.0}
+  """eval_loss and eval_accuracy over the held-out batches, and for a classifier
+  eval_top5_accuracy."""
+  sums = {}
   for batch in run.data.eval_batches():
     out = jax.device_get(eval_step(params, sharding.global_batch(batch, run.mesh)))
-    for key in sums:
-      sums[key] += float(out[key])
+    for key, value in out.items():
+      sums[key] = sums.get(key, 0.0) + float(value)
   weight = max(sums['weight'], 1e-9)
-  return {'eval_loss': sums['loss'] / weight, 'eval_accuracy': sums['correct'] / weight}
+  results = {'eval_loss': sums['loss'] / weight, 'eval_accuracy': sums['correct'] / weight}
+  if 'correct_top5' in sums:
+    results['eval_top5_accuracy'] = sums['correct_top5'] / weight
+  return results
 
 
 def _evaluate(run: Run, eval_step, params, step: int, writer) -> None:
   results = evaluate_params(run, eval_step, params)
   writer.write(step, results)
-  log.info('step %d | held-out loss %.4f | accuracy %.4f', step, results['eval_loss'],
-           results['eval_accuracy'])
+  top5 = (f' | top-5 {results["eval_top5_accuracy"]:.4f}'
+          if 'eval_top5_accuracy' in results else '')
+  log.info('step %d | held-out loss %.4f | accuracy %.4f%s', step, results['eval_loss'],
+           results['eval_accuracy'], top5)
 
 
 def evaluate(config, workdir: str | None) -> dict:

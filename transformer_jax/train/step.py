@@ -56,7 +56,8 @@ def _grads_and_sums(model, family, settings, params, batch, rng, total_weight):
     out = losses.logits_targets_weights(model, family, p, micro,
                                         deterministic=not settings.dropout,
                                         rngs={'dropout': micro_rng})
-    sums = losses.loss_sums(*out, label_smoothing=settings.label_smoothing)
+    sums = losses.loss_sums(*out, label_smoothing=settings.label_smoothing,
+                            mix=losses.mixed_targets(micro))
     return sums['loss'] / total_weight, sums
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
@@ -141,6 +142,6 @@ def make_eval_step(model, family: Family, mesh, param_sharding, rules=()):
   def eval_step(params, batch):
     with sharding.activation_rules(mesh, rules):
       out = losses.logits_targets_weights(model, family, params, batch)
-    return losses.loss_sums(*out)
+    return losses.loss_sums(*out, top5=family.classification)
   batch_sharding = jax.sharding.NamedSharding(mesh, P(DATA_AXIS))
   return jax.jit(eval_step, in_shardings=(param_sharding, batch_sharding))
