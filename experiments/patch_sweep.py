@@ -33,7 +33,7 @@ import matplotlib.ticker
 import numpy as np
 from matplotlib.figure import Figure
 
-from transformer_jax import accounting, models, sweep, train
+from transformer_jax import accounting, config_lib, models, sweep, train
 from transformer_jax.models import vit
 from transformer_jax.train import loop, sharding, step as step_lib
 
@@ -42,11 +42,17 @@ TITLE = 'Patch-size sweep: ViT on CIFAR-10'
 CONFIG = pathlib.Path(__file__).resolve().parent.parent / 'configs' / 'vit_cifar.py'
 PATCHES = (2, 4, 8, 16)
 STEPS = 200  # of batch 128: 25,600 training images, about half an epoch
-FULL = {'model.width': 64, 'model.num_layers': 4, 'model.num_heads': 4,
+# The crop-and-flip recipe (configs/vit_cifar.py:recipe=basic): a strong augmentation would
+# only slow learning at this budget.
+BASIC = {f'data.{key}': value for key, value in
+         config_lib.from_file(CONFIG, 'recipe=basic').data.items()
+         if key in ('pp_train', 'mixup_alpha', 'cutmix_alpha')}
+FULL = {**BASIC, 'model.width': 64, 'model.num_layers': 4, 'model.num_heads': 4,
         'optimizer.warmup_steps': STEPS // 10, 'training.steps': STEPS,
         'training.log_every': 10, 'training.eval_every': STEPS,
         'training.checkpoint_every': STEPS, 'data.eval_batch_size': 400}
 QUICK = {'data.name': 'synthetic', 'data.image_size': 16, 'model.image_size': 16,
+         'data.pp_train': None, 'data.pp_eval': None,
          'model.width': 32, 'model.num_layers': 1, 'data.batch_size': 16,
          'data.eval_batch_size': 16, 'data.eval_steps': 2, 'optimizer.warmup_steps': 2,
          'training.steps': 6, 'training.log_every': 2, 'training.eval_every': 6,

@@ -131,9 +131,10 @@ def check_data(info: dict, cfg: ViTConfig) -> None:
                       f'{cfg.num_classes}: set --config.model.num_classes={info["num_classes"]}.')
   height, width, channels = info['image_shape']
   if (height, width, channels) != (cfg.image_size, cfg.image_size, cfg.num_channels):
-    raise ConfigError(f'The images are {height}x{width}x{channels} but the model takes '
-                      f'model.image_size={cfg.image_size}, model.num_channels='
-                      f'{cfg.num_channels}: set --config.model.image_size={height}.')
+    raise ConfigError(f'The preprocessed images are {height}x{width}x{channels} but the model '
+                      f'takes model.image_size={cfg.image_size}, model.num_channels='
+                      f'{cfg.num_channels}: set --config.model.image_size={height}, or end '
+                      f'data.pp_train and data.pp_eval in images of {cfg.image_size}.')
 
 
 def param_counts(cfg: ViTConfig) -> dict[str, int]:
