@@ -31,7 +31,7 @@ def get_config(arg=None):
       batch_size=BATCH_SIZE, eval_batch_size=1000,
       pp_train='decode|inception_crop(224)|flip_lr|randaug(2, 10)|value_range(-1, 1)',
       pp_eval='decode|resize_small(256)|central_crop(224)|value_range(-1, 1)',
-      mixup_alpha=0.2, num_threads=16, prefetch_buffer_size=2)
+      mixup_alpha=0.2, num_threads=8, prefetch_buffer_size=8)
   config.optimizer.update(learning_rate=1e-3, warmup_steps=10_000, b2=0.999, weight_decay=0.1,
                           grad_clip_norm=1.0)
   steps = arg.epochs * TRAIN_IMAGES // BATCH_SIZE

@@ -1,12 +1,27 @@
 """Small shared helpers for the tests."""
+import contextlib
 import pathlib
+from unittest import mock
 
 import flax.linen as nn
+import tensorflow_datasets as tfds
+from tensorflow_datasets.core.data_sources import array_record
 
 from transformer_jax import config_lib, models
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONFIG_FILES = sorted((ROOT / 'configs').glob('*.py'))
+
+
+@contextlib.contextmanager
+def mock_tfds(num_examples: int):
+  """tfds.testing.mock_data: every split of every dataset holds `num_examples` random records of
+  the dataset's own features. TFDS 4.9's mock binds a data source's __getitems__ without its
+  self, so batches are read record by record under it."""
+  one_by_one = lambda source, keys: [source[key] for key in keys]
+  with tfds.testing.mock_data(num_examples=num_examples), mock.patch.object(
+      array_record.ArrayRecordDataSource, '__getitems__', one_by_one):
+    yield
 
 
 def load_config(path, arg=None):

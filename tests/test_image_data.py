@@ -15,7 +15,7 @@ import tensorflow_datasets as tfds
 from transformer_jax import config_lib, data
 from transformer_jax.errors import ConfigError
 from transformer_jax.train import losses, setup
-from helpers import ROOT
+from helpers import mock_tfds, ROOT
 
 USER_DATASET = 'user_grey_shapes'
 
@@ -136,7 +136,7 @@ def mock_config(path, arg, **overrides):
 
 def test_a_model_with_another_class_count_is_refused_before_compiling():
   config = mock_config('vit_cifar.py', 'smoke', **{'data.name': 'cifar100'})
-  with tfds.testing.mock_data(num_examples=16):
+  with mock_tfds(16):
     with pytest.raises(ConfigError, match=r'The data has 100 classes but model.num_classes=10: '
                                           r'set --config.model.num_classes=100'):
       setup.build_run(config_lib.validate(config))

@@ -1,10 +1,11 @@
 """Data for every family: `make_data(config.data, task, seed=...)`, the task a family's
 registry entry names (pipeline.TASKS).
 
-TFDS builders of the project's own (builders.py) prepare CIFAR-10 and TinyShakespeare without
-TensorFlow; sources.py finds, prepares and reads them with `tfds.data_source`; images, text and
-seq2seq turn them, or generated data, into numpy batches that are pure functions of (seed, step);
-pipeline.py splits each global batch over the processes and iterates with grain.
+sources.py opens any TFDS image-classification dataset prepared in the data dir, and finds or
+prepares CIFAR-10 and TinyShakespeare (the project's own TF-free builders: builders.py), all read
+with `tfds.data_source`; images (preprocess and randaugment per example, mixing per batch), text
+and seq2seq turn them, or generated data, into numpy batches that are pure functions of (seed,
+step); pipeline.py splits each global batch over the processes and iterates with grain.
 """
 from transformer_jax.data.pipeline import TASKS, Data, make_data
 from transformer_jax.data.sources import DataNotFoundError

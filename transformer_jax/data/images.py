@@ -1,17 +1,16 @@
-"""Image classification batches from a random-access source (a TFDS split, or arrays in memory),
-read record by record: decoded and preprocessed one by one by a preprocessing spec
-(data.preprocess), stacked, and mixed in pairs by mixup or CutMix (data.mixing).
+"""Image classification batches from a random-access source (a TFDS split, or arrays in memory):
+a batch's records are read at once by index, decoded, preprocessed one by one by a spec
+(data.preprocess), stacked, and mixed in pairs by mixup or CutMix (data.mixing); grain's threads
+make several batches at a time ahead of the device.
 
-Nothing is held but the records in flight: memory does not grow with the dataset. Example k of
+Nothing is held but the batches in flight: memory does not grow with the dataset. Example k of
 the run (step * batch_size + row) is record `permutation(seed, k // N)[k % N]` of the N training
 records, preprocessed with numbers keyed by (seed, k), so a batch is a pure function of (seed,
 step) whatever the number of processes, threads or workers that read it.
 """
 import dataclasses
 import functools
-import sys
 
-import grain
 import numpy as np
 
 from transformer_jax.data import mixing, preprocess, rng
@@ -31,6 +30,9 @@ class ArraySource:
 
   def __getitem__(self, index: int) -> dict:
     return {'image': self.images[index], 'label': self.labels[index]}
+
+  def __getitems__(self, indices: list[int]) -> list[dict]:
+    return [self[index] for index in indices]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,13 +77,17 @@ class ImageTask:
     if self.mix.active:
       mixing.pair_range(batch_size, rows)
 
-  def train_example(self, k: int) -> dict:
-    """Example k of the run, preprocessed with numbers keyed by (seed, k)."""
-    epoch, position = divmod(k, len(self.train))
-    record = self.train[int(_permutation(self.seed, epoch, len(self.train))[position])]
-    generator = rng.generator(rng.AUGMENT, self.seed, k) if self.pp_train.is_random else None
-    return {'image': self.pp_train(record[self.image_key], generator),
-            'label': np.int32(record[self.label_key])}
+  def train_batch(self, step: int, batch_size: int, rows: slice) -> dict:
+    """This process's rows of training batch `step`: example k = step * batch_size + row."""
+    ks = [step * batch_size + row for row in range(batch_size)[rows]]
+    size = len(self.train)
+    records = self.train.__getitems__(  # one read of the batch's records, in parallel
+        [int(_permutation(self.seed, k // size, size)[k % size]) for k in ks])
+    random = self.pp_train.is_random
+    examples = [self._example(record, self.pp_train,
+                              rng.generator(rng.AUGMENT, self.seed, k) if random else None)
+                for record, k in zip(records, ks)]
+    return self.mixed(_stack(examples), step, batch_size, rows)
 
   def mixed(self, batch: dict, step: int, batch_size: int, rows: slice) -> dict:
     if not self.mix.active:
@@ -90,57 +96,16 @@ class ImageTask:
                             batch_size=batch_size, rows=rows, mixup_alpha=self.mix.mixup_alpha,
                             cutmix_alpha=self.mix.cutmix_alpha, cutmix_prob=self.mix.cutmix_prob)
 
-  def train_batch(self, step: int, batch_size: int, rows: slice) -> dict:
-    examples = [self.train_example(step * batch_size + row)
-                for row in range(batch_size)[rows]]
-    return self.mixed(_stack(examples), step, batch_size, rows)
-
-  def train_dataset(self, start_step: int, batch_size: int, rows: slice,
-                    read_options: grain.ReadOptions) -> grain.IterDataset:
-    """train_batch of start_step, start_step + 1, ...: the examples read, decoded and
-    preprocessed by grain's threads, `read_options.prefetch_buffer_size` batches ahead."""
-    share = len(range(batch_size)[rows])
-    locate = functools.partial(_example_of, start_step=start_step, batch_size=batch_size,
-                               first_row=rows.start or 0, share=share)
-    examples = grain.MapDataset.range(0, sys.maxsize).map(locate).map(self._stepped_example)
-    return (examples.to_iter_dataset(_per_example(read_options, share)).batch(share)
-            .map(functools.partial(self._mixed_batch, batch_size=batch_size, rows=rows)))
-
-  def _stepped_example(self, step_and_k: tuple[int, int]) -> dict:
-    step, k = step_and_k
-    return {**self.train_example(k), 'step': step}  # the batch's mix is keyed by its step
-
-  def _mixed_batch(self, batch: dict, batch_size: int, rows: slice) -> dict:
-    step = int(batch.pop('step')[0])
-    return self.mixed(batch, step, batch_size, rows)
-
   def eval_examples(self, indices: np.ndarray) -> dict:
-    return _stack([self.eval_example(int(index)) for index in indices])
+    records = self.held_out.__getitems__([int(index) for index in indices])
+    random = self.pp_eval.is_random
+    return _stack([self._example(record, self.pp_eval,
+                                 rng.generator(rng.HELD_OUT, int(index)) if random else None)
+                   for record, index in zip(records, indices)])
 
-  def eval_dataset(self, indices: np.ndarray, share: int,
-                   read_options: grain.ReadOptions) -> grain.IterDataset:
-    """The held-out examples `indices` in batches of `share`, preprocessed by grain's threads."""
-    examples = grain.MapDataset.source(indices.tolist()).map(self.eval_example)
-    return examples.to_iter_dataset(_per_example(read_options, share)).batch(share)
-
-  def eval_example(self, index: int) -> dict:
-    record = self.held_out[index]
-    generator = rng.generator(rng.HELD_OUT, index) if self.pp_eval.is_random else None
-    return {'image': self.pp_eval(record[self.image_key], generator),
+  def _example(self, record: dict, pp: preprocess.Preprocess, generator) -> dict:
+    return {'image': pp(record[self.image_key], generator),
             'label': np.int32(record[self.label_key])}
-
-
-def _per_example(read_options: grain.ReadOptions, share: int) -> grain.ReadOptions:
-  """Read options whose buffer holds prefetch_buffer_size batches of `share` examples."""
-  return dataclasses.replace(read_options,
-                             prefetch_buffer_size=read_options.prefetch_buffer_size * share)
-
-
-def _example_of(index: int, *, start_step: int, batch_size: int, first_row: int,
-                share: int) -> tuple[int, int]:
-  """(step, k) of this process's `index`-th example from start_step: k = step * batch_size + row."""
-  step, row = divmod(index, share)
-  return start_step + step, (start_step + step) * batch_size + first_row + row
 
 
 def _stack(examples: list[dict]) -> dict:

@@ -88,9 +88,6 @@ class Data:
   def train_iterator(self, start_step: int = 0) -> Iterator[dict[str, np.ndarray]]:
     """train_batch of start_step, start_step + 1, ..., assembled by grain's threads while the
     device runs the current step."""
-    if hasattr(self.task, 'train_dataset'):  # a task read example by example
-      return iter(self.task.train_dataset(start_step, self.batch_size, self._rows(self.batch_size),
-                                          self.read_options))
     steps = grain.MapDataset.range(start_step, sys.maxsize)
     return iter(steps.map(self.train_batch).to_iter_dataset(self.read_options))
 
@@ -99,8 +96,6 @@ class Data:
     threads."""
     share = np.arange(self.eval_batch_size)[self._rows(self.eval_batch_size)]
     indices = np.arange(self.eval_steps)[:, None] * self.eval_batch_size + share
-    if hasattr(self.task, 'eval_dataset'):  # a task read example by example
-      return iter(self.task.eval_dataset(indices.ravel(), len(share), self.read_options))
     batches = grain.MapDataset.source(list(indices)).map(self.task.eval_examples)
     return iter(batches.to_iter_dataset(self.read_options))
 
