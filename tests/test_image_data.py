@@ -185,3 +185,42 @@ def test_top5_accuracy_counts_the_targets_among_the_five_highest_logits():
   rank = (logits > logits[np.arange(64), targets][:, None]).sum(axis=1)  # higher logits
   assert float(sums['correct_top5']) == (rank < 5).sum()
   assert float(sums['correct']) == (rank == 0).sum() and 0 < (rank < 5).sum() < 64
+
+
+class UserManualShapes(tfds.core.GeneratorBasedBuilder):
+  """A registered builder that prepares from files a user downloaded (data.manual_dir), as
+  imagenet2012 does from its tars: one .npy of uint8 images and one of labels."""
+  VERSION = tfds.core.Version('1.0.0')
+  MANUAL_DOWNLOAD_INSTRUCTIONS = 'Put images.npy and labels.npy in the manual dir.'
+
+  def _info(self):
+    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+        'image': tfds.features.Image(shape=(None, None, 3)),
+        'label': tfds.features.ClassLabel(num_classes=4)}))
+
+  def _split_generators(self, dl_manager):
+    images = np.load(dl_manager.manual_dir / 'images.npy')
+    labels = np.load(dl_manager.manual_dir / 'labels.npy')
+    return {'train': self._generate_examples(images[:12], labels[:12]),
+            'test': self._generate_examples(images[12:], labels[12:])}
+
+  def _generate_examples(self, images, labels):
+    for i, (image, label) in enumerate(zip(images, labels)):
+      yield i, {'image': Image.fromarray(image), 'label': int(label)}
+
+
+def test_manual_dir_prepares_a_dataset_from_the_users_files(tmp_path):
+  noise = np.random.default_rng(2)
+  (tmp_path / 'manual').mkdir()
+  images = noise.integers(0, 256, size=(16, 9, 11, 3), dtype=np.uint8)
+  np.save(tmp_path / 'manual' / 'images.npy', images)
+  np.save(tmp_path / 'manual' / 'labels.npy', np.arange(16) % 4)
+  config = {'name': 'user_manual_shapes', 'tfds_data_dir': str(tmp_path / 'tfds'),
+            'batch_size': 4, 'eval_batch_size': 4, 'image_size': 8}
+  with pytest.raises(data.DataNotFoundError, match='user_manual_shapes is not prepared'):
+    data.make_data(config, 'image', seed=0, process_index=0, process_count=1)
+  ds = data.make_data({**config, 'manual_dir': str(tmp_path / 'manual')}, 'image', seed=0,
+                      process_index=0, process_count=1)
+  assert ds.info['num_classes'] == 4 and ds.info['num_train_examples'] == 12
+  assert ds.eval_steps == 1 and ds.train_batch(0)['image'].shape == (4, 8, 8, 3)
+  assert (tmp_path / 'tfds' / 'user_manual_shapes' / '1.0.0' / 'dataset_info.json').exists()
