@@ -224,3 +224,14 @@ def test_manual_dir_prepares_a_dataset_from_the_users_files(tmp_path):
   assert ds.info['num_classes'] == 4 and ds.info['num_train_examples'] == 12
   assert ds.eval_steps == 1 and ds.train_batch(0)['image'].shape == (4, 8, 8, 3)
   assert (tmp_path / 'tfds' / 'user_manual_shapes' / '1.0.0' / 'dataset_info.json').exists()
+
+
+def test_the_default_preprocessing_brings_images_to_the_models_size():
+  """Without pp specs, images of any size become model.image_size, not data.image_size."""
+  config = mock_config('vit_cifar.py', 'smoke', **{
+      'data.name': 'oxford_flowers102', 'data.pp_train': None, 'data.pp_eval': None,
+      'data.eval_split': 'test', 'model.num_classes': 102, 'model.image_size': 16})
+  with mock_tfds(16):
+    run = setup.build_run(config_lib.validate(config))
+    assert run.data.info['image_shape'] == (16, 16, 3) != (config.data.image_size,) * 2 + (3,)
+    assert run.data.train_batch(0)['image'].shape == (8, 16, 16, 3)

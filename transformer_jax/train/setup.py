@@ -63,7 +63,9 @@ def build_run(config: ml_collections.ConfigDict) -> Run:
   rules = sharding.rules_of(config)
   cfg = models.model_config(config.model)
   family = models.registry.get(cfg.family)
-  dataset = data.make_data(config.data, family.task, seed=config.seed)
+  # The default preprocessing brings images to the model's size.
+  dataset = data.make_data(config.data, family.task, seed=config.seed,
+                           image_size=getattr(cfg, 'image_size', None))
   family.check_data(dataset.info, cfg)
   mesh = sharding.make_mesh(config.mesh)
   sharding.check_batches_divide(config.data.batch_size, dataset.eval_batch_size, mesh,
