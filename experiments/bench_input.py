@@ -71,8 +71,8 @@ def step_rate(config, from_pipeline: bool) -> float:
                            run.family.example_inputs(run.model_config))
   state = jax.jit(init, out_shardings=run.state_sharding)(jax.random.key(0))
   ready = [sharding.global_batch(run.data.train_batch(i), run.mesh) for i in range(4)]
-  iterator = run.data.train_iterator(0)
   step = run.train_step.lower(state, ready[0]).compile()
+  iterator = run.data.train_iterator(0) if from_pipeline else None  # no threads otherwise
   times = []
   for i in range(_BATCHES.value + 3):
     start = time.perf_counter()

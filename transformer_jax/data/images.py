@@ -49,10 +49,12 @@ class Mixing:
 
 class ImageTask:
   """{'image': float32 (b, H, W, 3), 'label': int32 (b,)}, and with mixing 'label_mix' (int32)
-  and 'mix_weight' (float32, the weight of 'label' in the row's target)."""
+  and 'mix_weight' (float32, the weight of 'label' in the row's target).
 
-  # A spec without a resizing op (CIFAR-10's images all have one size) makes images of the
-  # shape of its dataset's first record.
+  A spec without a resizing op (CIFAR-10's images all have one size) makes images of the shape
+  of its dataset's first record.
+  """
+
   def __init__(self, train, held_out, *, num_classes: int, seed: int,
                pp_train: preprocess.Preprocess, pp_eval: preprocess.Preprocess,
                image_key: str = 'image', label_key: str = 'label', mix: Mixing = Mixing()):
@@ -81,13 +83,10 @@ class ImageTask:
     """This process's rows of training batch `step`: example k = step * batch_size + row."""
     ks = [step * batch_size + row for row in range(batch_size)[rows]]
     size = len(self.train)
-    records = self.train.__getitems__(  # one read of the batch's records, in parallel
-        [int(_permutation(self.seed, k // size, size)[k % size]) for k in ks])
-    random = self.pp_train.is_random
-    examples = [self._example(record, self.pp_train,
-                              rng.generator(rng.AUGMENT, self.seed, k) if random else None)
-                for record, k in zip(records, ks)]
-    return self.mixed(_stack(examples), step, batch_size, rows)
+    records = [int(_permutation(self.seed, k // size, size)[k % size]) for k in ks]
+    batch = self._examples(self.train, records, self.pp_train,
+                           [(rng.AUGMENT, self.seed, k) for k in ks])
+    return self.mixed(batch, step, batch_size, rows)
 
   def mixed(self, batch: dict, step: int, batch_size: int, rows: slice) -> dict:
     if not self.mix.active:
@@ -97,15 +96,19 @@ class ImageTask:
                             cutmix_alpha=self.mix.cutmix_alpha, cutmix_prob=self.mix.cutmix_prob)
 
   def eval_examples(self, indices: np.ndarray) -> dict:
-    records = self.held_out.__getitems__([int(index) for index in indices])
-    random = self.pp_eval.is_random
-    return _stack([self._example(record, self.pp_eval,
-                                 rng.generator(rng.HELD_OUT, int(index)) if random else None)
-                   for record, index in zip(records, indices)])
+    indices = [int(index) for index in indices]
+    return self._examples(self.held_out, indices, self.pp_eval,
+                          [(rng.HELD_OUT, index) for index in indices])
 
-  def _example(self, record: dict, pp: preprocess.Preprocess, generator) -> dict:
-    return {'image': pp(record[self.image_key], generator),
-            'label': np.int32(record[self.label_key])}
+  def _examples(self, source, indices: list[int], pp: preprocess.Preprocess,
+                keys: list[tuple[int, ...]]) -> dict:
+    """Records `indices` of `source`, read at once, each preprocessed by `pp` with numbers
+    keyed by its key, stacked."""
+    records = source.__getitems__(indices)  # one read of the batch's records, in parallel
+    return _stack([{'image': pp(record[self.image_key],
+                                rng.generator(*key) if pp.is_random else None),
+                    'label': np.int32(record[self.label_key])}
+                   for record, key in zip(records, keys)])
 
 
 def _stack(examples: list[dict]) -> dict:

@@ -229,7 +229,7 @@ def _shown(data_dir) -> str:
 
 
 def _prepare(name: str, data_dir, manual_dir, source) -> None:
-  log.info('Preparing %s from %s into %s.', name, source, data_dir or 'the TFDS data dir')
+  log.info('Preparing %s from %s into %s.', name, source, _shown(data_dir))
   tfds.disable_progress_bar()
   tfds.builder(name, data_dir=data_dir, file_format='array_record').download_and_prepare(
       download_config=tfds.download.DownloadConfig(manual_dir=manual_dir, try_download_gcs=False))
