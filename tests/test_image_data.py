@@ -12,7 +12,7 @@ from PIL import Image
 import pytest
 import tensorflow_datasets as tfds
 
-from transformer_jax import config_lib, data
+from transformer_jax import config_lib, data, sweep
 from transformer_jax.errors import ConfigError
 from transformer_jax.train import losses, setup
 from helpers import mock_tfds, ROOT
@@ -127,11 +127,7 @@ def test_odd_process_shares_cannot_mix_in_pairs(user_dir):
 
 
 def mock_config(path, arg, **overrides):
-  config = config_lib.from_file(ROOT / 'configs' / path, arg)
-  for key, value in overrides.items():
-    section, name = key.split('.')
-    config[section][name] = value
-  return config
+  return sweep.override(config_lib.from_file(ROOT / 'configs' / path, arg), overrides)
 
 
 def test_a_model_with_another_class_count_is_refused_before_compiling():
