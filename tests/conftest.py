@@ -7,6 +7,10 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import tempfile  # noqa: E402
 
+# Tokenized corpora and trained tokenizers go to a folder of the session's own, never the user's
+# cache.
+os.environ['TRANSFORMER_JAX_CACHE'] = tempfile.mkdtemp(prefix='transformer_jax_cache_')
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 

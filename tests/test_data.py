@@ -359,7 +359,9 @@ def test_unknown_names_and_families_fail_clearly(tmp_path):
   with pytest.raises(data.DataNotFoundError,
                      match="data.name='mnits' is neither prepared .* did you mean 'mnist'"):
     make('vit', name='mnits', tfds_data_dir=str(tmp_path))
+  with pytest.raises(data.DataNotFoundError, match=f"mnist is not prepared in {tmp_path} "):
+    make('decoder', name='mnist', tfds_data_dir=str(tmp_path))  # any TFDS text dataset
   with pytest.raises(ValueError, match="data.name='mnist' is not one of"):
-    make('decoder', name='mnist')
+    make('encoder_decoder', name='mnist')
   with pytest.raises(ValueError, match="'seq2seq_sort' feeds seq2seq models, not 'next_tok"):
     make('decoder', name='seq2seq_sort')

@@ -233,6 +233,7 @@ RANGES = {
     'data.mlm_probability': Range(0, 1, open_low=True),
     'data.seq2seq_min_len': COUNT,
     'data.seq2seq_max_len': Range(1, integer=True, optional=True),
+    'data.vocab_size': Range(1, integer=True, optional=True),
     'data.image_size': COUNT,
     'data.num_classes': Range(2, integer=True),
     'data.num_threads': Range(0, integer=True),

@@ -7,8 +7,9 @@ with `tfds.data_source`; images (preprocess and randaugment per example, mixing 
 and seq2seq turn them, or generated data, into numpy batches that are pure functions of (seed,
 step); pipeline.py splits each global batch over the processes and iterates with grain.
 """
+from transformer_jax.data import tokenizer
 from transformer_jax.data.pipeline import TASKS, Data, make_data
 from transformer_jax.data.sources import DataNotFoundError
 from transformer_jax.data.vocab import Vocab
 
-__all__ = ['TASKS', 'Data', 'DataNotFoundError', 'Vocab', 'make_data']
+__all__ = ['TASKS', 'Data', 'DataNotFoundError', 'make_data', 'tokenizer', 'Vocab']

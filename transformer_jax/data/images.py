@@ -9,7 +9,6 @@ records, preprocessed with numbers keyed by (seed, k), so a batch is a pure func
 step) whatever the number of processes, threads or workers that read it.
 """
 import dataclasses
-import functools
 
 import numpy as np
 
@@ -83,7 +82,7 @@ class ImageTask:
     """This process's rows of training batch `step`: example k = step * batch_size + row."""
     ks = [step * batch_size + row for row in range(batch_size)[rows]]
     size = len(self.train)
-    records = [int(_permutation(self.seed, k // size, size)[k % size]) for k in ks]
+    records = [int(rng.permutation(self.seed, k // size, size)[k % size]) for k in ks]
     batch = self._examples(self.train, records, self.pp_train,
                            [(rng.AUGMENT, self.seed, k) for k in ks])
     return self.mixed(batch, step, batch_size, rows)
@@ -113,11 +112,6 @@ class ImageTask:
 
 def _stack(examples: list[dict]) -> dict:
   return {key: np.stack([example[key] for example in examples]) for key in examples[0]}
-
-
-@functools.lru_cache(maxsize=4)
-def _permutation(seed: int, epoch: int, size: int) -> np.ndarray:
-  return rng.generator(rng.SHUFFLE, seed, epoch).permutation(size)
 
 
 def channel_stats(images: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:

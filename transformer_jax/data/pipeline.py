@@ -7,7 +7,7 @@ import grain
 import numpy as np
 
 from transformer_jax.errors import ConfigError
-from transformer_jax.data import images, preprocess, rng, seq2seq, sources, text
+from transformer_jax.data import images, preprocess, rng, seq2seq, sources, text_data
 
 __all__ = ['Data', 'DATA_DEFAULTS', 'DATA_TYPES', 'DATASETS', 'make_data', 'TASKS', 'TEXT']
 
@@ -15,20 +15,29 @@ log = logging.getLogger(__name__)
 
 # The tasks a model family trains on (its registry entry names one), and the datasets that feed
 # each: images with labels; text windows for next-token prediction or masked-token prediction;
-# source and target strings. Any other name is a TFDS image-classification dataset.
+# source and target strings. Any other name is a TFDS dataset: image classification for an
+# image model, text for a text model.
 TASKS = ('image', 'next_token', 'masked', 'seq2seq')
 TEXT = ('next_token', 'masked')
-DATASETS = {'cifar10': ('image',), 'tiny_shakespeare': TEXT, 'text_file': TEXT,
+DATASETS = {'cifar10': ('image',), 'tiny_shakespeare': TEXT, 'text_file': TEXT, 'jsonl': TEXT,
             'seq2seq_reverse': ('seq2seq',), 'seq2seq_sort': ('seq2seq',), 'synthetic': TASKS}
 
 # Every key make_data reads from config.data, with its default (None or missing: the default).
 DATA_DEFAULTS = {
-    'name': None,  # a key of DATASETS, or any TFDS image-classification dataset's name
+    'name': None,  # a key of DATASETS, or any TFDS image-classification or text dataset's name
     'tfds_data_dir': None,  # TFDS data dir; None: TFDS's default (TFDS_DATA_DIR or ~/...)
     'manual_dir': None,  # local source files to prepare a dataset from (see sources.py)
     'download': True,  # whether a dataset that is not prepared may be downloaded
-    'path': None,  # text_file: any UTF-8 file
-    'seq_len': 64,  # characters per window; source and target length of seq2seq
+    'path': None,  # text_file: any UTF-8 file; jsonl: a JSONL file or a glob of them
+    'eval_path': None,  # jsonl: the held-out documents; None: every tenth document of data.path
+    'text_key': 'text',  # jsonl and TFDS text: the text feature of a record
+    # Text: 'chars'; 'bpe', a byte-level BPE of data.vocab_size ids trained on the training
+    # documents; or the path of a tokenizer.json (or of a Hugging Face checkpoint holding one).
+    'tokenizer': 'chars',
+    'vocab_size': None,  # a trained BPE's ids; None: model.vocab_size
+    'packing': False,  # text: whole documents packed into rows, with segment ids (data.packing)
+    'token_dir': None,  # tokenized corpora; None: $TRANSFORMER_JAX_CACHE/tokens or ~/.cache/...
+    'seq_len': 64,  # tokens per window or packed row; source and target length of seq2seq
     'batch_size': 128,  # the GLOBAL batch, split evenly over the processes
     'eval_batch_size': None,  # None: batch_size
     'eval_steps': -1,  # eval batches; -1 or None: every full batch of the held-out split
@@ -58,7 +67,7 @@ DATA_DEFAULTS = {
 }
 DATA_TYPES = {'name': str, 'tfds_data_dir': str, 'manual_dir': str, 'path': str,
               'eval_batch_size': int, 'seq2seq_max_len': int, 'eval_split': str, 'pp_train': str,
-              'pp_eval': str}
+              'pp_eval': str, 'eval_path': str, 'vocab_size': int, 'token_dir': str}
 
 
 class Data:
@@ -70,6 +79,7 @@ class Data:
                process_index: int, process_count: int, read_options: grain.ReadOptions):
     _check_shares(batch_size, eval_batch_size, process_index, process_count)
     self.task, self.vocab = task, task.vocab
+    self.token_bytes = getattr(task, 'token_bytes', None)  # text: for bits per byte
     self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
     self.process_index, self.process_count = process_index, process_count
     self.read_options = read_options
@@ -128,14 +138,17 @@ def _eval_steps(requested: int | None, num_examples: int, batch_size: int) -> in
 
 
 def make_data(config, task: str, *, seed: int, process_index: int | None = None,
-              process_count: int | None = None, image_size: int | None = None) -> Data:
+              process_count: int | None = None, image_size: int | None = None,
+              vocab_size: int | None = None, tokenizer_dir: str | None = None) -> Data:
   """The data of config.data (a ConfigDict or a dict; see DATA_DEFAULTS) for a
   `task` (one of TASKS), as a model family's registry entry names it.
 
   Opens, and where needed prepares, the dataset now, so that missing data fails before any
   compile. process_index/process_count default to jax.process_index()/jax.process_count().
   image_size: the side of the model's images, which the default preprocessing brings images
-  to (default: data.image_size).
+  to (default: data.image_size). vocab_size: the model's, the size of a trained BPE where
+  data.vocab_size is unset. tokenizer_dir: where a run saved its tokenizer, used instead of
+  data.tokenizer where it holds one.
   """
   def option(key):
     value = config.get(key, None)
@@ -147,34 +160,39 @@ def make_data(config, task: str, *, seed: int, process_index: int | None = None,
   batch_size = option('batch_size')
   eval_batch_size = option('eval_batch_size') or batch_size
   _check_shares(batch_size, eval_batch_size, process_index, process_count)  # before any reading
-  return Data(_make_task(option, task, seed, image_size), batch_size=batch_size,
+  check_name(option('name'), task)
+  if task in TEXT:
+    made = text_data.make_text_task(option, task, seed, vocab_size=vocab_size,
+                                    tokenizer_dir=tokenizer_dir)
+  else:
+    made = _make_task(option, task, seed, image_size)
+  return Data(made, batch_size=batch_size,
               eval_batch_size=eval_batch_size, eval_steps=option('eval_steps'),
               process_index=process_index, process_count=process_count,
               read_options=grain.ReadOptions(num_threads=option('num_threads'),
                                              prefetch_buffer_size=option('prefetch_buffer_size')))
 
 
-def _make_task(option, task: str, seed: int, image_size: int | None):
-  name = option('name')
-  if name not in DATASETS and task != 'image':
+def check_name(name, task: str) -> None:
+  """data.name feeds `task`: a name of DATASETS that feeds it, or a TFDS name for the image and
+  text tasks."""
+  if not name or (name not in DATASETS and task == 'seq2seq'):
     raise ConfigError(f'data.name={name!r} is not one of {sorted(DATASETS)}.')
   if name in DATASETS and task not in DATASETS[name]:
     feeds = [n for n, tasks in DATASETS.items() if task in tasks]
     raise ConfigError(f'data.name={name!r} feeds {" and ".join(DATASETS[name])} models, not '
                       f'{task!r} ones: set data.name to one of {feeds}.')
+
+
+def _make_task(option, task: str, seed: int, image_size: int | None):
+  name = option('name')
   if task == 'image':
     return _image_task(option, name, seed, image_size or option('image_size'))
-  if task == 'seq2seq':
-    seq_len = option('seq_len')
-    return seq2seq.Seq2SeqTask(
-        name, alphabet=option('alphabet'), seq_len=seq_len, min_len=option('seq2seq_min_len'),
-        max_len=option('seq2seq_max_len') or seq_len - 1, seed=seed,
-        num_eval=option('eval_examples'))
-  train, held_out = _texts(option, name)
-  if task == 'next_token':
-    return text.NextTokenTask(train, held_out, seq_len=option('seq_len'), seed=seed)
-  return text.MaskedTask(train, held_out, seq_len=option('seq_len'), seed=seed,
-                         probability=option('mlm_probability'))
+  seq_len = option('seq_len')
+  return seq2seq.Seq2SeqTask(
+      name, alphabet=option('alphabet'), seq_len=seq_len, min_len=option('seq2seq_min_len'),
+      max_len=option('seq2seq_max_len') or seq_len - 1, seed=seed,
+      num_eval=option('eval_examples'))
 
 
 def _image_task(option, name: str, seed: int, image_size: int) -> images.ImageTask:
@@ -217,12 +235,3 @@ def _preprocessing(option, size: int, scale: str = 'value_range(-1, 1)'):
   held_out = option('pp_eval') or f'{fit}|{scale}'
   return (preprocess.build(train, key='data.pp_train'),
           preprocess.build(held_out, key='data.pp_eval'))
-
-
-def _texts(option, name: str) -> tuple[str, str]:
-  if name == 'tiny_shakespeare':
-    return sources.load_tiny_shakespeare(option('tfds_data_dir'), option('manual_dir'),
-                                         option('download'))
-  if name == 'text_file':
-    return sources.load_text_file(option('path'))
-  return text.synthetic_text(option('alphabet'), option('eval_examples'), option('seq_len'))

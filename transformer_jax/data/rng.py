@@ -4,9 +4,11 @@ A key starts with a stream (what the numbers are for), then the seed and the ste
 the same key gives the same numbers in any process, thread or order of calls, which is what
 makes a resumed run see the batches of an uninterrupted one.
 """
+import functools
+
 import numpy as np
 
-__all__ = ['generator']
+__all__ = ['generator', 'permutation']
 
 # Streams. The synthetic tasks and every held-out split are keyed without the seed: the data
 # is the same for every seed, which is what makes eval metrics comparable from seed to seed.
@@ -15,3 +17,9 @@ SHUFFLE, AUGMENT, WINDOWS, GENERATE, HELD_OUT, TASK, MIX = range(7)
 
 def generator(*key: int) -> np.random.Generator:
   return np.random.Generator(np.random.PCG64(np.random.SeedSequence(key)))
+
+
+@functools.lru_cache(maxsize=4)
+def permutation(seed: int, epoch: int, size: int) -> np.ndarray:
+  """The order of `size` training records in `epoch` (cached: a batch's examples share one)."""
+  return generator(SHUFFLE, seed, epoch).permutation(size)

@@ -46,6 +46,7 @@ class Seq2SeqTask:
                         '(the target needs room for EOS).')
     self.transform = TASKS[name]
     self.vocab = Vocab.seq2seq(alphabet)
+    self.token_bytes = self.vocab.token_bytes
     self.seq_len, self.min_len, self.max_len, self.seed = seq_len, min_len, max_len, seed
     self.num_eval_examples = num_eval
     self._held_out = self._pairs(rng.generator(rng.HELD_OUT), num_eval, slice(None))

@@ -11,6 +11,7 @@ ever substituted: when all fail, DataNotFoundError says what to provide.
 """
 import dataclasses
 import difflib
+import os
 import logging
 from typing import Any
 
@@ -23,7 +24,8 @@ from transformer_jax.errors import ConfigError, UserError
 
 __all__ = [
     'CIFAR10_HELP', 'CIFAR10_JPEG', 'CIFAR10_ORIGINAL', 'DataNotFoundError', 'ImageDataset',
-    'load_text_file', 'load_tiny_shakespeare', 'open_image_dataset', 'prepare_cifar10',
+    'load_text_file', 'load_tiny_shakespeare', 'open_image_dataset', 'open_text_split',
+    'prepare_cifar10',
     'prepared_datasets', 'read_text', 'SHAKESPEARE', 'SHAKESPEARE_HELP']
 
 log = logging.getLogger(__name__)
@@ -178,6 +180,23 @@ def open_image_dataset(name: str, *, data_dir, manual_dir, train_split: str,
                         f'{sorted(features.keys())}).')
   return ImageDataset(name, train, held_out, features[label_key].num_classes,
                       (train_split, eval_split))
+
+
+def open_text_split(name: str, *, data_dir, key: str, split: str | None, text_key: str):
+  """(random-access source, identity) of a split of the TFDS dataset `name` prepared in
+  `data_dir`, checked for its Text feature `text_key`; split None: 'test' where the dataset has
+  one, else 'validation'. The identity (data dir, split, version) changes with the records.
+  Reads no record."""
+  builder = _builder(name, data_dir)
+  split = split or next((s for s in ('test', 'validation') if s in builder.info.splits), 'test')
+  source = _split_source(builder, key, split, data_dir)
+  features = builder.info.features
+  if text_key not in features or not isinstance(features[text_key], tfds.features.Text):
+    texts = [k for k in features.keys() if isinstance(features[k], tfds.features.Text)]
+    raise ConfigError(f'data.text_key={text_key!r}: {name} has no Text feature of that name; its '
+                      f'Text features: {texts} (all: {sorted(features.keys())}).')
+  return source, {'data_dir': os.path.abspath(builder.data_dir), 'split': split,
+                  'version': str(builder.info.version), 'text_key': text_key}
 
 
 def prepared_datasets(data_dir) -> list[str]:

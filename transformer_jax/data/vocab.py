@@ -1,9 +1,18 @@
 """Character vocabularies: text <-> ids, with the special tokens each family needs."""
 import dataclasses
+import functools
+import hashlib
+import json
+import os
+import pathlib
 
-__all__ = ['Vocab']
+import numpy as np
+
+__all__ = ['CHARS_FILE', 'Vocab', 'write_atomically']
 
 PAD, BOS, EOS, MASK = '<pad>', '<bos>', '<eos>', '<mask>'
+SPECIALS = (PAD, BOS, EOS, MASK)
+CHARS_FILE = 'chars.json'  # a saved Vocab, in a run's workdir/tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,11 +27,32 @@ class Vocab:
       raise ValueError(f'Duplicate tokens in the vocabulary: {self.tokens}.')
     object.__setattr__(self, '_ids', {token: i for i, token in enumerate(self.tokens)})
 
+  kind = 'chars'
+
   @classmethod
-  def of_text(cls, text: str, mask: bool = False) -> 'Vocab':
-    """The sorted characters of `text` from id 0 (the PyTorch reference's ids), then MASK where
-    asked (so the ids below `mask_id` are exactly the characters)."""
-    return cls(tuple(sorted(set(text))) + ((MASK,) if mask else ()))
+  def of_text(cls, text: str, mask: bool = False, eos: bool = False) -> 'Vocab':
+    """The sorted characters of `text` from id 0 (the PyTorch reference's ids), then EOS (the
+    end of each document of a corpus) and MASK where asked (so the ids below them are exactly
+    the characters)."""
+    return cls(tuple(sorted(set(text))) + ((EOS,) if eos else ()) + ((MASK,) if mask else ()))
+
+  @classmethod
+  def load(cls, path) -> 'Vocab':
+    return cls(tuple(json.loads(pathlib.Path(path).read_text(encoding='utf-8'))['tokens']))
+
+  def save(self, directory) -> None:
+    write_atomically(pathlib.Path(directory) / CHARS_FILE,
+                     json.dumps({'tokens': list(self.tokens)}, ensure_ascii=False))
+
+  @functools.cached_property
+  def token_bytes(self) -> np.ndarray:
+    """int32 (size,): the UTF-8 bytes of each id's character; 0 for special tokens."""
+    return np.array([0 if token in SPECIALS else len(token.encode('utf-8'))
+                     for token in self.tokens], np.int32)
+
+  @functools.cached_property
+  def fingerprint(self) -> str:
+    return hashlib.sha256(json.dumps(self.tokens).encode()).hexdigest()[:16]
 
   @classmethod
   def seq2seq(cls, alphabet: str) -> 'Vocab':
@@ -64,3 +94,10 @@ class Vocab:
       if token not in (PAD, BOS):
         out.append(token)
     return ''.join(out)
+
+
+def write_atomically(path: pathlib.Path, text: str) -> None:
+  """`path` holds all of `text` or what it held before, never a part."""
+  partial = path.with_name(f'.{path.name}.{os.getpid()}.partial')
+  partial.write_text(text, encoding='utf-8')
+  os.replace(partial, path)

@@ -4,6 +4,7 @@ import functools
 import time
 
 import logging
+import math
 import jax
 import numpy as np
 
@@ -26,13 +27,14 @@ def itstime(step: int, every: int, total: int) -> bool:
 
 def train(config, workdir: str):
   """Trains for config.training.steps, resuming from the workdir's latest checkpoint."""
-  run = build_run(config)
+  run = build_run(config, workdir)
   checkpoints = checkpoint.Checkpoints(setup.checkpoint_dir(workdir),
                                        config.training.keep_checkpoints)
   writer = None
   try:
     state = setup.restore_or_init(run, checkpoints, workdir)
     setup.save_config(config, workdir)
+    setup.save_tokenizer(run, workdir)
     writer = metrics_lib.MetricWriter(workdir, config.training.steps)
     log.info('%s model, %s parameters, %d devices, mesh %s.', run.family.name,
              f'{accounting.count_params(state.params)["total"]:,}', jax.device_count(),
@@ -195,8 +197,9 @@ def _log_once(message: str) -> None:
 
 
 def evaluate_params(run: Run, eval_step, params) -> dict:
-  """eval_loss and eval_accuracy over the held-out batches, and for a classifier
-  eval_top5_accuracy."""
+  """eval_loss and eval_accuracy over the held-out batches; for a classifier
+  eval_top5_accuracy, for text eval_bits_per_byte (the summed loss in bits over the UTF-8 bytes
+  of the target tokens it scored)."""
   sums = {}
   for batch in run.data.eval_batches():
     out = jax.device_get(eval_step(params, sharding.global_batch(batch, run.mesh)))
@@ -206,6 +209,8 @@ def evaluate_params(run: Run, eval_step, params) -> dict:
   results = {'eval_loss': sums['loss'] / weight, 'eval_accuracy': sums['correct'] / weight}
   if 'correct_top5' in sums:
     results['eval_top5_accuracy'] = sums['correct_top5'] / weight
+  if sums.get('bytes'):
+    results['eval_bits_per_byte'] = sums['loss'] / math.log(2) / sums['bytes']
   return results
 
 
@@ -214,6 +219,8 @@ def _evaluate(run: Run, eval_step, params, step: int, writer) -> None:
   writer.write(step, results)
   top5 = (f' | top-5 {results["eval_top5_accuracy"]:.4f}'
           if 'eval_top5_accuracy' in results else '')
+  if 'eval_bits_per_byte' in results:
+    top5 += f' | {results["eval_bits_per_byte"]:.4f} bits per byte'
   log.info('step %d | held-out loss %.4f | accuracy %.4f%s', step, results['eval_loss'],
            results['eval_accuracy'], top5)
 

@@ -21,7 +21,8 @@ from transformer_jax.train.step import StepSettings, TrainState, make_eval_step,
 
 __all__ = [
     'boxed_abstract_state', 'build_run', 'checkpoint_dir', 'initial_state', 'restore_or_init',
-    'restore_trained', 'Run', 'save_config', 'starting_params', 'state_of']
+    'restore_trained', 'Run', 'save_config', 'save_tokenizer', 'starting_params', 'state_of',
+    'tokenizer_dir']
 
 log = logging.getLogger(__name__)
 
@@ -53,19 +54,21 @@ class Run:
     """The jitted eval(params, batch) -> summed loss terms (make_eval_step), on the run's
     mesh, parameter shardings and rules."""
     return make_eval_step(self.model, self.family, self.mesh, self.state_sharding.params,
-                          self.step_settings.rules)
+                          self.step_settings.rules, self.data.token_bytes)
 
 
-def build_run(config: ml_collections.ConfigDict) -> Run:
+def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> Run:
   """Finds the data and lays out the state of a config that config_lib.validate passed (run.run
-  validates it); compiles nothing."""
+  validates it); compiles nothing. A text run reads the tokenizer `workdir` saved, if any."""
   sharding.check_rule_set(config)
   rules = sharding.rules_of(config)
   cfg = models.model_config(config.model)
   family = models.registry.get(cfg.family)
   # The default preprocessing brings images to the model's size.
   dataset = data.make_data(config.data, family.task, seed=config.seed,
-                           image_size=getattr(cfg, 'image_size', None))
+                           image_size=getattr(cfg, 'image_size', None),
+                           vocab_size=getattr(cfg, 'vocab_size', None),
+                           tokenizer_dir=workdir and tokenizer_dir(workdir))
   family.check_data(dataset.info, cfg)
   mesh = sharding.make_mesh(config.mesh)
   sharding.check_batches_divide(config.data.batch_size, dataset.eval_batch_size, mesh,
@@ -103,6 +106,18 @@ def boxed_abstract_state(model: nn.Module, tx, inputs: tuple) -> TrainState:
 
 def checkpoint_dir(workdir: str) -> str:
   return os.path.join(workdir, 'checkpoints')
+
+
+def tokenizer_dir(workdir: str) -> str:
+  return os.path.join(workdir, 'tokenizer')
+
+
+def save_tokenizer(run: Run, workdir: str) -> None:
+  """The text run's tokenizer, in workdir/tokenizer, once (resumes and other modes read it)."""
+  directory = tokenizer_dir(workdir)
+  if (jax.process_index() == 0 and run.data.vocab is not None
+      and data.tokenizer.saved(directory) is None):
+    data.tokenizer.save(run.data.vocab, directory)
 
 
 def restore_or_init(run: Run, checkpoints: checkpoint.Checkpoints, workdir: str) -> TrainState:
@@ -170,7 +185,7 @@ def restore_trained(config, workdir: str | None) -> tuple[Run, dict, int]:
   readable checkpoint, else those a run would start from at step 0 (config.init_from_checkpoint
   or init_from_hf)."""
   # Read-only: nothing in the workdir is written, renamed or deleted.
-  run = build_run(config)
+  run = build_run(config, workdir)
   if workdir and checkpoint.latest_step(workdir) is not None:
     checkpoints = checkpoint.Checkpoints(checkpoint_dir(workdir), read_only=True)
     try:

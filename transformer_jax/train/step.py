@@ -137,11 +137,15 @@ def _shard_map_step(model, family, tx, schedule, settings, mesh, state_sharding,
   return jax.shard_map(local_step, mesh=mesh, in_specs=(P(), P(DATA_AXIS)), out_specs=(P(), P()))
 
 
-def make_eval_step(model, family: Family, mesh, param_sharding, rules=()):
-  """A jitted eval(params, batch) -> summed loss terms (deterministic forward)."""
+def make_eval_step(model, family: Family, mesh, param_sharding, rules=(), token_bytes=None):
+  """A jitted eval(params, batch) -> summed loss terms (deterministic forward); with
+  `token_bytes` (the UTF-8 bytes of each token id) also the weighted bytes of the targets."""
   def eval_step(params, batch):
     with sharding.activation_rules(mesh, rules):
-      out = losses.logits_targets_weights(model, family, params, batch)
-    return losses.loss_sums(*out, top5=family.classification)
+      logits, targets, weights = losses.logits_targets_weights(model, family, params, batch)
+    sums = losses.loss_sums(logits, targets, weights, top5=family.classification)
+    if token_bytes is not None:
+      sums['bytes'] = jnp.sum(jnp.asarray(token_bytes, jnp.float32)[targets] * weights)
+    return sums
   batch_sharding = jax.sharding.NamedSharding(mesh, P(DATA_AXIS))
   return jax.jit(eval_step, in_shardings=(param_sharding, batch_sharding))

@@ -1,0 +1,270 @@
+"""Text corpora: tokenizers, token files, packing, and their errors."""
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+import tokenizers
+
+import train_helpers
+from helpers import mock_tfds
+from transformer_jax import data, train
+from transformer_jax.data import corpus, packing, token_files
+from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.errors import ConfigError
+
+TEXT = 'Ünïcode and ASCII, mixed: ☃ snow, ça va? '
+
+
+def documents(count=120):
+  """Documents of 1 to 40 words, a few of them long enough to be cut by a row of 32."""
+  words = ['alpha', 'beta', 'gamma', 'délta', 'ε', 'snow☃']
+  return [' '.join(words[(i + j) % len(words)] for j in range(1 + (7 * i) % 40))
+          for i in range(count)]
+
+
+def write_jsonl(path, texts, key='text'):
+  path.write_text(''.join(json.dumps({key: t, 'id': i}) + '\n' for i, t in enumerate(texts)))
+  return str(path)
+
+
+def make(task='next_token', process_index=0, process_count=1, **options):
+  return data.make_data({'batch_size': 4, 'seq_len': 32, **options}, task, seed=5,
+                        process_index=process_index, process_count=process_count)
+
+
+def test_trained_bpe_round_trips_text_and_counts_its_bytes():
+  bpe = tokenizer_lib.train_bpe(documents() + [TEXT], 300)
+  assert (bpe.pad_id, bpe.bos_id, bpe.eos_id, bpe.mask_id) == (0, 1, 2, 3)
+  ids = bpe.encode(TEXT)
+  assert bpe.decode(ids) == TEXT
+  assert bpe.decode(ids + [bpe.eos_id] + ids) == TEXT  # decoding stops at EOS
+  assert bpe.token_bytes[ids].sum() == len(TEXT.encode('utf-8'))
+  assert bpe.token_bytes[:4].tolist() == [0, 0, 0, 0]
+  assert len(ids) < len(TEXT.encode('utf-8'))  # merges were learned
+
+
+def test_tokenizer_json_of_a_checkpoint_finds_its_special_tokens(tmp_path):
+  """A GPT-2-like byte-level tokenizer.json with <|endoftext|> as its only special token."""
+  model = tokenizers.Tokenizer(tokenizers.models.BPE())
+  model.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+  model.decoder = tokenizers.decoders.ByteLevel()
+  model.train_from_iterator(documents(), tokenizers.trainers.BpeTrainer(
+      vocab_size=280, special_tokens=['<|endoftext|>'], show_progress=False,
+      initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()))
+  model.save(str(tmp_path / 'tokenizer.json'))
+  loaded = tokenizer_lib.HFTokenizer.from_file(tmp_path)  # a checkpoint directory
+  assert loaded.eos_id == model.token_to_id('<|endoftext|>')
+  assert (loaded.bos_id, loaded.pad_id, loaded.mask_id) == (None, None, None)
+  assert loaded.decode(loaded.encode(TEXT)) == TEXT
+  assert loaded.token_bytes[loaded.encode(TEXT)].sum() == len(TEXT.encode('utf-8'))
+
+
+def test_saved_tokenizers_read_back(tmp_path):
+  chars = data.Vocab.of_text(TEXT, mask=True, eos=True)
+  bpe = tokenizer_lib.train_bpe(documents(), 290)
+  for name, made in (('chars', chars), ('bpe', bpe)):
+    tokenizer_lib.save(made, tmp_path / name)
+    back = tokenizer_lib.saved(tmp_path / name)
+    assert back.fingerprint == made.fingerprint
+    assert back.encode(TEXT) == made.encode(TEXT)
+  assert tokenizer_lib.saved(tmp_path / 'nothing') is None
+
+
+def test_bad_tokenizers_fail_in_one_line(tmp_path):
+  with pytest.raises(ConfigError, match=r"data.tokenizer=.*/none: no tokenizer.json there"):
+    tokenizer_lib.HFTokenizer.from_file(tmp_path / 'none')
+  (tmp_path / 'tokenizer.json').write_text('{"not": "a tokenizer"}')
+  with pytest.raises(ConfigError, match='is not a tokenizer.json that the tokenizers package'):
+    tokenizer_lib.HFTokenizer.from_file(tmp_path / 'tokenizer.json')
+  with pytest.raises(ConfigError, match='at least 260 ids'):
+    tokenizer_lib.train_bpe(documents(), 100)
+
+
+def test_jsonl_corpus_holds_out_every_tenth_document_and_names_bad_lines(tmp_path):
+  texts = documents(30)
+  path = write_jsonl(tmp_path / 'c.jsonl', texts)
+  option = {'path': path, 'text_key': 'text', 'eval_path': None}.get
+  train, held_out = corpus.open_corpus(option, 'jsonl')
+  assert list(held_out.documents()) == texts[9::10]
+  assert list(train.documents()) == [t for i, t in enumerate(texts) if i % 10 != 9]
+  bad = tmp_path / 'bad.jsonl'
+  bad.write_text('{"text": "fine"}\n\n{"text": broken\n')
+  option = {'path': str(bad), 'text_key': 'text'}.get
+  with pytest.raises(ConfigError, match=r'bad.jsonl:3 is not JSON'):
+    list(corpus.open_corpus(option, 'jsonl')[0].documents())
+  bad.write_text('{"text": "fine"}\n{"body": "no text key"}\n')
+  with pytest.raises(ConfigError, match=r"bad.jsonl:2 has no text under data.text_key='text' "
+                                        r"\(its keys: \['body'\]\)"):
+    list(corpus.open_corpus(option, 'jsonl')[0].documents())
+  with pytest.raises(ConfigError, match="data.path='.*missing.*' matches no file"):
+    corpus.open_corpus({'path': str(tmp_path / 'missing*.jsonl')}.get, 'jsonl')
+
+
+def test_token_files_are_keyed_by_corpus_and_tokenizer(tmp_path):
+  path = tmp_path / 'c.jsonl'
+  write_jsonl(path, documents())
+  root = tmp_path / 'tokens'
+  first = make(name='jsonl', path=str(path), token_dir=str(root), tokenizer='bpe',
+               vocab_size=300)
+  folders = set(os.listdir(root))
+  again = make(name='jsonl', path=str(path), token_dir=str(root), tokenizer='bpe',
+               vocab_size=300)
+  assert set(os.listdir(root)) == folders  # read back, not redone
+  np.testing.assert_array_equal(first.train_batch(3)['inputs'], again.train_batch(3)['inputs'])
+  make(name='jsonl', path=str(path), token_dir=str(root), tokenizer='bpe', vocab_size=270)
+  assert len(set(os.listdir(root)) - folders) == 3  # another BPE: its tokens are new
+  write_jsonl(path, documents()[::-1])
+  os.utime(path, ns=(1, 1))
+  changed = make(name='jsonl', path=str(path), token_dir=str(root), tokenizer='bpe',
+                 vocab_size=300)
+  assert not np.array_equal(changed.task.train_ids, first.task.train_ids)
+
+
+def test_token_files_hold_each_document_then_eos(tmp_path):
+  texts = documents()
+  tokenizer = tokenizer_lib.train_bpe(texts, 300)
+  source = corpus.Corpus('test', 'train', lambda: iter(texts), {'v': 1})
+  tokens = token_files.tokenized(source, tokenizer, tmp_path, separator=tokenizer.eos_id)
+  assert tokens.tokens.dtype == np.uint16 and tokens.num_documents == len(texts)
+  for i in (0, 7, len(texts) - 1):
+    ids = tokens.tokens[tokens.starts[i]:tokens.starts[i + 1]].tolist()
+    assert ids == tokenizer.encode(texts[i]) + [tokenizer.eos_id]
+
+
+def test_an_interrupted_tokenization_is_redone(tmp_path):
+  tokenizer = tokenizer_lib.train_bpe(documents(), 300)
+
+  def failing():
+    yield from documents()[:50]
+    raise KeyboardInterrupt
+
+  with pytest.raises(KeyboardInterrupt):
+    token_files.tokenized(corpus.Corpus('c', 'train', failing, {'v': 2}), tokenizer, tmp_path,
+                          tokenizer.eos_id)
+  assert os.listdir(tmp_path) == []  # nothing half-written is left to be read
+  whole = token_files.tokenized(corpus.Corpus('c', 'train', lambda: iter(documents()), {'v': 2}),
+                                tokenizer, tmp_path, tokenizer.eos_id)
+  assert whole.num_documents == len(documents())
+
+
+def test_a_large_vocabulary_is_stored_as_uint32(tmp_path):
+  class Wide:
+    size, fingerprint = 70_000, 'wide'
+
+    def encode(self, text):
+      return [69_999] * len(text)
+
+  tokens = token_files.tokenized(corpus.Corpus('w', 'train', lambda: iter(['abc']), {}), Wide(),
+                                 tmp_path, separator=None)
+  assert tokens.tokens.dtype == np.uint32 and tokens.tokens.tolist() == [69_999] * 3
+
+
+def test_an_empty_corpus_fails_clearly(tmp_path):
+  path = write_jsonl(tmp_path / 'empty.jsonl', [''] * 20)
+  with pytest.raises(ConfigError, match='The train split of jsonl holds no text'):
+    make(name='jsonl', path=path, token_dir=str(tmp_path))
+
+
+def test_pack_keeps_whole_documents_in_rows():
+  sizes = np.random.default_rng(0).integers(1, 50, size=300)
+  starts = np.concatenate([[0], np.cumsum(sizes)])
+  packed = packing.pack(starts, 32)
+  stream = np.arange(starts[-1])
+  rows = packing.packed_rows(packed, stream, range(packed.num_rows), 32, start_id=-1)
+  pieces = []
+  for r in range(packed.num_rows):
+    for segment in range(1, rows['segment_ids'][r].max() + 1):
+      at = rows['segment_ids'][r] == segment
+      np.testing.assert_array_equal(rows['positions'][r][at], np.arange(at.sum()))
+      pieces.append(rows['tokens'][r][at])
+    assert (rows['segment_ids'][r] > 0).sum() == sum(map(len, pieces[-segment:]))
+  np.testing.assert_array_equal(np.concatenate(pieces), stream)  # all, in order, once
+  # A document of at most 32 tokens is one piece; a longer one is cut into pieces of 32.
+  expected = [min(32, s - k) for s in sizes for k in range(0, s, 32)]
+  assert [len(p) for p in pieces] == expected
+  # The next row's first piece would not have fitted.
+  filled = (rows['segment_ids'] > 0).sum(axis=1)
+  assert all(filled[r] + len(rows['tokens'][r + 1][rows['segment_ids'][r + 1] == 1]) > 32
+             for r in range(packed.num_rows - 1))
+
+
+@pytest.mark.parametrize('task', ['next_token', 'masked'])
+def test_packed_batches_hold_documents_with_restarted_positions(tmp_path, task):
+  texts = documents()
+  path = write_jsonl(tmp_path / 'c.jsonl', texts)
+  made = make(task, name='jsonl', path=path, tokenizer='bpe', vocab_size=300, packing=True)
+  bpe = made.vocab
+  encoded = {tuple(bpe.encode(t) + [bpe.eos_id]) for t in texts}
+  batch = made.train_batch(4)
+  for row in range(4):
+    for segment in range(1, batch['segment_ids'][row].max() + 1):
+      at = batch['segment_ids'][row] == segment
+      targets = batch['targets'][row][at]
+      assert any(targets.tolist() == list(doc[k:k + 32]) for doc in encoded
+                 for k in range(0, len(doc), 32))
+      if task == 'next_token':
+        assert batch['inputs'][row][at][1:].tolist() == targets[:-1].tolist()
+        assert (batch['weights'][row][at] == 1).all()
+  assert (batch['weights'][batch['segment_ids'] == 0] == 0).all()  # padding carries no loss
+
+
+@pytest.mark.parametrize('task', ['next_token', 'masked'])
+def test_packed_process_shares_concatenate_to_the_one_process_batch(tmp_path, task):
+  path = write_jsonl(tmp_path / 'c.jsonl', documents())
+  options = dict(name='jsonl', path=path, tokenizer='bpe', vocab_size=300, packing=True)
+  whole = make(task, **options).train_batch(7)
+  shares = [make(task, p, 2, **options).train_batch(7) for p in range(2)]
+  for key in whole:
+    np.testing.assert_array_equal(np.concatenate([s[key] for s in shares]), whole[key], key)
+  assert not np.array_equal(make(task, **options).train_batch(8)['targets'], whole['targets'])
+
+
+def test_token_bytes_add_up_to_the_bytes_of_the_text(tmp_path):
+  texts = documents()
+  path = write_jsonl(tmp_path / 'c.jsonl', texts)
+  for tokenizer in ('bpe', 'chars'):
+    made = make(name='jsonl', path=path, tokenizer=tokenizer, vocab_size=300)
+    held_out = texts[9::10]
+    assert made.token_bytes[made.task.eval_ids].sum() == sum(len(t.encode()) for t in held_out)
+
+
+def test_bits_per_byte_of_an_ascii_character_run_is_the_loss_over_ln_2(tmp_path):
+  config = train_helpers.small_config('decoder', steps=2)
+  config.data.update(name='text_file', path=write_text(tmp_path, 'abcd efgh. ' * 300),
+                     eval_steps=-1)
+  config.model.vocab_size = 16
+  workdir = str(tmp_path / 'run')
+  train.train(config, workdir)
+  result = train.evaluate(config, workdir)
+  assert result['eval_bits_per_byte'] == pytest.approx(result['eval_loss'] / math.log(2), 1e-6)
+  saved = tokenizer_lib.saved(tmp_path / 'run' / 'tokenizer')
+  assert saved.tokens == tuple(sorted(set('abcd efgh.')))
+
+
+def write_text(tmp_path, text):
+  (tmp_path / 'text.txt').write_text(text)
+  return str(tmp_path / 'text.txt')
+
+
+def test_tfds_text_dataset_by_name(tmp_path):
+  with mock_tfds(40):
+    made = make(name='lm1b', tokenizer='bpe', vocab_size=280, packing=True, seq_len=16)
+    assert made.info['num_train_rows'] > 0
+    with pytest.raises(ConfigError, match="data.text_key='body': lm1b has no Text feature"):
+      make(name='lm1b', text_key='body')
+
+
+def test_masked_lm_needs_a_mask_token(tmp_path):
+  model = tokenizers.Tokenizer(tokenizers.models.BPE())
+  model.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+  model.train_from_iterator(documents(), tokenizers.trainers.BpeTrainer(
+      vocab_size=280, special_tokens=['</s>'], show_progress=False,
+      initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()))
+  model.save(str(tmp_path / 'tokenizer.json'))
+  path = write_jsonl(tmp_path / 'c.jsonl', documents())
+  with pytest.raises(ConfigError, match='needs a MASK token'):
+    make('masked', name='jsonl', path=path, tokenizer=str(tmp_path / 'tokenizer.json'))
+  made = make(name='jsonl', path=path, tokenizer=str(tmp_path / 'tokenizer.json'))
+  assert made.vocab.eos_id == model.token_to_id('</s>')

@@ -1,0 +1,99 @@
+"""A text task from config.data: the corpus, its tokenizer, its token files, windows or packed
+rows. The tokenizer is the run's saved one where there is one (so a resumed run, `eval` and
+`sample` read the ids it trained on), else data.tokenizer: 'chars', 'bpe' (trained on the
+training documents, cached beside the token files) or a tokenizer.json path.
+"""
+import hashlib
+import json
+import logging
+import os
+
+import numpy as np
+
+from transformer_jax.data import corpus as corpus_lib
+from transformer_jax.data import text, token_files
+from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.data.vocab import Vocab
+from transformer_jax.errors import ConfigError
+
+__all__ = ['make_text_task']
+
+log = logging.getLogger(__name__)
+
+
+def make_text_task(option, task: str, seed: int, *, vocab_size: int | None,
+                   tokenizer_dir: str | None):
+  """The 'next_token' or 'masked' task of data.name `option('name')` (option: config.data key ->
+  value); vocab_size: a trained BPE's size where data.vocab_size is unset (the model's)."""
+  name, seq_len, packed = option('name'), option('seq_len'), option('packing')
+  mask = task == 'masked'
+  if name == 'synthetic':
+    train_text, held_out_text = text.synthetic_text(option('alphabet'), option('eval_examples'),
+                                                    seq_len)
+    vocab = Vocab.of_text(train_text + held_out_text, mask=mask)
+    train, held_out = (np.array(vocab.encode(t), np.int32) for t in (train_text, held_out_text))
+    return _windows(task, train, held_out, vocab, option, seed)
+  train, held_out = corpus_lib.open_corpus(option, name)
+  tokenizer = _tokenizer(option, train, held_out, mask=mask, separated=packed or not train.single,
+                         vocab_size=vocab_size, saved_dir=tokenizer_dir)
+  separator = None
+  if not train.single:
+    if tokenizer.eos_id is None:
+      raise ConfigError(f'The {tokenizer.kind} tokenizer has no EOS token to end each document '
+                        'of the corpus with: use one that has (</s>, <|endoftext|>, <eos>).')
+    separator = tokenizer.eos_id
+  root = option('token_dir') or token_files.default_root()
+  train_tokens, held_out_tokens = (token_files.tokenized(c, tokenizer, root, separator)
+                                   for c in (train, held_out))
+  if not packed:
+    return _windows(task, train_tokens.tokens, held_out_tokens.tokens, tokenizer, option, seed)
+  if tokenizer.bos_id is None and tokenizer.eos_id is None:
+    raise ConfigError('data.packing starts each document after a BOS or EOS token, which this '
+                      f'{tokenizer.kind} tokenizer lacks: use data.tokenizer=bpe.')
+  if mask:
+    return text.PackedMaskedTask(train_tokens, held_out_tokens, tokenizer, seq_len=seq_len,
+                                 seed=seed, probability=option('mlm_probability'))
+  return text.PackedNextTokenTask(train_tokens, held_out_tokens, tokenizer, seq_len=seq_len,
+                                  seed=seed)
+
+
+def _windows(task: str, train, held_out, tokenizer, option, seed: int):
+  if task == 'next_token':
+    return text.NextTokenTask(train, held_out, tokenizer, seq_len=option('seq_len'), seed=seed)
+  return text.MaskedTask(train, held_out, tokenizer, seq_len=option('seq_len'), seed=seed,
+                         probability=option('mlm_probability'))
+
+
+def _tokenizer(option, train: corpus_lib.Corpus, held_out: corpus_lib.Corpus, *, mask: bool,
+               separated: bool, vocab_size: int | None, saved_dir: str | None):
+  saved = tokenizer_lib.saved(saved_dir) if saved_dir else None
+  if saved is not None:
+    log.info('Tokenizer: the run\'s own, %s (%d ids).', saved_dir, saved.size)
+    return saved
+  kind = option('tokenizer')
+  if kind == 'chars':
+    everything = ''.join(d for c in (train, held_out) for d in c.documents())
+    return Vocab.of_text(everything, mask=mask, eos=separated)
+  if kind == 'bpe':
+    return _trained_bpe(option, train, option('vocab_size') or vocab_size)
+  return tokenizer_lib.HFTokenizer.from_file(os.path.expanduser(kind))
+
+
+def _trained_bpe(option, train: corpus_lib.Corpus, vocab_size: int | None):
+  """A BPE of `vocab_size` ids trained on the training documents, once: it is kept in the token
+  root, keyed by the documents and the size."""
+  if not vocab_size:
+    raise ConfigError("data.tokenizer='bpe' trains a vocabulary of data.vocab_size ids: set "
+                      '--config.data.vocab_size (or model.vocab_size).')
+  described = json.dumps({'corpus': train.identity, 'name': train.name, 'size': vocab_size},
+                         sort_keys=True)
+  directory = os.path.join(option('token_dir') or token_files.default_root(),
+                           f'bpe-{train.name}-{hashlib.sha256(described.encode()).hexdigest()[:16]}')
+  cached = tokenizer_lib.saved(directory)
+  if cached is not None:
+    return cached
+  log.info('Training a byte-level BPE of %d ids on the %s training documents.', vocab_size,
+           train.name)
+  trained = tokenizer_lib.train_bpe(train.documents(), vocab_size)
+  tokenizer_lib.save(trained, directory)
+  return trained

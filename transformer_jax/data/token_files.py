@@ -1,0 +1,129 @@
+"""A corpus tokenized once into files on disk, memory-mapped and read by index.
+
+`tokenized(corpus, tokenizer, root)` writes `root/NAME-SPLIT-KEY/` with `tokens.bin` (the ids of
+every document one after another, uint16 where the vocabulary fits, else uint32), `starts.npy`
+(int64: where each document starts, then the total) and `info.json`. KEY hashes the corpus's
+identity and the tokenizer's fingerprint, so a changed file or tokenizer never reuses stale
+tokens. The folder is written under a temporary name and renamed when complete: an interrupted
+tokenization leaves nothing that is read, and is redone. Memory holds one chunk of documents.
+"""
+import hashlib
+import json
+import logging
+import os
+import pathlib
+import shutil
+import time
+
+import numpy as np
+
+from transformer_jax.data.corpus import Corpus
+from transformer_jax.errors import ConfigError
+
+__all__ = ['default_root', 'TokenFile', 'tokenized']
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1  # bumped when the layout changes, so old folders are never misread
+_CHUNK = 1024  # documents tokenized at a time (in parallel by the tokenizers package)
+
+
+def default_root() -> str:
+  """$TRANSFORMER_JAX_CACHE/tokens, else ~/.cache/transformer_jax/tokens."""
+  cache = os.environ.get('TRANSFORMER_JAX_CACHE', os.path.expanduser('~/.cache/transformer_jax'))
+  return os.path.join(cache, 'tokens')
+
+
+class TokenFile:
+  """The tokens of one tokenized split: `tokens` (memory-mapped), `starts` (num_documents + 1)."""
+
+  def __init__(self, directory):
+    self.directory = pathlib.Path(directory)
+    self.info = json.loads((self.directory / 'info.json').read_text())
+    self.tokens = np.memmap(self.directory / 'tokens.bin', dtype=self.info['dtype'], mode='r',
+                            shape=(self.info['num_tokens'],))
+    self.starts = np.load(self.directory / 'starts.npy', mmap_mode='r')
+
+  @property
+  def num_documents(self) -> int:
+    return len(self.starts) - 1
+
+  def __len__(self) -> int:
+    return len(self.tokens)
+
+
+def _dtype(vocab_size: int):
+  return np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32
+
+
+def _key(corpus: Corpus, tokenizer, separator: int | None) -> str:
+  described = json.dumps({'format': FORMAT, 'corpus': corpus.identity, 'separator': separator,
+                          'tokenizer': tokenizer.fingerprint}, sort_keys=True)
+  return hashlib.sha256(described.encode()).hexdigest()[:16]
+
+
+def tokenized(corpus: Corpus, tokenizer, root, separator: int | None) -> TokenFile:
+  """The token file of `corpus` with `tokenizer` under `root`, tokenizing it first where no
+  complete one exists. Each document's ids are followed by `separator` (None: nothing)."""
+  key = _key(corpus, tokenizer, separator)
+  directory = pathlib.Path(root) / f'{corpus.name}-{corpus.split}-{key}'
+  if (directory / 'info.json').is_file():
+    return TokenFile(directory)
+  os.makedirs(root, exist_ok=True)
+  partial = directory.with_name(f'.{directory.name}.{os.getpid()}.partial')
+  shutil.rmtree(partial, ignore_errors=True)
+  partial.mkdir()
+  try:
+    info = _write(corpus, tokenizer, partial, separator)
+  except BaseException:
+    shutil.rmtree(partial, ignore_errors=True)
+    raise
+  (partial / 'info.json').write_text(json.dumps(info))
+  try:
+    os.rename(partial, directory)
+  except OSError:  # another process finished the same tokens first: theirs are as good
+    shutil.rmtree(partial, ignore_errors=True)
+  return TokenFile(directory)
+
+
+def _write(corpus: Corpus, tokenizer, directory: pathlib.Path, separator: int | None) -> dict:
+  dtype = _dtype(tokenizer.size)
+  encode = getattr(tokenizer, 'encode_batch', lambda texts: [tokenizer.encode(t) for t in texts])
+  starts, total, num_bytes, began, shown = [0], 0, 0, time.monotonic(), time.monotonic()
+  with open(directory / 'tokens.bin', 'wb') as out:
+    for texts in _chunks(corpus.documents()):
+      for ids in encode(texts):
+        ids = np.asarray(ids + ([] if separator is None else [separator]), dtype)
+        out.write(ids.tobytes())
+        total += len(ids)
+        starts.append(total)
+      num_bytes += sum(len(text.encode('utf-8')) for text in texts)
+      if time.monotonic() - shown > 10:
+        shown = time.monotonic()
+        _log_progress(corpus, len(starts) - 1, total, num_bytes, shown - began)
+  if num_bytes == 0:
+    raise ConfigError(f'The {corpus.split} split of {corpus.name} holds no text: give a corpus '
+                      'with documents (data.path, data.eval_path, data.train_split, ...).')
+  np.save(directory / 'starts.npy', np.asarray(starts, np.int64))
+  _log_progress(corpus, len(starts) - 1, total, num_bytes, time.monotonic() - began)
+  return {'dtype': np.dtype(dtype).name, 'num_tokens': total, 'num_documents': len(starts) - 1,
+          'num_bytes': num_bytes, 'corpus': corpus.identity, 'tokenizer': tokenizer.fingerprint,
+          'seconds': round(time.monotonic() - began, 3)}
+
+
+def _chunks(documents):
+  chunk = []
+  for document in documents:
+    chunk.append(document)
+    if len(chunk) == _CHUNK:
+      yield chunk
+      chunk = []
+  if chunk:
+    yield chunk
+
+
+def _log_progress(corpus: Corpus, documents: int, tokens: int, num_bytes: int, seconds: float):
+  seconds = max(seconds, 1e-9)
+  log.info('Tokenized %s/%s: %d documents, %d tokens, %.1f MB of text (%.2f MB/s, %.0f '
+           'tokens/s).', corpus.name, corpus.split, documents, tokens, num_bytes / 1e6,
+           num_bytes / 1e6 / seconds, tokens / seconds)

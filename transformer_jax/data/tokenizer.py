@@ -1,0 +1,148 @@
+"""Tokenizers: characters (data.vocab.Vocab), a byte-level BPE trained on the training documents,
+or any Hugging Face tokenizer.json (GPT-2's, LLaMA's, one's own), behind one interface.
+
+Every tokenizer has `size`, `encode(text) -> ids`, `decode(ids) -> text` (special tokens dropped,
+stopping at EOS), the ids of its special tokens where it has them (`pad_id`, `bos_id`, `eos_id`,
+`mask_id`; None where not), `token_bytes` (the UTF-8 bytes each id stands for, 0 for special
+tokens, which is what bits per byte divide by), a `fingerprint` that changes with any id, and
+`save(directory)`; `saved(directory)` reads back either kind.
+"""
+import functools
+import hashlib
+import json
+import os
+import pathlib
+import re
+from typing import Iterable
+
+import numpy as np
+import tokenizers
+
+from transformer_jax.data import vocab as vocab_lib
+from transformer_jax.data.vocab import Vocab
+from transformer_jax.errors import ConfigError
+
+__all__ = ['BPE_SPECIALS', 'HFTokenizer', 'save', 'saved', 'train_bpe']
+
+# The special tokens of a trained BPE, ids 0..3, so that one vocabulary serves every family.
+BPE_SPECIALS = (vocab_lib.PAD, vocab_lib.BOS, vocab_lib.EOS, vocab_lib.MASK)
+# How the special tokens are spelled in the tokenizer.json files researchers bring, most common
+# first: ours, GPT-2's, LLaMA 1/2's (SentencePiece), LLaMA 3's, BERT's.
+_SPECIAL_NAMES = {
+    'pad_id': (vocab_lib.PAD, '[PAD]', '<|pad|>'),
+    'bos_id': (vocab_lib.BOS, '<s>', '<|begin_of_text|>', '[CLS]'),
+    'eos_id': (vocab_lib.EOS, '<|endoftext|>', '</s>', '<|end_of_text|>', '[SEP]'),
+    'mask_id': (vocab_lib.MASK, '[MASK]'),
+}
+_HF_FILE = 'tokenizer.json'
+_BYTE_FALLBACK = re.compile(r'<0x[0-9A-Fa-f]{2}>')
+
+
+class HFTokenizer:
+  """A `tokenizers.Tokenizer` (no transformers needed). `encode` adds what its post-processor
+  adds (LLaMA's BOS); `decode` stops at EOS and drops special tokens."""
+
+  def __init__(self, tokenizer: tokenizers.Tokenizer, eos_id: int | None = None):
+    self._tokenizer = tokenizer
+    specials = {token.content for token in tokenizer.get_added_tokens_decoder().values()
+                if token.special}
+    for attribute, names in _SPECIAL_NAMES.items():
+      found = [tokenizer.token_to_id(name) for name in names if name in specials]
+      setattr(self, attribute, found[0] if found else None)
+    if eos_id is not None:
+      self.eos_id = eos_id
+    self.kind = 'tokenizer.json'
+
+  @classmethod
+  def from_file(cls, path, key: str = 'data.tokenizer', eos_id: int | None = None):
+    """A tokenizer.json file, or a directory holding one (a Hugging Face checkpoint's)."""
+    file = pathlib.Path(path)
+    if file.is_dir():
+      file = file / _HF_FILE
+    if not file.is_file():
+      raise ConfigError(f'{key}={path}: no tokenizer.json there; give the path of a tokenizer.json '
+                        "(a Hugging Face checkpoint's, or one's own), 'chars' or 'bpe'.")
+    try:
+      tokenizer = tokenizers.Tokenizer.from_file(str(file))
+    except Exception as error:  # the package raises bare Exceptions for malformed files
+      raise ConfigError(f'{key}={path}: {file} is not a tokenizer.json that the tokenizers '
+                        f'package reads ({str(error).splitlines()[0]}).') from None
+    return cls(tokenizer, eos_id)
+
+  @property
+  def size(self) -> int:
+    return self._tokenizer.get_vocab_size()
+
+  def encode(self, text: str) -> list[int]:
+    return self._tokenizer.encode(text).ids
+
+  def encode_batch(self, texts: list[str]) -> list[list[int]]:
+    return [encoding.ids for encoding in self._tokenizer.encode_batch(texts)]
+
+  def decode(self, ids) -> str:
+    ids = [int(i) for i in ids]
+    if self.eos_id is not None and self.eos_id in ids:
+      ids = ids[:ids.index(self.eos_id)]
+    return self._tokenizer.decode(ids, skip_special_tokens=True)
+
+  @functools.cached_property
+  def token_bytes(self) -> np.ndarray:
+    """int32 (size,): the UTF-8 bytes of each token's text; 0 for special tokens."""
+    byte_level = json.loads(self._tokenizer.to_str()).get('decoder') or {}
+    byte_level = 'ByteLevel' in json.dumps(byte_level)
+    special = {i for i, token in self._tokenizer.get_added_tokens_decoder().items()
+               if token.special}
+    counts = np.zeros(self.size, np.int32)
+    for i in range(self.size):
+      token = self._tokenizer.id_to_token(i)
+      if i in special or token is None:
+        continue
+      if byte_level:  # one character per byte (GPT-2's byte-to-unicode table)
+        counts[i] = len(token)
+      elif _BYTE_FALLBACK.fullmatch(token):  # SentencePiece's byte fallback
+        counts[i] = 1
+      else:
+        counts[i] = len(token.replace('\u2581', ' ').encode('utf-8'))
+    return counts
+
+  @functools.cached_property
+  def fingerprint(self) -> str:
+    return hashlib.sha256(self._tokenizer.to_str().encode()).hexdigest()[:16]
+
+  def save(self, directory) -> None:
+    vocab_lib.write_atomically(pathlib.Path(directory) / _HF_FILE,
+                               self._tokenizer.to_str(pretty=True))
+
+
+def train_bpe(documents: Iterable[str], vocab_size: int) -> HFTokenizer:
+  """A byte-level BPE (GPT-2's pre-tokenization) of `vocab_size` ids trained on `documents`:
+  PAD, BOS, EOS, MASK are ids 0..3, then the 256 bytes, then the merges."""
+  minimum = len(BPE_SPECIALS) + 256
+  if vocab_size < minimum:
+    raise ConfigError(f'data.vocab_size={vocab_size} is too small for a byte-level BPE: it needs '
+                      f'at least {minimum} ids (the 256 bytes and {len(BPE_SPECIALS)} special '
+                      'tokens).')
+  tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
+  tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tokenizer.decoder = tokenizers.decoders.ByteLevel()
+  trainer = tokenizers.trainers.BpeTrainer(
+      vocab_size=vocab_size, special_tokens=list(BPE_SPECIALS), show_progress=False,
+      initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+  tokenizer.train_from_iterator(documents, trainer)
+  return HFTokenizer(tokenizer)
+
+
+def saved(directory) -> 'HFTokenizer | Vocab | None':
+  """The tokenizer saved in `directory` (a run's workdir/tokenizer), or None."""
+  directory = pathlib.Path(directory)
+  if (directory / _HF_FILE).is_file():
+    return HFTokenizer.from_file(directory / _HF_FILE)
+  if (directory / vocab_lib.CHARS_FILE).is_file():
+    return Vocab.load(directory / vocab_lib.CHARS_FILE)
+  return None
+
+
+def save(tokenizer, directory) -> None:
+  """Writes `tokenizer` into `directory` (created), as saved() reads it back."""
+  os.makedirs(directory, exist_ok=True)
+  tokenizer.save(directory)
