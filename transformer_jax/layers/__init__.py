@@ -1,6 +1,6 @@
 """Layers shared by every family, each usable alone with plain arguments: one attention, one MLP,
 one block and its stack, the norms and the embeddings."""
-from transformer_jax.layers.attention import Attention, causal_mask, padding_mask
+from transformer_jax.layers.attention import Attention, causal_mask, padding_mask, segment_mask
 from transformer_jax.layers.block import Block, BlockStack
 from transformer_jax.layers.embeddings import (PatchEmbed, TextEmbed, apply_rope,
                                                resize_position_grid, sinusoidal)
@@ -10,4 +10,4 @@ from transformer_jax.layers.norms import LayerNorm, RMSNorm
 
 __all__ = ['Attention', 'Block', 'BlockStack', 'LayerNorm', 'Linear', 'MLP', 'PatchEmbed',
            'RMSNorm', 'TextEmbed', 'apply_rope', 'causal_mask', 'padding_mask',
-           'resize_position_grid', 'sinusoidal']
+           'resize_position_grid', 'segment_mask', 'sinusoidal']

@@ -12,7 +12,8 @@ from transformer_jax.layers import axes
 from transformer_jax.layers.embeddings import apply_rope
 from transformer_jax.layers.linear import Linear
 
-__all__ = ['Attention', 'causal_mask', 'check_kv_heads', 'check_rope', 'padding_mask']
+__all__ = ['Attention', 'causal_mask', 'check_kv_heads', 'check_rope', 'padding_mask',
+           'segment_mask']
 
 
 def causal_mask(query_slots: jax.Array, positions: jax.Array, kv_len: int,
@@ -42,6 +43,16 @@ def causal_mask(query_slots: jax.Array, positions: jax.Array, kv_len: int,
 def padding_mask(valid: jax.Array, num_queries: int) -> jax.Array:
   """(B, 1, T, S) from the keys' validity (B, S): every query sees every valid key."""
   return jnp.broadcast_to(valid[:, None, None, :], (valid.shape[0], 1, num_queries, valid.shape[1]))
+
+
+def segment_mask(query_segments: jax.Array, key_segments: jax.Array) -> jax.Array:
+  """(B, 1, T, S) from the segment ids (B, T) of the queries and (B, S) of the keys of packed
+  rows: a query sees the keys of its own segment only, so attention never crosses documents.
+
+  Equality, not equality of nonzero ids: padding (segment 0) sees padding, so that a padding
+  query of a row that has padding keys keeps a key to attend to.
+  """
+  return (query_segments[:, :, None] == key_segments[:, None, :])[:, None]
 
 
 def check_kv_heads(num_heads: int, num_kv_heads: int | None, prefix: str = '') -> None:

@@ -1,6 +1,6 @@
 """What the families share: the one place that maps a ModelConfig onto the layers' arguments,
-default positions, the decoder's mask, the LM head, the settings of the text families, and
-the parameter and FLOP formulas of the blocks."""
+default positions, the decoder's mask, the arguments of packed rows, the LM head, the settings
+of the text families, and the parameter and FLOP formulas of the blocks."""
 import dataclasses
 import functools
 from typing import Any, ClassVar
@@ -12,7 +12,7 @@ import numpy as np
 
 from transformer_jax.errors import ConfigError
 from transformer_jax.layers import (MLP, Attention, Block, BlockStack, LayerNorm, Linear, RMSNorm,
-                                    TextEmbed, axes, causal_mask)
+                                    TextEmbed, axes, causal_mask, segment_mask)
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.models import registry
 from transformer_jax.ranges import COUNT, Range
@@ -20,7 +20,7 @@ from transformer_jax.ranges import COUNT, Range
 __all__ = [
     'attention', 'attention_weights', 'block', 'block_params', 'block_weights',
     'check_text_data', 'decoder_mask', 'default_positions', 'lm_head', 'LmHead', 'mlp_weights',
-    'norm', 'norm_params', 'stack', 'text_embed', 'text_embedding_params',
+    'norm', 'norm_params', 'packed_arguments', 'stack', 'text_embed', 'text_embedding_params',
     'text_example_inputs', 'text_flops', 'text_lengths', 'TextConfig', 'untied_head_params',
     'with_total']
 
@@ -112,6 +112,18 @@ def decoder_mask(positions, attention_mask=None, cache_index=None):
   t = positions.shape[1]
   mask = causal_mask(jnp.arange(t), positions, t)
   return mask if attention_mask is None else mask & attention_mask
+
+
+def packed_arguments(batch: dict, prefix: str = '') -> dict:
+  """The keyword arguments `positions` and `attention_mask` (B, 1, T, T) of one stream of a
+  packed batch, whose rows hold several documents: `{prefix}segment_ids` (B, T), 1, 2, ... by
+  document and 0 on padding, and `{prefix}positions` (B, T), restarting at 0 at each document.
+  The mask keeps attention within each document; {} for a batch without segment ids."""
+  if f'{prefix}segment_ids' not in batch:
+    return {}
+  segments = batch[f'{prefix}segment_ids']
+  return {'positions': batch[f'{prefix}positions'],
+          'attention_mask': segment_mask(segments, segments)}
 
 
 class LmHead(nn.Module):

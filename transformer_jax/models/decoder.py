@@ -61,6 +61,7 @@ def forward_flops(cfg: ModelConfig, seq_len=None, target_len=None) -> dict[str, 
 
 FAMILY = registry.register(registry.Family(
     name='decoder', module=DecoderLM, example_inputs=common.text_example_inputs,
-    logits=lambda apply, batch: apply(batch['inputs']), task='next_token', config=DecoderConfig,
+    logits=lambda apply, batch: apply(batch['inputs'], **common.packed_arguments(batch)),
+    task='next_token', config=DecoderConfig,
     decoding='decoder', check_data=common.check_text_data, lengths=common.text_lengths,
     param_counts=param_counts, forward_flops=forward_flops))

@@ -5,7 +5,7 @@ from typing import ClassVar
 
 import flax.linen as nn
 
-from transformer_jax.layers import padding_mask
+from transformer_jax.layers import padding_mask, segment_mask
 from transformer_jax.models import common, registry
 from transformer_jax.ranges import Range
 
@@ -29,7 +29,8 @@ class EncoderDecoderConfig(common.TextConfig):
 class EncoderDecoder(nn.Module):
   """inputs (B, S), targets (B, T) -> float32 logits (B, T, V) of the next target token.
 
-  `input_valid` (B, S) marks real input tokens. `encode` and `decode` are separate methods so
+  `input_valid` (B, S) marks real input tokens. Packed rows (several documents each) pass their
+  positions and masks (see `__call__`). `encode` and `decode` are separate methods so
   that decoding runs the encoder once; with `cache_index`, `decode` caches its self-attention keys
   and values and, at the prefill, the cross-attention ones (pass `encoded=None` afterwards).
   """
@@ -45,26 +46,35 @@ class EncoderDecoder(nn.Module):
     self.decoder_norm = common.norm(cfg)() if cfg.final_norm else None
     self.head = common.lm_head(cfg)
 
-  def encode(self, inputs, input_valid=None, *, deterministic=True):
-    """inputs (B, S) int, input_valid (B, S) bool -> encoded (B, S, D)."""
-    positions = common.default_positions(inputs)
-    mask = None if input_valid is None else padding_mask(input_valid, inputs.shape[1])
+  def encode(self, inputs, input_valid=None, *, positions=None, attention_mask=None,
+             deterministic=True):
+    """inputs (B, S) int, input_valid (B, S) bool -> encoded (B, S, D).
+
+    positions (B, S) int (None: 0..S-1); attention_mask boolean (B, 1, S, S), AND-ed with the
+    padding mask of `input_valid`.
+    """
+    if positions is None:
+      positions = common.default_positions(inputs)
+    mask = _and(None if input_valid is None else padding_mask(input_valid, inputs.shape[1]),
+                attention_mask)
     x = self.dropout(self.embed(inputs, positions), deterministic=deterministic)
     x = self.encoder(x, mask, positions, deterministic=deterministic)
     return x if self.encoder_norm is None else self.encoder_norm(x)
 
   def decode(self, targets, encoded, input_valid=None, positions=None, *, attention_mask=None,
-             cache_index=None, deterministic=True):
+             cross_mask=None, cache_index=None, deterministic=True):
     """targets (B, T) int, encoded (B, S, D) (None once a cached prefill holds it) -> float32
     logits (B, T, V).
 
     input_valid (B, S) bool; positions (B, T) int; attention_mask and cache_index as the
-    decoder's (see DecoderLM.__call__).
+    decoder's (see DecoderLM.__call__); cross_mask boolean (B, 1, T, S) over the inputs, AND-ed
+    with the padding mask of `input_valid`.
     """
     if positions is None:
       positions = common.default_positions(targets, 0 if cache_index is None else cache_index)
     mask = common.decoder_mask(positions, attention_mask, cache_index)
-    cross_mask = None if input_valid is None else padding_mask(input_valid, targets.shape[1])
+    cross_mask = _and(
+        None if input_valid is None else padding_mask(input_valid, targets.shape[1]), cross_mask)
     x = self.dropout(self.embed(targets, positions), deterministic=deterministic)
     x = self.decoder(x, mask, positions, encoded, cross_mask, cache_index,
                      deterministic=deterministic)
@@ -72,11 +82,28 @@ class EncoderDecoder(nn.Module):
       x = self.decoder_norm(x)
     return self.head(x, self.embed)
 
-  def __call__(self, inputs, targets, input_valid=None, *, deterministic=True):
+  def __call__(self, inputs, targets, input_valid=None, *, input_positions=None,
+               input_mask=None, target_positions=None, target_mask=None, cross_mask=None,
+               deterministic=True):
     """inputs (B, S) int, targets (B, T) int, input_valid (B, S) bool -> float32 logits
-    (B, T, V)."""
-    encoded = self.encode(inputs, input_valid, deterministic=deterministic)
-    return self.decode(targets, encoded, input_valid, deterministic=deterministic)
+    (B, T, V).
+
+    The positions and masks of packed rows (None: 0.. and no mask): input_positions (B, S) and
+    input_mask (B, 1, S, S) are encode's positions and attention_mask, target_positions (B, T),
+    target_mask (B, 1, T, T) and cross_mask (B, 1, T, S) decode's.
+    """
+    encoded = self.encode(inputs, input_valid, positions=input_positions,
+                          attention_mask=input_mask, deterministic=deterministic)
+    return self.decode(targets, encoded, input_valid, target_positions,
+                       attention_mask=target_mask, cross_mask=cross_mask,
+                       deterministic=deterministic)
+
+
+def _and(mask, other):
+  """The conjunction of two optional masks (None: every key)."""
+  if mask is None or other is None:
+    return other if mask is None else mask
+  return mask & other
 
 
 def param_counts(cfg: EncoderDecoderConfig) -> dict[str, int]:
@@ -103,12 +130,25 @@ def forward_flops(cfg: EncoderDecoderConfig, seq_len=None, target_len=None) -> d
   return {'dense': dense, 'attention': attention, 'tokens': t}
 
 
+def _logits(apply, batch: dict):
+  """Packed (as Flax's wmt example packs), segment k of a row's targets is the translation of
+  segment k of its inputs: each attends to its own."""
+  packed = {}
+  if 'input_segment_ids' in batch:
+    inputs = common.packed_arguments(batch, 'input_')
+    targets = common.packed_arguments(batch, 'target_')
+    packed = dict(input_positions=inputs['positions'], input_mask=inputs['attention_mask'],
+                  target_positions=targets['positions'], target_mask=targets['attention_mask'],
+                  cross_mask=segment_mask(batch['target_segment_ids'],
+                                          batch['input_segment_ids']))
+  return apply(batch['inputs'], batch['decoder_inputs'], batch.get('input_valid'), **packed)
+
+
 FAMILY = registry.register(registry.Family(
     name='encoder_decoder', module=EncoderDecoder,
     example_inputs=lambda cfg, batch=1, seq_len=None: common.text_example_inputs(
         cfg, batch, seq_len, streams=2),
-    logits=lambda apply, batch: apply(batch['inputs'], batch['decoder_inputs'],
-                                      batch.get('input_valid')),
+    logits=_logits,
     task='seq2seq', config=EncoderDecoderConfig, decoding='encoder_decoder',
     check_data=common.check_text_data,
     lengths=lambda batch: (batch['inputs'].shape[1], batch['decoder_inputs'].shape[1]),

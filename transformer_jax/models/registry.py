@@ -44,7 +44,11 @@ class Family:
     config.model are its fields.
   example_inputs: (cfg, batch, seq_len) -> the positional arguments of the module's __call__
     with the right shapes, for init and jax.eval_shape (seq_len None: a default).
-  logits: (apply, batch) -> float32 logits of a batch of `task`'s data.
+  logits: (apply, batch) -> float32 logits of a batch of `task`'s data. A packed batch, whose
+    rows hold several documents, has segment ids and positions that restart at each document
+    ('segment_ids' and 'positions'; a seq2seq batch 'input_' and 'target_' ones of each): its
+    attention stays within each document and its positions are those (models.common's
+    packed_arguments).
   task: the data it trains on, a key of data.TASKS: 'image', 'next_token', 'masked', 'seq2seq'.
   targets: the batch key of the integer targets; each is weighted by batch['weights'] where the
     batch has them, else by 1.
