@@ -2,18 +2,26 @@
 import json
 import math
 import os
+import pathlib
+import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import tokenizers
 
+import helpers
 import train_helpers
 from helpers import mock_tfds
-from transformer_jax import data, train
+from transformer_jax import data, models, train
 from transformer_jax.data import corpus, packing, token_files
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.errors import ConfigError
+from transformer_jax.models import registry, styles
+from transformer_jax.train import losses
 
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 TEXT = 'Ünïcode and ASCII, mixed: ☃ snow, ça va? '
 
 
@@ -268,3 +276,70 @@ def test_masked_lm_needs_a_mask_token(tmp_path):
     make('masked', name='jsonl', path=path, tokenizer=str(tmp_path / 'tokenizer.json'))
   made = make(name='jsonl', path=path, tokenizer=str(tmp_path / 'tokenizer.json'))
   assert made.vocab.eos_id == model.token_to_id('</s>')
+
+
+def _loss_sum(model, family, params, batch):
+  out = losses.logits_targets_weights(model, family, params, batch)
+  return float(losses.loss_sums(*out)['loss'])
+
+
+@pytest.mark.parametrize('family, style', [('decoder', 'gpt2'), ('decoder', 'llama'),
+                                           ('encoder', 'bert')])
+def test_the_loss_of_a_packed_batch_is_the_sum_of_its_documents_losses(tmp_path, rng, family,
+                                                                        style):
+  """A batch the pipeline packed, against each of its segments scored alone, unpacked."""
+  path = write_jsonl(tmp_path / 'c.jsonl', documents())
+  task = registry.get(family).task
+  made = make(task, name='jsonl', path=path, tokenizer='bpe', vocab_size=300, packing=True)
+  # Weights large enough that attending across documents changes the loss measurably.
+  cfg = helpers.tiny(family, vocab_size=300, max_len=32, init_std=0.3, **styles.STYLES[style])
+  model, params = models.build(cfg), helpers.init(cfg, rng)
+  batch = made.train_batch(2)
+  alone = 0.0
+  for row in range(len(batch['inputs'])):
+    for segment in range(1, batch['segment_ids'][row].max() + 1):
+      at = batch['segment_ids'][row] == segment
+      alone += _loss_sum(model, registry.get(family), params,
+                         {key: batch[key][row][at][None] for key in ('inputs', 'targets',
+                                                                     'weights')})
+  packed = _loss_sum(model, registry.get(family), params, batch)
+  assert packed == pytest.approx(alone, rel=1e-5)
+  unsegmented = {k: v for k, v in batch.items() if k not in ('segment_ids', 'positions')}
+  assert _loss_sum(model, registry.get(family), params, unsegmented) != pytest.approx(alone,
+                                                                                      rel=1e-4)
+
+
+def _mock_launch(tmp_path, *flags):
+  result = subprocess.run(
+      [sys.executable, str(ROOT / 'tests' / 'mock_launch.py'), f'--workdir={tmp_path / "run"}',
+       *flags, f'--config.data.token_dir={tmp_path / "tokens"}'],
+      capture_output=True, text=True, timeout=600, env={'JAX_PLATFORMS': 'cpu', 'PATH': ''})
+  assert result.returncode == 0, result.stderr[-3000:]
+  return result.stderr + result.stdout
+
+
+def _files(directory):
+  return sorted((str(p), p.stat().st_mtime_ns) for p in directory.rglob('*'))
+
+
+def test_launch_trains_on_a_tfds_text_dataset_and_samples_with_its_saved_tokenizer(tmp_path):
+  """GPT-2 small's config on (mock) lm1b with a trained BPE, packed, shrunk to seconds."""
+  _mock_launch(tmp_path, f'--config={ROOT / "configs" / "gpt2_small.py"}:smoke,corpus=lm1b',
+               '--config.model.width=32', '--config.model.num_heads=2',
+               '--config.model.max_len=32', '--config.model.vocab_size=300',
+               '--config.model.dtype=float32', '--config.data.seq_len=32')
+  rows = [json.loads(line)
+          for line in (tmp_path / 'run' / 'metrics.jsonl').read_text().splitlines()]
+  final = [row for row in rows if 'eval_bits_per_byte' in row][-1]
+  assert final['step'] == 3 and final['eval_bits_per_byte'] > 0
+  assert tokenizer_lib.saved(tmp_path / 'run' / 'tokenizer').size <= 300
+  before = _files(tmp_path / 'run')
+  shutil.rmtree(next((tmp_path / 'tokens').glob('bpe-*')))  # only the run's copy is left
+  out = _mock_launch(tmp_path, f'--config={ROOT / "configs" / "gpt2_small.py"}',
+                     '--mode=sample', '--config.sample.prompt=ab',
+                     '--config.sample.max_new_tokens=6')
+  assert "Tokenizer: the run's own" in out
+  assert '--- sample 0 (step 3) ---\nab' in out and '[' not in out.split('--- sample 0')[1]
+  out = _mock_launch(tmp_path, f'--config={ROOT / "configs" / "gpt2_small.py"}', '--mode=eval')
+  assert 'eval_bits_per_byte' in out
+  assert _files(tmp_path / 'run') == before  # eval and sample write nothing
