@@ -343,3 +343,15 @@ def test_launch_trains_on_a_tfds_text_dataset_and_samples_with_its_saved_tokeniz
   out = _mock_launch(tmp_path, f'--config={ROOT / "configs" / "gpt2_small.py"}', '--mode=eval')
   assert 'eval_bits_per_byte' in out
   assert _files(tmp_path / 'run') == before  # eval and sample write nothing
+
+
+def test_a_vocabulary_larger_than_the_model_table_and_short_held_out_rows_fail_clearly(tmp_path):
+  path = write_jsonl(tmp_path / 'c.jsonl', documents())
+  made = make(name='jsonl', path=path, tokenizer='bpe', vocab_size=300)
+  with pytest.raises(ConfigError, match=f'The data has {made.vocab.size} token ids but '
+                                        'model.vocab_size=256: set --config.model.vocab_size'):
+    registry.get('decoder').check_data(made.info, helpers.tiny('decoder', vocab_size=256))
+  with pytest.raises(ConfigError, match='The held-out split has .* examples, fewer than one eval '
+                                        'batch of data.eval_batch_size=4096: lower it'):
+    make(name='jsonl', path=path, tokenizer='bpe', vocab_size=300, packing=True,
+         eval_batch_size=4096)

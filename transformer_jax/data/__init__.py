@@ -5,7 +5,10 @@ sources.py opens any TFDS image-classification dataset prepared in the data dir,
 prepares CIFAR-10 and TinyShakespeare (the project's own TF-free builders: builders.py), all read
 with `tfds.data_source`; images (preprocess and randaugment per example, mixing per batch), text
 and seq2seq turn them, or generated data, into numpy batches that are pure functions of (seed,
-step); pipeline.py splits each global batch over the processes and iterates with grain.
+step); pipeline.py splits each global batch over the processes and iterates with grain. Text
+corpora (corpus.py: files, JSONL, TFDS) are tokenized once (tokenizer.py: characters, a trained
+BPE, a tokenizer.json) into memory-mapped token files (token_files.py), read as windows or as
+packed rows of whole documents (packing.py, text.py; text_data.py puts these together).
 """
 from transformer_jax.data import tokenizer
 from transformer_jax.data.pipeline import TASKS, Data, make_data
