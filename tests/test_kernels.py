@@ -9,6 +9,7 @@ import pytest
 
 from helpers import tiny
 from transformer_jax import kernels, layers, models
+from transformer_jax.layers import segment_mask
 
 
 def _inputs(kv_heads, b=2, t=5, s=7, h=4, d=8):
@@ -26,6 +27,23 @@ def test_each_kernel_equals_the_reference_with_gradients(name, kv_heads, mask_sh
   q, k, v = _inputs(kv_heads)
   mask = None if mask_shape is None else (
       jax.random.bernoulli(jax.random.key(2), 0.6, mask_shape).at[..., 0].set(True))
+  _assert_equals_reference(name, q, k, v, mask)
+
+
+@pytest.mark.parametrize('name', ['xla', 'cpu', 'auto'])
+def test_each_kernel_equals_the_reference_on_a_segment_mask(name):
+  """Under the per-row mask of packed rows, with grouped heads and a target padding query whose
+  row of inputs has no padding, which sees no key at all (as the cross mask of a packed
+  encoder-decoder can leave it)."""
+  q = jax.random.normal(jax.random.key(0), (2, 6, 4, 8))
+  k, v = jax.random.normal(jax.random.key(1), (2, 2, 5, 2, 8))
+  mask = segment_mask(jnp.array([[1, 1, 2, 2, 0, 0], [1, 2, 2, 3, 3, 0]]),
+                      jnp.array([[1, 1, 2, 2, 2], [1, 2, 3, 3, 0]]))
+  _assert_equals_reference(name, q, k, v, mask)
+
+
+def _assert_equals_reference(name, q, k, v, mask):
+  """Kernel `name`'s outputs and gradients of q, k and v equal the reference kernel's."""
   cotangent = jax.random.normal(jax.random.key(3), q.shape)
 
   def out_and_grads(kernel):
