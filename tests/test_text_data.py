@@ -283,8 +283,9 @@ def _loss_sum(model, family, params, batch):
   return float(losses.loss_sums(*out)['loss'])
 
 
-@pytest.mark.parametrize('family, style', [('decoder', 'gpt2'), ('decoder', 'llama'),
-                                           ('encoder', 'bert')])
+@pytest.mark.parametrize('family, style', [
+    pytest.param('decoder', 'gpt2', marks=pytest.mark.slow), ('decoder', 'llama'),
+    ('encoder', 'bert')])
 def test_the_loss_of_a_packed_batch_is_the_sum_of_its_documents_losses(tmp_path, rng, family,
                                                                         style):
   """A batch the pipeline packed, against each of its segments scored alone, unpacked."""
