@@ -1,11 +1,11 @@
 """The Transformer base model of Vaswani et al. 2017, "Attention is all you need", on WMT 2014
 English-German: 6 + 6 post-LN blocks, D = 512, 8 heads, ReLU hidden 2048, dropout 0.1,
 sinusoidal positions, one embedding shared by source, target and output, scaled by sqrt(D) on
-the way in; a byte-level BPE of 32,768 ids trained on both sides of the training pairs (the
-paper: 37,000 shared BPE tokens); Adam with b1 0.9, b2 0.98, eps 1e-9 and 4,000 warmup steps;
-rows of 256 tokens packed with pairs, 96 rows a batch (about 25,000 source and 25,000 target
-tokens, the paper's batch), 100,000 steps. BLEU (sacrebleu, greedy decoding) of the first
-data.bleu_examples pairs of newstest2014 at every evaluation, beside the loss.
+the way in: 60,915,712 parameters (the paper's 65M with its 37,000 ids); a byte-level BPE of
+32,768 ids trained on both sides of the training pairs; Adam with b1 0.9, b2 0.98, eps 1e-9 and
+4,000 warmup steps; rows of 256 tokens packed with pairs, 96 rows a batch (about 25,000 source
+and 25,000 target tokens, the paper's batch), 100,000 steps. BLEU (sacrebleu, greedy decoding)
+of the first data.bleu_examples pairs of newstest2014 at every evaluation, beside the loss.
 
 wmt14_translate is prepared with TensorFlow (its builder needs it), once, in array_record:
 
@@ -15,7 +15,7 @@ wmt14_translate is prepared with TensorFlow (its builder needs it), once, in arr
 
 Any other TFDS translation dataset prepared there works the same way, e.g.
 --config.data.name=ted_hrlr_translate/pt_to_en --config.data.source_language=pt
---config.data.target_language=en (languages unset: the direction the config name says).
+--config.data.target_language=en.
 
 Where this differs from the paper: the learning rate warms up to 7e-4 (the paper's peak,
 D^-0.5 * 4000^-0.5) and then follows a cosine decay, not the inverse square root; BLEU is of
