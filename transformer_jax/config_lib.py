@@ -234,6 +234,7 @@ RANGES = {
     'data.seq2seq_min_len': COUNT,
     'data.seq2seq_max_len': Range(1, integer=True, optional=True),
     'data.vocab_size': Range(1, integer=True, optional=True),
+    'data.bleu_examples': Range(0, integer=True),  # 0: no BLEU
     'data.image_size': COUNT,
     'data.num_classes': Range(2, integer=True),
     'data.num_threads': Range(0, integer=True),

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator
 from transformer_jax.data import sources
 from transformer_jax.errors import ConfigError
 
-__all__ = ['Corpus', 'open_corpus']
+__all__ = ['Corpus', 'open_corpus', 'tfds_split']
 
 JSONL_HELD_OUT_EVERY = 10  # without data.eval_path, every tenth JSONL document is held out
 
@@ -40,7 +40,7 @@ def open_corpus(option, name: str) -> tuple[Corpus, Corpus]:
     return _in_memory(name, *sources.load_text_file(option('path')))
   if name == 'jsonl':
     return _jsonl(option)
-  return tuple(_tfds_split(option, name, key) for key in ('train_split', 'eval_split'))
+  return tuple(tfds_split(option, name, key) for key in ('train_split', 'eval_split'))
 
 
 def _in_memory(name: str, train: str, held_out: str) -> tuple[Corpus, Corpus]:
@@ -104,8 +104,10 @@ def _records(files: list[str], text_key: str) -> Iterator[str]:
         yield record[text_key]
 
 
-def _tfds_split(option, name: str, key: str) -> Corpus:
-  text_key = option('text_key')
+def tfds_split(option, name: str, key: str, text_key: str | None = None) -> Corpus:
+  """The split data.`key` of the TFDS dataset `name`, the documents under `text_key` (default:
+  data.text_key)."""
+  text_key = text_key or option('text_key')
   source, identity = sources.open_text_split(
       name, data_dir=option('tfds_data_dir'), key=key, split=option(key), text_key=text_key)
 

@@ -10,7 +10,7 @@ import dataclasses
 
 import numpy as np
 
-__all__ = ['Packing', 'pack', 'packed_rows']
+__all__ = ['next_fit', 'Packing', 'pack', 'packed_rows']
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,17 +39,21 @@ def pack(starts: np.ndarray, length: int) -> Packing:
   piece_starts = begin[document] + index_in_document * length
   piece_lengths = np.minimum(length, sizes[document] - index_in_document * length)
   return Packing(piece_starts, piece_lengths, index_in_document == 0,
-                 _next_fit(piece_lengths, length))
+                 next_fit(piece_lengths, length))
 
 
-def _next_fit(lengths: np.ndarray, length: int) -> np.ndarray:
-  """Row boundaries: a new row starts where the next piece would overflow the current one."""
-  row_starts, filled = [0], 0
-  for i, size in enumerate(lengths.tolist()):
-    if filled + size > length:
+def next_fit(lengths: np.ndarray, length: int, paired: np.ndarray | None = None) -> np.ndarray:
+  """Row boundaries: a new row starts where the next piece would overflow the current one. With
+  `paired` (the lengths of a second stream's pieces, as a translation's targets are to its
+  sources), where the next piece would overflow either stream."""
+  paired = lengths if paired is None else paired
+  row_starts, filled, filled_paired = [0], 0, 0
+  for i, (size, size_paired) in enumerate(zip(lengths.tolist(), paired.tolist())):
+    if filled + size > length or filled_paired + size_paired > length:
       row_starts.append(i)
-      filled = 0
+      filled = filled_paired = 0
     filled += size
+    filled_paired += size_paired
   row_starts.append(len(lengths))
   return np.asarray(row_starts, np.int64)
 

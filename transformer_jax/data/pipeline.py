@@ -7,7 +7,7 @@ import grain
 import numpy as np
 
 from transformer_jax.errors import ConfigError
-from transformer_jax.data import images, preprocess, rng, seq2seq, sources, text_data
+from transformer_jax.data import images, preprocess, rng, seq2seq, sources, text_data, translation
 
 __all__ = ['Data', 'DATA_DEFAULTS', 'DATA_TYPES', 'DATASETS', 'make_data', 'TASKS', 'TEXT']
 
@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 # The tasks a model family trains on (its registry entry names one), and the datasets that feed
 # each: images with labels; text windows for next-token prediction or masked-token prediction;
 # source and target strings. Any other name is a TFDS dataset: image classification for an
-# image model, text for a text model.
+# image model, text for a text model, translation pairs for an encoder-decoder.
 TASKS = ('image', 'next_token', 'masked', 'seq2seq')
 TEXT = ('next_token', 'masked')
 DATASETS = {'cifar10': ('image',), 'tiny_shakespeare': TEXT, 'text_file': TEXT, 'jsonl': TEXT,
@@ -31,6 +31,11 @@ DATA_DEFAULTS = {
     'path': None,  # text_file: any UTF-8 file; jsonl: a JSONL file or a glob of them
     'eval_path': None,  # jsonl: the held-out documents; None: every tenth document of data.path
     'text_key': 'text',  # jsonl and TFDS text: the text feature of a record
+    # TFDS translation: the languages translated from and to; None: as the config name says
+    # ('de-en': de to en, 'pt_to_en': pt to en).
+    'source_language': None,
+    'target_language': None,
+    'bleu_examples': 256,  # translation: held-out pairs translated greedily for eval_bleu; 0: none
     # Text: 'chars'; 'bpe', a byte-level BPE of data.vocab_size ids trained on the training
     # documents; or the path of a tokenizer.json (or of a Hugging Face checkpoint holding one).
     'tokenizer': 'chars',
@@ -67,7 +72,8 @@ DATA_DEFAULTS = {
 }
 DATA_TYPES = {'name': str, 'tfds_data_dir': str, 'manual_dir': str, 'path': str,
               'eval_batch_size': int, 'seq2seq_max_len': int, 'eval_split': str, 'pp_train': str,
-              'pp_eval': str, 'eval_path': str, 'vocab_size': int, 'token_dir': str}
+              'pp_eval': str, 'eval_path': str, 'vocab_size': int, 'token_dir': str,
+              'source_language': str, 'target_language': str}
 
 
 class Data:
@@ -164,6 +170,9 @@ def make_data(config, task: str, *, seed: int, process_index: int | None = None,
   if task in TEXT:
     made = text_data.make_text_task(option, task, seed, vocab_size=vocab_size,
                                     tokenizer_dir=tokenizer_dir)
+  elif task == 'seq2seq' and option('name') not in DATASETS:
+    made = translation.make_translation_task(option, seed, vocab_size=vocab_size,
+                                             tokenizer_dir=tokenizer_dir)
   else:
     made = _make_task(option, task, seed, image_size)
   return Data(made, batch_size=batch_size,
@@ -174,9 +183,9 @@ def make_data(config, task: str, *, seed: int, process_index: int | None = None,
 
 
 def check_name(name, task: str) -> None:
-  """data.name feeds `task`: a name of DATASETS that feeds it, or a TFDS name for the image and
-  text tasks."""
-  if not name or (name not in DATASETS and task == 'seq2seq'):
+  """data.name feeds `task`: a name of DATASETS that feeds it, or a TFDS name (whose features
+  the task checks)."""
+  if not name:
     raise ConfigError(f'data.name={name!r} is not one of {sorted(DATASETS)}.')
   if name in DATASETS and task not in DATASETS[name]:
     feeds = [n for n, tasks in DATASETS.items() if task in tasks]

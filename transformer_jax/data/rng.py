@@ -8,7 +8,7 @@ import functools
 
 import numpy as np
 
-__all__ = ['generator', 'permutation']
+__all__ = ['generator', 'permutation', 'shuffled']
 
 # Streams. The synthetic tasks and every held-out split are keyed without the seed: the data
 # is the same for every seed, which is what makes eval metrics comparable from seed to seed.
@@ -23,3 +23,11 @@ def generator(*key: int) -> np.random.Generator:
 def permutation(seed: int, epoch: int, size: int) -> np.ndarray:
   """The order of `size` training records in `epoch` (cached: a batch's examples share one)."""
   return generator(SHUFFLE, seed, epoch).permutation(size)
+
+
+def shuffled(seed: int, step: int, batch_size: int, rows: slice, size: int) -> list[int]:
+  """The records of the `rows` of training batch `step`: example k = step * batch_size + row of
+  the run is record permutation(seed, k // size)[k % size] of the `size`, so each epoch visits
+  every record once."""
+  return [int(permutation(seed, k // size, size)[k % size])
+          for k in (step * batch_size + row for row in range(batch_size)[rows])]

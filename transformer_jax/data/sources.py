@@ -26,7 +26,8 @@ __all__ = [
     'CIFAR10_HELP', 'CIFAR10_JPEG', 'CIFAR10_ORIGINAL', 'DataNotFoundError', 'ImageDataset',
     'load_text_file', 'load_tiny_shakespeare', 'open_image_dataset', 'open_text_split',
     'prepare_cifar10',
-    'prepared_datasets', 'read_text', 'SHAKESPEARE', 'SHAKESPEARE_HELP']
+    'prepared_datasets', 'read_text', 'SHAKESPEARE', 'SHAKESPEARE_HELP',
+    'translation_languages']
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +198,15 @@ def open_text_split(name: str, *, data_dir, key: str, split: str | None, text_ke
                       f'Text features: {texts} (all: {sorted(features.keys())}).')
   return source, {'data_dir': os.path.abspath(builder.data_dir), 'split': split,
                   'version': str(builder.info.version), 'text_key': text_key}
+
+
+def translation_languages(name: str, data_dir) -> tuple[str, ...] | None:
+  """The languages of the Translation feature of the TFDS dataset `name` (its records: one text
+  per language); None where its features are not a Translation. Reads no record."""
+  features = _builder(name, data_dir).info.features
+  if not isinstance(features, tfds.features.Translation):
+    return None
+  return tuple(features.languages)
 
 
 def prepared_datasets(data_dir) -> list[str]:

@@ -132,9 +132,7 @@ class _Packed:
                  'packed_fill': round(len(train.tokens) / (self.train_rows.num_rows * seq_len), 4)}
 
   def _train_rows(self, step: int, batch_size: int, rows: slice) -> list[int]:
-    count = self.train_rows.num_rows
-    return [int(rng.permutation(self.seed, k // count, count)[k % count])
-            for k in (step * batch_size + row for row in range(batch_size)[rows])]
+    return rng.shuffled(self.seed, step, batch_size, rows, self.train_rows.num_rows)
 
   def _rows(self, rows_of, source, rows) -> dict:
     out = packing.packed_rows(rows_of, source.tokens, rows, self.seq_len, start_id=self.start_id,

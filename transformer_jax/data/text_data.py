@@ -16,7 +16,7 @@ from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.data.vocab import Vocab
 from transformer_jax.errors import ConfigError
 
-__all__ = ['make_text_task']
+__all__ = ['make_text_task', 'resolve_tokenizer']
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +34,9 @@ def make_text_task(option, task: str, seed: int, *, vocab_size: int | None,
     train, held_out = (np.array(vocab.encode(t), np.int32) for t in (train_text, held_out_text))
     return _windows(task, train, held_out, vocab, option, seed)
   train, held_out = corpus_lib.open_corpus(option, name)
-  tokenizer = _tokenizer(option, train, held_out, mask=mask, separated=packed or not train.single,
-                         vocab_size=vocab_size, saved_dir=tokenizer_dir)
+  tokenizer = resolve_tokenizer(option, train, held_out, mask=mask,
+                                separated=packed or not train.single, vocab_size=vocab_size,
+                                saved_dir=tokenizer_dir)
   separator = None
   if not train.single:
     if tokenizer.eos_id is None:
@@ -64,8 +65,11 @@ def _windows(task: str, train, held_out, tokenizer, option, seed: int):
                          probability=option('mlm_probability'))
 
 
-def _tokenizer(option, train: corpus_lib.Corpus, held_out: corpus_lib.Corpus, *, mask: bool,
-               separated: bool, vocab_size: int | None, saved_dir: str | None):
+def resolve_tokenizer(option, train: corpus_lib.Corpus, held_out: corpus_lib.Corpus, *,
+                      mask: bool, separated: bool, vocab_size: int | None,
+                      saved_dir: str | None):
+  """The run's saved tokenizer, else data.tokenizer's: characters of `train` and `held_out`
+  (with EOS where `separated`, MASK where `mask`), a BPE trained on `train`, or a tokenizer.json."""
   saved = tokenizer_lib.saved(saved_dir) if saved_dir else None
   if saved is not None:
     log.info('Tokenizer: the run\'s own, %s (%d ids).', saved_dir, saved.size)

@@ -8,7 +8,7 @@ import math
 import jax
 import numpy as np
 
-from transformer_jax import accounting
+from transformer_jax import accounting, decode
 from transformer_jax.train import checkpoint, metrics as metrics_lib, setup, sharding
 from transformer_jax.train.setup import Run, build_run, restore_trained
 
@@ -199,7 +199,8 @@ def _log_once(message: str) -> None:
 def evaluate_params(run: Run, eval_step, params) -> dict:
   """eval_loss and eval_accuracy over the held-out batches; for a classifier
   eval_top5_accuracy, for text eval_bits_per_byte (the summed loss in bits over the UTF-8 bytes
-  of the target tokens it scored)."""
+  of the target tokens it scored); what a task measures of the model's greedy decoding (its
+  generation_metrics: a translation's eval_bleu)."""
   sums = {}
   for batch in run.data.eval_batches():
     out = jax.device_get(eval_step(params, sharding.global_batch(batch, run.mesh)))
@@ -211,6 +212,11 @@ def evaluate_params(run: Run, eval_step, params) -> dict:
     results['eval_top5_accuracy'] = sums['correct_top5'] / weight
   if sums.get('bytes'):
     results['eval_bits_per_byte'] = sums['loss'] / math.log(2) / sums['bytes']
+  measure = getattr(run.data.task, 'generation_metrics', None)
+  if measure is not None:
+    generate = lambda **keywords: jax.device_get(
+        decode.generate(run.model, params, **keywords).tokens)
+    results.update(measure(generate, run.data.eval_batch_size))
   return results
 
 
@@ -221,6 +227,8 @@ def _evaluate(run: Run, eval_step, params, step: int, writer) -> None:
           if 'eval_top5_accuracy' in results else '')
   if 'eval_bits_per_byte' in results:
     top5 += f' | {results["eval_bits_per_byte"]:.4f} bits per byte'
+  if 'eval_bleu' in results:
+    top5 += f' | BLEU {results["eval_bleu"]:.2f}'
   log.info('step %d | held-out loss %.4f | accuracy %.4f%s', step, results['eval_loss'],
            results['eval_accuracy'], top5)
 

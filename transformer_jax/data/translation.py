@@ -1,0 +1,209 @@
+"""Translation pairs for the encoder-decoder: any TFDS dataset whose records are a Translation
+feature (wmt14_translate/de-en, wmt_t2t_translate/de-en, ted_hrlr_translate/pt_to_en, ...)
+prepared in data.tfds_data_dir, from data.source_language to data.target_language (default: as
+the config name reads, 'de-en' from de to en, 'pt_to_en' from pt to en).
+
+One tokenizer serves both sides: data.tokenizer 'bpe' (trained on both sides of the training
+pairs, cached as text_data caches it), a tokenizer.json with BOS and EOS, or the run's saved one.
+Each side of each split is tokenized once into a token file (token_files), the targets each
+followed by EOS. A pair whose source is empty is left out.
+
+Batches are Seq2SeqTask's: 'inputs' (the source, cut to seq_len), 'input_valid', 'targets' (the
+target and its EOS, cut to seq_len: a target that long loses its EOS), 'decoder_inputs' ([BOS] +
+targets[:-1]) and 'weights' (1.0 on the target and its EOS). With data.packing, the pairs fill
+rows of seq_len tokens in both streams, in corpus order, a new row starting where either side
+would overflow (a side longer than seq_len is first cut to seq_len, as above); 'input_valid'
+gives way to 'input_segment_ids', 'input_positions', 'target_segment_ids' and
+'target_positions': segment k of a row's targets translates segment k of its inputs, and 0 is
+padding, which carries no weight.
+
+Training example k is row permutation(seed, k // R)[k % R] of the R training rows (pairs, or
+packed rows); held-out rows are read in order. `generation_metrics` scores the greedy
+translations of the first data.bleu_examples held-out pairs with sacrebleu's corpus BLEU against
+their reference texts.
+"""
+import dataclasses
+import itertools
+import re
+
+import numpy as np
+import sacrebleu
+
+from transformer_jax.data import corpus as corpus_lib
+from transformer_jax.data import packing, rng, seq2seq, sources, text_data, token_files
+from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.errors import ConfigError
+
+__all__ = ['bleu', 'languages', 'make_translation_task', 'TranslationTask']
+
+# A config name that says the direction: 'de-en' (WMT's), 'pt_to_en' (ted_hrlr_translate's).
+_DIRECTION = re.compile(r'([a-z]+)(?:-|_to_)([a-z]+)')
+_NEEDS_BOS_AND_EOS = ('An encoder-decoder writes each translation from BOS to EOS, which the {} '
+                      "tokenizer lacks: use data.tokenizer='bpe' (a byte-level BPE trained on "
+                      'both sides) or a tokenizer.json that has both.')
+
+
+def make_translation_task(option, seed: int, *, vocab_size: int | None,
+                          tokenizer_dir: str | None) -> 'TranslationTask':
+  """The pairs of the TFDS translation dataset data.name (option: config.data key -> value);
+  vocab_size: a trained BPE's size where data.vocab_size is unset (the model's)."""
+  name = option('name')
+  source, target = languages(option, name)
+  train, held_out = ([_side(option, name, key, language) for language in (source, target)]
+                     for key in ('train_split', 'eval_split'))
+  saved = tokenizer_dir and tokenizer_lib.saved(tokenizer_dir)
+  if option('tokenizer') == 'chars' and not saved:  # before reading every text for nothing
+    raise ConfigError(_NEEDS_BOS_AND_EOS.format("data.tokenizer='chars'"))
+  tokenizer = text_data.resolve_tokenizer(option, _both(*train), _both(*held_out), mask=False,
+                                          separated=True, vocab_size=vocab_size,
+                                          saved_dir=tokenizer_dir)
+  if tokenizer.bos_id is None or tokenizer.eos_id is None:
+    raise ConfigError(_NEEDS_BOS_AND_EOS.format(tokenizer.kind))
+  root = option('token_dir') or token_files.default_root()
+
+  def tokenized(sides):  # the targets end with EOS, the sources with nothing
+    return tuple(token_files.tokenized(side, tokenizer, root, separator)
+                 for side, separator in zip(sides, (None, tokenizer.eos_id)))
+  return TranslationTask(tokenized(train), tokenized(held_out), tokenizer,
+                         seq_len=option('seq_len'), seed=seed, packed=option('packing'),
+                         bleu_examples=option('bleu_examples'), references=held_out[1],
+                         languages=(source, target))
+
+
+def languages(option, name: str) -> tuple[str, str]:
+  """(source, target): data.source_language and data.target_language, by default the direction
+  the config name says; each one of the dataset's languages."""
+  available = sources.translation_languages(name, option('tfds_data_dir'))
+  if available is None:
+    raise ConfigError(f'data.name={name!r} is not one of {sorted(seq2seq.TASKS)} nor a TFDS '
+                      'translation dataset (records of a Translation feature): give one such as '
+                      'ted_hrlr_translate/pt_to_en or wmt14_translate/de-en.')
+  direction = _DIRECTION.fullmatch(name.partition('/')[2])
+  source = option('source_language') or (direction and direction[1])
+  target = option('target_language') or (direction and direction[2])
+  for key, language in (('source_language', source), ('target_language', target)):
+    if language not in available:
+      given = f'={language!r} is not one of them' if language else ' is unset'
+      raise ConfigError(f'{name} translates between the languages {list(available)}; data.{key}'
+                        f'{given}: set --config.data.source_language and '
+                        '--config.data.target_language to two of them.')
+  if source == target:
+    raise ConfigError(f'data.source_language and data.target_language are both {source!r}: set '
+                      f'them to two of the languages {list(available)}.')
+  return source, target
+
+
+def _side(option, name: str, key: str, language: str) -> corpus_lib.Corpus:
+  """One language of the split data.`key`: its texts as documents, named after the language."""
+  side = corpus_lib.tfds_split(option, name, key, text_key=language)
+  return dataclasses.replace(side, name=f'{name.replace("/", "-")}.{language}')
+
+
+def _both(source: corpus_lib.Corpus, target: corpus_lib.Corpus) -> corpus_lib.Corpus:
+  """The texts of both sides of a split, the sources first: what one shared BPE trains on."""
+  return corpus_lib.Corpus(
+      f'{source.name}-{target.name.rpartition(".")[2]}', source.split,
+      lambda: itertools.chain(source.documents(), target.documents()),
+      {'sides': [source.identity, target.identity]})
+
+
+def bleu(hypotheses: list[str], references: list[str]) -> float:
+  """sacrebleu's corpus BLEU (0..100, its default 13a tokenization) of one reference each."""
+  return sacrebleu.corpus_bleu(hypotheses, [references]).score
+
+
+@dataclasses.dataclass(frozen=True)
+class _Split:
+  """A split's token files and its rows: row r holds the pairs row_starts[r] .. row_starts[r+1]-1
+  of both Packings (each pair one piece, cut to seq_len); `kept`: the pairs' record indices."""
+  source_tokens: np.ndarray
+  target_tokens: np.ndarray
+  sources: packing.Packing
+  targets: packing.Packing
+  kept: np.ndarray
+
+  @property
+  def num_rows(self) -> int:
+    return self.sources.num_rows
+
+
+def _split(files, seq_len: int, packed: bool) -> _Split:
+  source, target = files
+  if source.num_documents != target.num_documents:
+    raise ValueError(f'{source.directory} holds {source.num_documents} sources but '
+                     f'{target.directory} {target.num_documents} targets.')
+  source_lengths, target_lengths = np.diff(source.starts), np.diff(target.starts)
+  kept = np.flatnonzero(source_lengths > 0)
+  if not len(kept):
+    raise ConfigError(f'No pair of {source.directory.name} has a source: give a split with text '
+                      '(data.train_split, data.eval_split).')
+  source_lengths = np.minimum(source_lengths[kept], seq_len)
+  target_lengths = np.minimum(target_lengths[kept], seq_len)
+  rows = (packing.next_fit(source_lengths, seq_len, target_lengths) if packed
+          else np.arange(len(kept) + 1))
+  first = np.ones(len(kept), bool)
+  return _Split(source.tokens, target.tokens,
+                packing.Packing(source.starts[:-1][kept], source_lengths, first, rows),
+                packing.Packing(target.starts[:-1][kept], target_lengths, first, rows), kept)
+
+
+class TranslationTask:
+  """The batches of the module docstring, from the token files (source, target) of the
+  training and held-out splits, and BLEU from greedy decoding."""
+
+  def __init__(self, train, held_out, tokenizer, *, seq_len: int, seed: int, packed: bool,
+               bleu_examples: int, references: corpus_lib.Corpus, languages: tuple[str, str]):
+    self.vocab, self.token_bytes = tokenizer, tokenizer.token_bytes
+    self.seq_len, self.seed, self.packed = seq_len, seed, packed
+    self.pad_id = tokenizer.pad_id or 0
+    self.train = _split(train, seq_len, packed)
+    self.held_out = _split(held_out, seq_len, packed)
+    self.eval_pairs = _split(held_out, seq_len, packed=False) if packed else self.held_out
+    self.num_eval_examples = self.held_out.num_rows
+    kept = self.eval_pairs.kept[:bleu_examples]
+    texts = list(itertools.islice(references.documents(), int(kept[-1]) + 1)) if len(kept) else []
+    self.references = [texts[i] for i in kept]  # the reference translations BLEU compares with
+    self.info = {'vocab_size': tokenizer.size, 'seq_len': seq_len, 'tokenizer': tokenizer.kind,
+                 'languages': list(languages), 'num_train_pairs': len(self.train.kept),
+                 'num_train_rows': self.train.num_rows, 'bleu_examples': len(kept)}
+
+  def train_batch(self, step: int, batch_size: int, rows: slice) -> dict:
+    return self._batch(self.train, rng.shuffled(self.seed, step, batch_size, rows,
+                                                self.train.num_rows), self.packed)
+
+  def eval_examples(self, indices: np.ndarray) -> dict:
+    return self._batch(self.held_out, [int(i) for i in indices], self.packed)
+
+  def _batch(self, split: _Split, rows: list[int], packed: bool) -> dict:
+    settings = dict(start_id=self.vocab.bos_id, pad_id=self.pad_id)
+    source = packing.packed_rows(split.sources, split.source_tokens, rows, self.seq_len,
+                                 **settings)
+    target = packing.packed_rows(split.targets, split.target_tokens, rows, self.seq_len,
+                                 **settings)
+    batch = {'inputs': source['tokens'], 'decoder_inputs': target['previous'],
+             'targets': target['tokens'],
+             'weights': (target['segment_ids'] > 0).astype(np.float32)}
+    if not packed:
+      return {**batch, 'input_valid': source['segment_ids'] > 0}
+    return {**batch, 'input_segment_ids': source['segment_ids'],
+            'input_positions': source['positions'], 'target_segment_ids': target['segment_ids'],
+            'target_positions': target['positions']}
+
+  def generation_metrics(self, generate, batch_size: int) -> dict:
+    """{'eval_bleu': ...} of the greedy translations of the first held-out pairs (data.
+    bleu_examples of them; {} for none). generate(**keywords) -> (B, N) tokens is
+    decode.generate with the model and its parameters; it runs on batches of `batch_size`
+    pairs, the last one filled up with repeats so that every batch has one shape."""
+    count = len(self.references)
+    if not count:
+      return {}
+    hypotheses = []
+    for start in range(0, count, batch_size):
+      rows = [min(row, count - 1) for row in range(start, start + batch_size)]
+      batch = self._batch(self.eval_pairs, rows, packed=False)
+      tokens = generate(prompt_tokens=np.full((batch_size, 1), self.vocab.bos_id, np.int32),
+                        inputs=batch['inputs'], input_valid=batch['input_valid'],
+                        max_new_tokens=self.seq_len, temperature=0.0, eos_id=self.vocab.eos_id,
+                        pad_id=self.pad_id, token_limit=self.vocab.size)
+      hypotheses += [self.vocab.decode(row) for row in np.asarray(tokens)[:count - start]]
+    return {'eval_bleu': bleu(hypotheses, self.references)}
