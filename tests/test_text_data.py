@@ -20,6 +20,7 @@ from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.errors import ConfigError
 from transformer_jax.models import registry, styles
 from transformer_jax.train import losses
+from transformer_jax.train.step import StepSettings
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TEXT = 'Ünïcode and ASCII, mixed: ☃ snow, ça va? '
@@ -356,3 +357,25 @@ def test_a_vocabulary_larger_than_the_model_table_and_short_held_out_rows_fail_c
                                         'batch of data.eval_batch_size=4096: lower it'):
     make(name='jsonl', path=path, tokenizer='bpe', vocab_size=300, packing=True,
          eval_batch_size=4096)
+
+
+def test_a_tfds_config_name_makes_one_token_folder(tmp_path):
+  """A builder config's name (wiki40b/en) holds a slash, which must not nest the folder."""
+  tokens = token_files.tokenized(corpus.Corpus('wiki40b/en', 'train', lambda: iter(['ab']), {}),
+                                 data.Vocab.of_text('ab'), tmp_path, separator=None)
+  assert tokens.tokens.tolist() == [0, 1] and len(os.listdir(tmp_path)) == 1
+
+
+def test_label_smoothing_reaches_the_text_families():
+  """Vaswani et al.'s 0.1 for translation: the step of a text family smooths its targets."""
+  config = train_helpers.small_config('encoder_decoder')
+  config.training.label_smoothing = 0.1
+  settings = StepSettings.of(config, registry.get('encoder_decoder'), rules=())
+  assert settings.label_smoothing == 0.1
+  logits = np.random.default_rng(0).normal(size=(2, 3, 5)).astype(np.float32)
+  targets, weights = np.array([[0, 1, 2], [3, 4, 0]]), np.array([[1, 1, 1], [1, 1, 0]], np.float32)
+  log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  soft = 0.9 * np.eye(5)[targets] + 0.1 / 5
+  expected = -((soft * log_probs).sum(-1) * weights).sum()
+  got = losses.loss_sums(logits, targets, weights, label_smoothing=settings.label_smoothing)
+  assert float(got['loss']) == pytest.approx(expected, rel=1e-5)

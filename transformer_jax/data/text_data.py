@@ -91,8 +91,9 @@ def _trained_bpe(option, train: corpus_lib.Corpus, vocab_size: int | None):
                       '--config.data.vocab_size (or model.vocab_size).')
   described = json.dumps({'corpus': train.identity, 'name': train.name, 'size': vocab_size},
                          sort_keys=True)
+  key = hashlib.sha256(described.encode()).hexdigest()[:16]
   directory = os.path.join(option('token_dir') or token_files.default_root(),
-                           f'bpe-{train.name}-{hashlib.sha256(described.encode()).hexdigest()[:16]}')
+                           f'bpe-{train.name.replace("/", "_")}-{key}')
   cached = tokenizer_lib.saved(directory)
   if cached is not None:
     return cached

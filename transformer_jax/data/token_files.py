@@ -66,7 +66,8 @@ def tokenized(corpus: Corpus, tokenizer, root, separator: int | None) -> TokenFi
   """The token file of `corpus` with `tokenizer` under `root`, tokenizing it first where no
   complete one exists. Each document's ids are followed by `separator` (None: nothing)."""
   key = _key(corpus, tokenizer, separator)
-  directory = pathlib.Path(root) / f'{corpus.name}-{corpus.split}-{key}'
+  name = corpus.name.replace('/', '_')  # a TFDS config: wiki40b/en
+  directory = pathlib.Path(root) / f'{name}-{corpus.split}-{key}'
   if (directory / 'info.json').is_file():
     return TokenFile(directory)
   os.makedirs(root, exist_ok=True)

@@ -52,7 +52,7 @@ class Family:
   task: the data it trains on, a key of data.TASKS: 'image', 'next_token', 'masked', 'seq2seq'.
   targets: the batch key of the integer targets; each is weighted by batch['weights'] where the
     batch has them, else by 1.
-  classification: training.label_smoothing applies.
+  classification: evaluation reports top-5 accuracy.
   decoding: how decode.generate runs it: None (it cannot: no causal mask), 'decoder' or
     'encoder_decoder' (the two cache protocols documented in transformer_jax.decode).
   unit: what one example is to the accounting: 'token' (a text position) or 'image'.

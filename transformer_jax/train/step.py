@@ -39,7 +39,7 @@ class StepSettings:
   def of(cls, config, family: Family, rules: tuple) -> 'StepSettings':
     """The settings config's keys give a family's step, with the run's sharding rules."""
     return cls(seed=config.seed, grad_accum_steps=config.training.grad_accum_steps,
-               label_smoothing=config.training.label_smoothing * family.classification,
+               label_smoothing=config.training.label_smoothing,
                dropout=config.model.dropout_rate > 0, parallelism=config.parallelism,
                rules=rules)
 
