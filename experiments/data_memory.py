@@ -10,12 +10,12 @@ test: it prints figures.
 """
 import json
 import pathlib
-import subprocess
 import sys
 
 from absl import app, flags
 
 import image_datasets
+from peak_memory import peak_rss_mib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 _DATA_DIR = flags.DEFINE_string('data_dir', None, 'Where to prepare the synthetic datasets.',
@@ -23,15 +23,6 @@ _DATA_DIR = flags.DEFINE_string('data_dir', None, 'Where to prepare the syntheti
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Parent of the runs\' workdirs.', required=True)
 _SIZES = flags.DEFINE_list('sizes', ['50000', '500000'], 'Training images of each dataset.')
 _STEPS = flags.DEFINE_integer('steps', 200, 'Training steps of each run.')
-_PEAK_OF_CHILD = ('import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True); '
-                  'print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)')
-
-
-def peak_rss_mib(command: list[str]) -> float:
-  """The peak resident memory of `command`, run in a process of its own."""
-  out = subprocess.run([sys.executable, '-c', _PEAK_OF_CHILD, *command], check=True,
-                       capture_output=True, text=True).stdout
-  return int(out.split()[-1]) / 1024  # ru_maxrss is in KiB on Linux
 
 
 def main(argv):

@@ -114,6 +114,19 @@ def test_a_degenerate_refit_gives_unbounded_coefficients_and_no_optimum():
   assert all(math.isnan(v) for v in scaling.compute_optimal(p, 1e13).values())
 
 
+def test_tokenizer_runs_take_the_steps_of_the_character_runs_training_flops():
+  """The reference LM (4 blocks, width 128, SwiGLU of 341, batch 32 of 64 tokens) costs
+  3 (2 (L (4d^2 + 3dh) + dV) + 4LTd) FLOPs per token in training: 600 character steps (V = 65)
+  buy 562.6 steps of BPE 512 and 463.2 of BPE 2048."""
+  compare = load_experiment('tokenizer_compare')
+  runs = compare.tokenizer_runs(65, [512, 2048])
+  configs = [sweep.config_for(r, compare.CONFIG) for r in runs]
+  per_token = lambda v: 3 * (2 * (4 * (4 * 128**2 + 3 * 128 * 341) + 128 * v) + 4 * 4 * 64 * 128)
+  assert [compare.train_flops_per_step(c) for c in configs] == [
+      32 * 64 * per_token(v) for v in (65, 512, 2048)]
+  budget = 600 * compare.train_flops_per_step(configs[0])
+  assert [compare.matched_steps(c, budget) for c in configs] == [600, 563, 463]
+
 @pytest.mark.slow
 @pytest.mark.parametrize('name', sorted(FIGURES))
 def test_quick_mode_writes_the_results_folder(tmp_path, name):
