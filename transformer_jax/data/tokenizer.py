@@ -87,7 +87,12 @@ class HFTokenizer:
 
   @functools.cached_property
   def token_bytes(self) -> np.ndarray:
-    """int32 (size,): the UTF-8 bytes of each token's text; 0 for special tokens."""
+    """int32 (size,): the UTF-8 bytes of each token's text; 0 for special tokens.
+
+    Byte-level BPE (GPT-2's) is exact. SentencePiece-style vocabularies (LLaMA's) count a byte
+    fallback token <0xNN> as one byte and the meta-space ▁ as the space it stands for, so
+    the space their pre-tokenizer prepends to a text counts one byte the text does not have.
+    """
     byte_level = json.loads(self._tokenizer.to_str()).get('decoder') or {}
     byte_level = 'ByteLevel' in json.dumps(byte_level)
     special = {i for i, token in self._tokenizer.get_added_tokens_decoder().items()
