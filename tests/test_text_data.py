@@ -379,3 +379,16 @@ def test_label_smoothing_reaches_the_text_families():
   expected = -((soft * log_probs).sum(-1) * weights).sum()
   got = losses.loss_sums(logits, targets, weights, label_smoothing=settings.label_smoothing)
   assert float(got['loss']) == pytest.approx(expected, rel=1e-5)
+
+
+def test_a_packing_built_chunk_by_chunk_on_disk_equals_the_one_in_memory(tmp_path):
+  sizes = np.random.default_rng(1).integers(0, 80, size=5000)  # empty documents too
+  starts = np.concatenate([[0], np.cumsum(sizes)])
+  whole = packing.pack(starts, 32)
+  for chunk in (1, 7, 4096):
+    on_disk = packing.cached(tmp_path / f'chunks-{chunk}', starts, 32, chunk=chunk)
+    assert isinstance(on_disk.row_starts, np.memmap)
+    for field in ('piece_starts', 'piece_lengths', 'piece_first', 'row_starts'):
+      np.testing.assert_array_equal(getattr(on_disk, field), getattr(whole, field), field)
+  again = packing.cached(tmp_path / 'chunks-7', starts[:10], 32)  # read back, not rebuilt
+  assert again.num_rows == whole.num_rows

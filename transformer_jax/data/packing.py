@@ -7,6 +7,10 @@ piece is never split across rows. In a row, piece i has segment id i + 1 and pos
 the rest of the row is padding: segment id 0, token id `pad_id`.
 """
 import dataclasses
+import json
+import os
+import pathlib
+import shutil
 
 import numpy as np
 
@@ -28,34 +32,91 @@ class Packing:
 
 
 def pack(starts: np.ndarray, length: int) -> Packing:
-  """The packing of the documents at `starts` (int, num_documents + 1 offsets) into `length`."""
-  starts = np.asarray(starts, np.int64)
+  """The packing of the documents at `starts` (int, num_documents + 1 offsets) into `length`,
+  in memory (`cached` keeps a large one on disk)."""
+  piece_starts, piece_lengths, first = _pieces(np.asarray(starts, np.int64), length)
+  return Packing(piece_starts, piece_lengths, first, next_fit(piece_lengths, length))
+
+
+def _pieces(starts: np.ndarray, length: int):
+  """(offset, length, starts its document) of each piece of the documents at `starts`."""
   sizes = np.diff(starts)
   sizes, begin = sizes[sizes > 0], starts[:-1][sizes > 0]
   counts = -(-sizes // length)
   first_piece = np.cumsum(counts) - counts
   document = np.repeat(np.arange(len(sizes)), counts)
   index_in_document = np.arange(counts.sum()) - first_piece[document]
-  piece_starts = begin[document] + index_in_document * length
-  piece_lengths = np.minimum(length, sizes[document] - index_in_document * length)
-  return Packing(piece_starts, piece_lengths, index_in_document == 0,
-                 next_fit(piece_lengths, length))
+  return (begin[document] + index_in_document * length,
+          np.minimum(length, sizes[document] - index_in_document * length).astype(np.int32),
+          index_in_document == 0)
 
 
 def next_fit(lengths: np.ndarray, length: int, paired: np.ndarray | None = None) -> np.ndarray:
   """Row boundaries: a new row starts where the next piece would overflow the current one. With
   `paired` (the lengths of a second stream's pieces, as a translation's targets are to its
   sources), where the next piece would overflow either stream."""
+  breaks, _ = _row_breaks(lengths, length, paired)
+  return np.asarray([0, *breaks, len(lengths)], np.int64)
+
+
+def _row_breaks(lengths, length: int, paired=None, filled=(0, 0)) -> tuple[list[int], tuple]:
+  """The pieces that start a new row, and how full the last row is (both streams), continuing a
+  row filled `filled` by earlier pieces."""
   paired = lengths if paired is None else paired
-  row_starts, filled, filled_paired = [0], 0, 0
+  breaks, (used, used_paired) = [], filled
   for i, (size, size_paired) in enumerate(zip(lengths.tolist(), paired.tolist())):
-    if filled + size > length or filled_paired + size_paired > length:
-      row_starts.append(i)
-      filled = filled_paired = 0
-    filled += size
-    filled_paired += size_paired
-  row_starts.append(len(lengths))
-  return np.asarray(row_starts, np.int64)
+    if used + size > length or used_paired + size_paired > length:
+      breaks.append(i)
+      used = used_paired = 0
+    used += size
+    used_paired += size_paired
+  return breaks, (used, used_paired)
+
+
+_FILES = {'piece_starts': np.int64, 'piece_lengths': np.int32, 'piece_first': np.bool_,
+          'row_starts': np.int64}
+
+
+def cached(directory, starts: np.ndarray, length: int, chunk: int = 1 << 20) -> Packing:
+  """pack(starts, length), memory-mapped from `directory`, which is written first where it is not
+  complete: `chunk` documents at a time, under a temporary name renamed when done, so that
+  neither building nor reading it holds more than a chunk in memory."""
+  directory = pathlib.Path(directory)
+  if not (directory / 'info.json').is_file():
+    partial = directory.with_name(f'.{directory.name}.{os.getpid()}.partial')
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    counts = _write_chunks(partial, starts, length, chunk)
+    (partial / 'info.json').write_text(json.dumps(counts))
+    try:
+      os.rename(partial, directory)
+    except OSError:  # another process wrote the same packing first
+      shutil.rmtree(partial, ignore_errors=True)
+  counts = json.loads((directory / 'info.json').read_text())
+  return Packing(*(np.memmap(directory / f'{name}.bin', dtype=dtype, mode='r',
+                             shape=(counts[name],)) for name, dtype in _FILES.items()))
+
+
+def _write_chunks(directory: pathlib.Path, starts: np.ndarray, length: int, chunk: int) -> dict:
+  """Writes the packing's arrays chunk by chunk; returns their lengths."""
+  files = {name: open(directory / f'{name}.bin', 'wb') for name in _FILES}
+  pieces, rows, filled = 0, 1, (0, 0)
+  try:
+    files['row_starts'].write(np.zeros(1, np.int64).tobytes())
+    for low in range(0, len(starts) - 1, chunk):
+      piece_starts, piece_lengths, first = _pieces(np.asarray(starts[low:low + chunk + 1]), length)
+      for name, values in (('piece_starts', piece_starts), ('piece_lengths', piece_lengths),
+                           ('piece_first', first)):
+        files[name].write(values.astype(_FILES[name]).tobytes())
+      breaks, filled = _row_breaks(piece_lengths, length, filled=filled)
+      files['row_starts'].write((pieces + np.asarray(breaks, np.int64)).tobytes())
+      rows, pieces = rows + len(breaks), pieces + len(piece_lengths)
+    files['row_starts'].write(np.asarray([pieces], np.int64).tobytes())
+  finally:
+    for file in files.values():
+      file.close()
+  return {'piece_starts': pieces, 'piece_lengths': pieces, 'piece_first': pieces,
+          'row_starts': rows + 1}
 
 
 def packed_rows(packing: Packing, tokens: np.ndarray, rows, length: int, *, start_id: int,

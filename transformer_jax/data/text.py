@@ -122,8 +122,9 @@ class _Packed:
   def __init__(self, train, held_out, tokenizer, *, seq_len: int, seed: int):
     self.vocab, self.token_bytes = tokenizer, tokenizer.token_bytes
     self.train, self.held_out, self.seq_len, self.seed = train, held_out, seq_len, seed
-    self.train_rows = packing.pack(train.starts, seq_len)
-    self.eval_rows = packing.pack(held_out.starts, seq_len)
+    self.train_rows, self.eval_rows = (
+        packing.cached(split.directory / f'packed-{seq_len}', split.starts, seq_len)
+        for split in (train, held_out))
     self.start_id = tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id
     self.pad_id = tokenizer.pad_id or 0
     self.num_eval_examples = self.eval_rows.num_rows

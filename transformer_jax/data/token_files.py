@@ -1,11 +1,12 @@
 """A corpus tokenized once into files on disk, memory-mapped and read by index.
 
 `tokenized(corpus, tokenizer, root)` writes `root/NAME-SPLIT-KEY/` with `tokens.bin` (the ids of
-every document one after another, uint16 where the vocabulary fits, else uint32), `starts.npy`
+every document one after another, uint16 where the vocabulary fits, else uint32), `starts.bin`
 (int64: where each document starts, then the total) and `info.json`. KEY hashes the corpus's
 identity and the tokenizer's fingerprint, so a changed file or tokenizer never reuses stale
 tokens. The folder is written under a temporary name and renamed when complete: an interrupted
-tokenization leaves nothing that is read, and is redone. Memory holds one chunk of documents.
+tokenization leaves nothing that is read, and is redone. Memory holds one chunk of documents,
+and a packing of the documents (data.packing) is written beside them in the same way.
 """
 import hashlib
 import json
@@ -24,7 +25,7 @@ __all__ = ['default_root', 'TokenFile', 'tokenized']
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1  # bumped when the layout changes, so old folders are never misread
+FORMAT = 2  # bumped when the layout changes, so old folders are never misread
 _CHUNK = 1024  # documents tokenized at a time (in parallel by the tokenizers package)
 
 
@@ -42,7 +43,8 @@ class TokenFile:
     self.info = json.loads((self.directory / 'info.json').read_text())
     self.tokens = np.memmap(self.directory / 'tokens.bin', dtype=self.info['dtype'], mode='r',
                             shape=(self.info['num_tokens'],))
-    self.starts = np.load(self.directory / 'starts.npy', mmap_mode='r')
+    self.starts = np.memmap(self.directory / 'starts.bin', dtype=np.int64, mode='r',
+                            shape=(self.info['num_documents'] + 1,))
 
   @property
   def num_documents(self) -> int:
@@ -90,24 +92,26 @@ def tokenized(corpus: Corpus, tokenizer, root, separator: int | None) -> TokenFi
 def _write(corpus: Corpus, tokenizer, directory: pathlib.Path, separator: int | None) -> dict:
   dtype = _dtype(tokenizer.size)
   encode = getattr(tokenizer, 'encode_batch', lambda texts: [tokenizer.encode(t) for t in texts])
-  starts, total, num_bytes, began, shown = [0], 0, 0, time.monotonic(), time.monotonic()
-  with open(directory / 'tokens.bin', 'wb') as out:
+  documents, total, num_bytes, began, shown = 0, 0, 0, time.monotonic(), time.monotonic()
+  with open(directory / 'tokens.bin', 'wb') as out, open(directory / 'starts.bin', 'wb') as at:
+    at.write(np.zeros(1, np.int64).tobytes())
     for texts in _chunks(corpus.documents()):
+      lengths = []
       for ids in encode(texts):
         ids = np.asarray(ids + ([] if separator is None else [separator]), dtype)
         out.write(ids.tobytes())
-        total += len(ids)
-        starts.append(total)
+        lengths.append(len(ids))
+      at.write((total + np.cumsum(lengths, dtype=np.int64)).tobytes())
+      total, documents = total + sum(lengths), documents + len(texts)
       num_bytes += sum(len(text.encode('utf-8')) for text in texts)
       if time.monotonic() - shown > 10:
         shown = time.monotonic()
-        _log_progress(corpus, len(starts) - 1, total, num_bytes, shown - began)
+        _log_progress(corpus, documents, total, num_bytes, shown - began)
   if num_bytes == 0:
     raise ConfigError(f'The {corpus.split} split of {corpus.name} holds no text: give a corpus '
                       'with documents (data.path, data.eval_path, data.train_split, ...).')
-  np.save(directory / 'starts.npy', np.asarray(starts, np.int64))
-  _log_progress(corpus, len(starts) - 1, total, num_bytes, time.monotonic() - began)
-  return {'dtype': np.dtype(dtype).name, 'num_tokens': total, 'num_documents': len(starts) - 1,
+  _log_progress(corpus, documents, total, num_bytes, time.monotonic() - began)
+  return {'dtype': np.dtype(dtype).name, 'num_tokens': total, 'num_documents': documents,
           'num_bytes': num_bytes, 'corpus': corpus.identity, 'tokenizer': tokenizer.fingerprint,
           'seconds': round(time.monotonic() - began, 3)}
 
