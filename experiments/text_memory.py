@@ -1,5 +1,5 @@
-"""Resident memory of a run on a JSONL corpus of documents, for corpora of two sizes, and the rate
-of tokenization.
+"""Memory of a run on a JSONL corpus of documents, for corpora of several sizes, and the rate of
+tokenization.
 
   python experiments/text_memory.py --text FILE --workdir DIR
 
@@ -9,8 +9,10 @@ tokenize alike), then trains the reference LM (configs/llama_shakespeare.py, bat
 tokens) on each through launch.py in a fresh process: a byte-level BPE of --vocab_size ids
 trained on the training documents, packed rows (data.packing), every tenth document held out,
 --steps steps and one evaluation of --eval_steps batches. Reports that process's peak resident
-memory (ru_maxrss) beside the corpus's size and its token files' size on disk, and the rate at
-which the training documents were tokenized (from the token folder's info.json). A benchmark,
+memory (ru_maxrss, which counts the pages of the memory-mapped token files it touched) and its
+peak anonymous memory (heap, sampled from /proc) beside the corpus's size and its token files'
+size on disk, and the rate at which the training documents were tokenized (from the token
+folder's info.json). A benchmark,
 not a test: it prints figures and writes experiments/results/text_memory/.
 """
 import json
@@ -21,7 +23,7 @@ import time
 
 from absl import app, flags
 
-from peak_memory import peak_rss_mib
+from peak_memory import peak_memory_mib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / 'experiments' / 'results' / 'text_memory'
@@ -96,19 +98,21 @@ def measure(paragraphs: list[str], copies: int, workdir: pathlib.Path) -> dict:
   corpus = workdir / 'corpus.jsonl'
   corpus_bytes = write_corpus(paragraphs, copies, corpus)
   began = time.monotonic()
-  rss = peak_rss_mib(launch_command(corpus, workdir, _STEPS.value, _EVAL_STEPS.value,
-                                    _VOCAB_SIZE.value))
+  memory = peak_memory_mib(launch_command(corpus, workdir, _STEPS.value, _EVAL_STEPS.value,
+                                          _VOCAB_SIZE.value))
   return {'copies': copies, 'documents': copies * len(paragraphs),
-          'corpus_mib': corpus_bytes / 2**20, 'peak_rss_mib': rss,
+          'corpus_mib': corpus_bytes / 2**20, **memory,
           'process_seconds': time.monotonic() - began, **token_files(workdir / 'tokens')}
 
 
 def table(rows: list[dict]) -> str:
-  lines = ['| copies | documents | corpus (JSONL) | token files | peak resident memory of the run '
-           '| training split tokenized | rate |', '|---:|---:|---:|---:|---:|---:|---:|']
+  lines = ['| copies | documents | corpus (JSONL) | token files | peak resident memory | peak '
+           'anonymous memory | training split tokenized | rate |',
+           '|---:|---:|---:|---:|---:|---:|---:|---:|']
   for r in rows:
     lines.append(f'| {r["copies"]} | {r["documents"]:,} | {r["corpus_mib"]:,.1f} MiB | '
                  f'{r["token_files_mib"]:,.1f} MiB | {r["peak_rss_mib"]:,.0f} MiB | '
+                 f'{r["peak_anon_mib"]:,.0f} MiB | '
                  f'{r["train_tokens"]:,} tokens in {r["tokenize_seconds"]:.1f} s | '
                  f'{r["mb_per_second"]:.2f} MB/s, {r["tokens_per_second"]:,.0f} tokens/s |')
   return '\n'.join(lines)
@@ -117,6 +121,7 @@ def table(rows: list[dict]) -> str:
 def report(rows: list[dict], command: str) -> str:
   first, last = rows[0], rows[-1]
   growth = last['peak_rss_mib'] - first['peak_rss_mib']
+  anon = last['peak_anon_mib'] - first['peak_anon_mib']
   return '\n'.join([
       '# Memory and tokenization rate of a run on a corpus of documents', '',
       __doc__.split('\n\n', 2)[2].rsplit(' A benchmark', 1)[0].replace('\n', ' '), '',
@@ -126,7 +131,8 @@ def report(rows: list[dict], command: str) -> str:
       table(rows), '',
       f'{last["copies"] / first["copies"]:g} times the corpus ({last["corpus_mib"]:,.1f} against '
       f'{first["corpus_mib"]:,.1f} MiB of JSONL): {growth:+,.0f} MiB of peak resident memory '
-      f'({growth / first["peak_rss_mib"]:+.1%}).', '', '## What it shows', '', FINDINGS, ''])
+      f'({growth / first["peak_rss_mib"]:+.1%}), {anon:+,.0f} MiB of peak anonymous memory '
+      f'({anon / first["peak_anon_mib"]:+.1%}).', '', '## What it shows', '', FINDINGS, ''])
 
 
 def main(argv):

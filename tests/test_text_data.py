@@ -297,13 +297,20 @@ def test_the_loss_of_a_packed_batch_is_the_sum_of_its_documents_losses(tmp_path,
   cfg = helpers.tiny(family, vocab_size=300, max_len=32, init_std=0.3, **styles.STYLES[style])
   model, params = models.build(cfg), helpers.init(cfg, rng)
   batch = made.train_batch(2)
-  alone = 0.0
+  # Each document alone in a row of its own, from position 0, the rest of the row masked out
+  # ('valid') and weighted 0: one program scores them all, each unpacked.
+  alone = {key: [] for key in ('inputs', 'targets', 'weights', 'valid')}
   for row in range(len(batch['inputs'])):
     for segment in range(1, batch['segment_ids'][row].max() + 1):
       at = batch['segment_ids'][row] == segment
-      alone += _loss_sum(model, registry.get(family), params,
-                         {key: batch[key][row][at][None] for key in ('inputs', 'targets',
-                                                                     'weights')})
+      for key in ('inputs', 'targets', 'weights'):
+        alone[key].append(np.zeros_like(batch[key][row]))
+        alone[key][-1][:at.sum()] = batch[key][row][at]
+      alone['valid'].append(np.arange(len(at)) < at.sum())
+  alone = {key: np.stack(rows) for key, rows in alone.items()}
+  if family == 'decoder':  # causal: the rest of a row cannot reach its document
+    del alone['valid']
+  alone = _loss_sum(model, registry.get(family), params, alone)
   packed = _loss_sum(model, registry.get(family), params, batch)
   assert packed == pytest.approx(alone, rel=1e-5)
   unsegmented = {k: v for k, v in batch.items() if k not in ('segment_ids', 'positions')}
