@@ -32,15 +32,16 @@ RESULTS = ROOT / 'experiments' / 'results' / 'text_memory'
 # process that opened the 100-copy run's token files, packed them (text.PackedNextTokenTask) and
 # drew its 200 training batches.
 FINDINGS = (
-    'The token files are memory-mapped, and the tokenization rate stays at 1.5 to 1.9 MB/s '
-    '(0.8 to 1.0 million tokens/s) from 1 to 100 MB of text. The peak memory does grow with the '
-    'corpus, though not with its tokens in the heap: of the 145 MiB more at 100 copies, about '
-    '100 MiB are pages of the memory-mapped tokens.bin (file-backed: the 200 steps\' random rows '
-    'touch nearly every page of the 103 MB file; the kernel can drop them under pressure, but '
-    'ru_maxrss counts them), and 54 MiB are the packing index held in memory (1,020,684 rows of '
-    'int64 piece starts, lengths and row boundaries: O(documents), about 55 bytes per row), '
-    'with 117 MiB more while packing.pack builds it. A corpus of 100 million packed rows would '
-    'hold about 5.5 GB of index.')
+    'The anonymous memory (the heap: arrays, the model, the optimizer state, the batches in '
+    'flight) stays at 642 to 670 MiB from 1 to 100 copies of the corpus: the tokens and the '
+    'packing index (piece offsets, lengths and row boundaries, built a chunk of documents at a '
+    'time) are files, memory-mapped. The peak resident set does grow, by 152 MiB at 100 copies: '
+    'it counts the pages of those files that the run touched (the 200 steps\' random rows reach '
+    'nearly every page of the 103 MB tokens.bin and of the packing index), which are file-backed '
+    'and dropped by the kernel under memory pressure. Tokenization runs at 2.1 to 2.9 MB/s (1.1 '
+    'to 1.5 million tokens/s) from 1 to 100 MB of text. An earlier version that held the packing '
+    'index in memory grew the heap by 54 MiB at 100 copies (about 55 bytes per packed row) and '
+    'by 117 MiB more while building it.')
 _TEXT = flags.DEFINE_string('text', None, 'The UTF-8 text file to cut into documents.',
                             required=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Where the corpora and the runs go.',
@@ -126,8 +127,7 @@ def report(rows: list[dict], command: str) -> str:
       '# Memory and tokenization rate of a run on a corpus of documents', '',
       __doc__.split('\n\n', 2)[2].rsplit(' A benchmark', 1)[0].replace('\n', ' '), '',
       f'Command: `{command}`', '',
-      'Measured on a shared 2-core x86_64 machine, no accelerator, another agent\'s work '
-      'running beside it: the rates are what these two cores gave at the time.', '',
+      'Measured on a 2-core x86_64 machine, no accelerator.', '',
       table(rows), '',
       f'{last["copies"] / first["copies"]:g} times the corpus ({last["corpus_mib"]:,.1f} against '
       f'{first["corpus_mib"]:,.1f} MiB of JSONL): {growth:+,.0f} MiB of peak resident memory '

@@ -113,8 +113,8 @@ def run(quick: bool, workdir: str, results_dir: str, data: dict, command: str, *
 def report(results: list[dict], command: str) -> str:
   lines = [f'# {TITLE}', '', __doc__.split('\n\n')[1].replace('\n', ' '), '',
            f'Command: `{command}`', '',
-           'Measured on a shared 2-core x86_64 machine (no accelerator; another agent\'s work ran '
-           f'beside it): {sweep.machine_seconds(results) / 60:.1f} min over {len(results)} runs. '
+           'Measured on a 2-core x86_64 machine, no accelerator, with other work running beside '
+           f'it: {sweep.machine_seconds(results) / 60:.1f} min over {len(results)} runs. '
            'Wall time includes compiling, training each BPE and tokenizing the text.', '',
            '| tokenizer | vocabulary | steps | tokens seen | bytes per token | bytes seen | '
            'training FLOPs | held-out loss (nats/token) | held-out bits per byte | wall time |',
