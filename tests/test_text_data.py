@@ -399,3 +399,25 @@ def test_a_packing_built_chunk_by_chunk_on_disk_equals_the_one_in_memory(tmp_pat
       np.testing.assert_array_equal(getattr(on_disk, field), getattr(whole, field), field)
   again = packing.cached(tmp_path / 'chunks-7', starts[:10], 32)  # read back, not rebuilt
   assert again.num_rows == whole.num_rows
+
+
+def test_pairs_packed_chunk_by_chunk_equal_the_whole(tmp_path):
+  """A translation's two streams, a pair with an empty source left out, rows of either kind."""
+  noise = np.random.default_rng(2)
+  sources, targets = (np.concatenate([[0], np.cumsum(noise.integers(low, 50, size=999))])
+                      for low in (0, 1))
+  for packed in (True, False):
+    whole = packing.cached_pairs(tmp_path / f'whole-{packed}', sources, targets, 32, packed)
+    chunked = packing.cached_pairs(tmp_path / f'chunked-{packed}', sources, targets, 32, packed,
+                                   chunk=5)
+    np.testing.assert_array_equal(chunked[2], whole[2])
+    np.testing.assert_array_equal(whole[2], np.flatnonzero(np.diff(sources) > 0))
+    for got, expected in zip(chunked[:2], whole[:2]):
+      for field in ('piece_starts', 'piece_lengths', 'row_starts'):
+        np.testing.assert_array_equal(getattr(got, field), getattr(expected, field), field)
+    rows = np.diff(whole[0].row_starts)
+    if packed:
+      fill = np.add.reduceat(np.asarray(whole[0].piece_lengths), whole[0].row_starts[:-1])
+      assert rows.max() > 1 and fill.max() <= 32
+    else:
+      assert (rows == 1).all()

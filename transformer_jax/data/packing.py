@@ -14,7 +14,7 @@ import shutil
 
 import numpy as np
 
-__all__ = ['next_fit', 'Packing', 'pack', 'packed_rows']
+__all__ = ['cached', 'cached_pairs', 'Packing', 'pack', 'packed_rows']
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +35,9 @@ def pack(starts: np.ndarray, length: int) -> Packing:
   """The packing of the documents at `starts` (int, num_documents + 1 offsets) into `length`,
   in memory (`cached` keeps a large one on disk)."""
   piece_starts, piece_lengths, first = _pieces(np.asarray(starts, np.int64), length)
-  return Packing(piece_starts, piece_lengths, first, next_fit(piece_lengths, length))
+  breaks, _ = _row_breaks(piece_lengths, length)
+  return Packing(piece_starts, piece_lengths, first,
+                 np.asarray([0, *breaks, len(piece_lengths)], np.int64))
 
 
 def _pieces(starts: np.ndarray, length: int):
@@ -51,17 +53,10 @@ def _pieces(starts: np.ndarray, length: int):
           index_in_document == 0)
 
 
-def next_fit(lengths: np.ndarray, length: int, paired: np.ndarray | None = None) -> np.ndarray:
-  """Row boundaries: a new row starts where the next piece would overflow the current one. With
-  `paired` (the lengths of a second stream's pieces, as a translation's targets are to its
-  sources), where the next piece would overflow either stream."""
-  breaks, _ = _row_breaks(lengths, length, paired)
-  return np.asarray([0, *breaks, len(lengths)], np.int64)
-
-
 def _row_breaks(lengths, length: int, paired=None, filled=(0, 0)) -> tuple[list[int], tuple]:
-  """The pieces that start a new row, and how full the last row is (both streams), continuing a
-  row filled `filled` by earlier pieces."""
+  """Next-fit: the pieces that start a new row (where the piece would overflow the row, or with
+  `paired`, the lengths of a second stream's pieces, either stream), and how full the last row
+  is, continuing a row filled `filled` by earlier pieces."""
   paired = lengths if paired is None else paired
   breaks, (used, used_paired) = [], filled
   for i, (size, size_paired) in enumerate(zip(lengths.tolist(), paired.tolist())):
@@ -73,50 +68,87 @@ def _row_breaks(lengths, length: int, paired=None, filled=(0, 0)) -> tuple[list[
   return breaks, (used, used_paired)
 
 
-_FILES = {'piece_starts': np.int64, 'piece_lengths': np.int32, 'piece_first': np.bool_,
-          'row_starts': np.int64}
+_DOCUMENT_FILES = {'piece_starts': np.int64, 'piece_lengths': np.int32, 'piece_first': np.bool_}
+_PAIR_FILES = {'kept': np.int64, 'source_starts': np.int64, 'source_lengths': np.int32,
+               'target_starts': np.int64, 'target_lengths': np.int32}
 
 
 def cached(directory, starts: np.ndarray, length: int, chunk: int = 1 << 20) -> Packing:
-  """pack(starts, length), memory-mapped from `directory`, which is written first where it is not
-  complete: `chunk` documents at a time, under a temporary name renamed when done, so that
-  neither building nor reading it holds more than a chunk in memory."""
+  """pack(starts, length), memory-mapped from `directory` (written first where it is not
+  complete, `chunk` documents at a time: neither building nor reading it holds more than a
+  chunk in memory)."""
+  def pieces(low: int, high: int):
+    piece_starts, piece_lengths, first = _pieces(np.asarray(starts[low:high + 1]), length)
+    return ({'piece_starts': piece_starts, 'piece_lengths': piece_lengths, 'piece_first': first},
+            piece_lengths, None)
+  files = _cached(directory, len(starts) - 1, chunk, pieces, length, _DOCUMENT_FILES)
+  return Packing(files['piece_starts'], files['piece_lengths'], files['piece_first'],
+                 files['row_starts'])
+
+
+def cached_pairs(directory, source_starts: np.ndarray, target_starts: np.ndarray, length: int,
+                 packed: bool, chunk: int = 1 << 20) -> tuple[Packing, Packing, np.ndarray]:
+  """(sources, targets, kept) of the pairs of two token files with a source: each pair one
+  piece per stream, cut to `length`; with `packed` rows filled until either stream would
+  overflow, else a row per pair. `kept`: the pairs' indices. Memory-mapped as `cached` is."""
+  def pieces(low: int, high: int):
+    sources, targets = (np.asarray(s[low:high + 1]) for s in (source_starts, target_starts))
+    kept = np.flatnonzero(np.diff(sources) > 0)
+    source_lengths, target_lengths = (np.minimum(np.diff(s)[kept], length).astype(np.int32)
+                                      for s in (sources, targets))
+    return ({'kept': kept + low, 'source_starts': sources[:-1][kept],
+             'source_lengths': source_lengths, 'target_starts': targets[:-1][kept],
+             'target_lengths': target_lengths}, source_lengths, target_lengths)
+  files = _cached(directory, len(source_starts) - 1, chunk, pieces, length if packed else 0,
+                  _PAIR_FILES)
+  first = np.broadcast_to(np.True_, files['kept'].shape)
+  return (Packing(files['source_starts'], files['source_lengths'], first, files['row_starts']),
+          Packing(files['target_starts'], files['target_lengths'], first, files['row_starts']),
+          files['kept'])
+
+
+def _cached(directory, count: int, chunk: int, pieces, length: int, dtypes: dict) -> dict:
+  """The arrays of `dtypes` and 'row_starts', memory-mapped from `directory`; where it is not
+  complete, written first from pieces(low, high) -> (arrays, lengths, paired lengths) of items
+  low..high - 1, under a temporary name renamed when done. Length 0: a row per piece."""
   directory = pathlib.Path(directory)
+  dtypes = {**dtypes, 'row_starts': np.int64}
   if not (directory / 'info.json').is_file():
     partial = directory.with_name(f'.{directory.name}.{os.getpid()}.partial')
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    counts = _write_chunks(partial, starts, length, chunk)
-    (partial / 'info.json').write_text(json.dumps(counts))
+    sizes = _write_chunks(partial, count, chunk, pieces, length, dtypes)
+    (partial / 'info.json').write_text(json.dumps(sizes))
     try:
       os.rename(partial, directory)
     except OSError:  # another process wrote the same packing first
       shutil.rmtree(partial, ignore_errors=True)
-  counts = json.loads((directory / 'info.json').read_text())
-  return Packing(*(np.memmap(directory / f'{name}.bin', dtype=dtype, mode='r',
-                             shape=(counts[name],)) for name, dtype in _FILES.items()))
+  sizes = json.loads((directory / 'info.json').read_text())
+  return {name: np.memmap(directory / f'{name}.bin', dtype=dtype, mode='r', shape=(sizes[name],))
+          for name, dtype in dtypes.items()}
 
 
-def _write_chunks(directory: pathlib.Path, starts: np.ndarray, length: int, chunk: int) -> dict:
-  """Writes the packing's arrays chunk by chunk; returns their lengths."""
-  files = {name: open(directory / f'{name}.bin', 'wb') for name in _FILES}
-  pieces, rows, filled = 0, 1, (0, 0)
+def _write_chunks(directory: pathlib.Path, count: int, chunk: int, pieces, length: int,
+                  dtypes: dict) -> dict:
+  """Writes the arrays chunk by chunk, the rows by next-fit across chunks; returns the sizes."""
+  files = {name: open(directory / f'{name}.bin', 'wb') for name in dtypes}
+  num_pieces, num_rows, filled = 0, 1, (0, 0)
   try:
     files['row_starts'].write(np.zeros(1, np.int64).tobytes())
-    for low in range(0, len(starts) - 1, chunk):
-      piece_starts, piece_lengths, first = _pieces(np.asarray(starts[low:low + chunk + 1]), length)
-      for name, values in (('piece_starts', piece_starts), ('piece_lengths', piece_lengths),
-                           ('piece_first', first)):
-        files[name].write(values.astype(_FILES[name]).tobytes())
-      breaks, filled = _row_breaks(piece_lengths, length, filled=filled)
-      files['row_starts'].write((pieces + np.asarray(breaks, np.int64)).tobytes())
-      rows, pieces = rows + len(breaks), pieces + len(piece_lengths)
-    files['row_starts'].write(np.asarray([pieces], np.int64).tobytes())
+    for low in range(0, count, chunk):
+      arrays, lengths, paired = pieces(low, min(low + chunk, count))
+      for name, values in arrays.items():
+        files[name].write(np.asarray(values, dtypes[name]).tobytes())
+      breaks, filled = _row_breaks(lengths, length, paired, filled)
+      breaks = num_pieces + np.asarray(breaks, np.int64)
+      breaks = breaks[breaks > 0]  # the first row starts at piece 0 already
+      files['row_starts'].write(breaks.tobytes())
+      num_rows, num_pieces = num_rows + len(breaks), num_pieces + len(lengths)
+    files['row_starts'].write(np.asarray([num_pieces], np.int64).tobytes())
   finally:
     for file in files.values():
       file.close()
-  return {'piece_starts': pieces, 'piece_lengths': pieces, 'piece_first': pieces,
-          'row_starts': rows + 1}
+  return {**{name: num_pieces for name in dtypes}, 'row_starts': num_rows + 1}
 
 
 def packed_rows(packing: Packing, tokens: np.ndarray, rows, length: int, *, start_id: int,

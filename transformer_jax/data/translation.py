@@ -6,7 +6,8 @@ the config name reads, 'de-en' from de to en, 'pt_to_en' from pt to en).
 One tokenizer serves both sides: data.tokenizer 'bpe' (trained on both sides of the training
 pairs, cached as text_data caches it), a tokenizer.json with BOS and EOS, or the run's saved one.
 Each side of each split is tokenized once into a token file (token_files), the targets each
-followed by EOS. A pair whose source is empty is left out.
+followed by EOS, and the pairs' rows are laid out once beside them (packing.cached_pairs),
+memory-mapped like the tokens. A pair whose source is empty is left out.
 
 Batches are Seq2SeqTask's: 'inputs' (the source, cut to seq_len), 'input_valid', 'targets' (the
 target and its EOS, cut to seq_len: a target that long loses its EOS), 'decoder_inputs' ([BOS] +
@@ -132,19 +133,13 @@ def _split(files, seq_len: int, packed: bool) -> _Split:
   if source.num_documents != target.num_documents:
     raise ValueError(f'{source.directory} holds {source.num_documents} sources but '
                      f'{target.directory} {target.num_documents} targets.')
-  source_lengths, target_lengths = np.diff(source.starts), np.diff(target.starts)
-  kept = np.flatnonzero(source_lengths > 0)
+  layout = f'pairs-{target.directory.name}-{seq_len}-{"packed" if packed else "rows"}'
+  sources, targets, kept = packing.cached_pairs(source.directory / layout, source.starts,
+                                                target.starts, seq_len, packed)
   if not len(kept):
     raise ConfigError(f'No pair of {source.directory.name} has a source: give a split with text '
                       '(data.train_split, data.eval_split).')
-  source_lengths = np.minimum(source_lengths[kept], seq_len)
-  target_lengths = np.minimum(target_lengths[kept], seq_len)
-  rows = (packing.next_fit(source_lengths, seq_len, target_lengths) if packed
-          else np.arange(len(kept) + 1))
-  first = np.ones(len(kept), bool)
-  return _Split(source.tokens, target.tokens,
-                packing.Packing(source.starts[:-1][kept], source_lengths, first, rows),
-                packing.Packing(target.starts[:-1][kept], target_lengths, first, rows), kept)
+  return _Split(source.tokens, target.tokens, sources, targets, kept)
 
 
 class TranslationTask:
