@@ -11,7 +11,7 @@ import tensorflow_datasets as tfds
 from tensorflow_datasets.image_classification import cifar
 
 from transformer_jax import data
-from transformer_jax.data import builders, images, sources
+from transformer_jax.data import builders, images, pipeline, sources
 from transformer_jax.models import registry
 
 FAMILIES = ('vit', 'decoder', 'encoder', 'encoder_decoder')
@@ -365,3 +365,14 @@ def test_unknown_names_and_families_fail_clearly(tmp_path):
     make('encoder_decoder', name='mnist')
   with pytest.raises(ValueError, match="'seq2seq_sort' feeds seq2seq models, not 'next_tok"):
     make('decoder', name='seq2seq_sort')
+
+
+def test_data_settings_resolve_defaults_and_refuse_unknown_keys():
+  settings = data.DataSettings.of({'name': 'jsonl', 'seq_len': None, 'packing': True})
+  assert (settings.name, settings.seq_len, settings.packing) == ('jsonl', 64, True)
+  assert data.DataSettings.of(settings) is settings
+  with pytest.raises(ValueError, match=r"Unknown data settings \['pakcing'\]"):
+    data.DataSettings.of({'pakcing': True})
+  # The placeholders of the config's keys whose default is None carry the fields' types.
+  assert pipeline.DATA_TYPES['vocab_size'] is int and pipeline.DATA_TYPES['path'] is str
+  assert 'seq_len' not in pipeline.DATA_TYPES

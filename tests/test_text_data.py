@@ -94,21 +94,20 @@ def test_bad_tokenizers_fail_in_one_line(tmp_path):
 def test_jsonl_corpus_holds_out_every_tenth_document_and_names_bad_lines(tmp_path):
   texts = documents(30)
   path = write_jsonl(tmp_path / 'c.jsonl', texts)
-  option = {'path': path, 'text_key': 'text', 'eval_path': None}.get
-  train, held_out = corpus.open_corpus(option, 'jsonl')
+  train, held_out = corpus.open_corpus(data.DataSettings(path=path), 'jsonl')
   assert list(held_out.documents()) == texts[9::10]
   assert list(train.documents()) == [t for i, t in enumerate(texts) if i % 10 != 9]
   bad = tmp_path / 'bad.jsonl'
   bad.write_text('{"text": "fine"}\n\n{"text": broken\n')
-  option = {'path': str(bad), 'text_key': 'text'}.get
+  settings = data.DataSettings(path=str(bad))
   with pytest.raises(ConfigError, match=r'bad.jsonl:3 is not JSON'):
-    list(corpus.open_corpus(option, 'jsonl')[0].documents())
+    list(corpus.open_corpus(settings, 'jsonl')[0].documents())
   bad.write_text('{"text": "fine"}\n{"body": "no text key"}\n')
   with pytest.raises(ConfigError, match=r"bad.jsonl:2 has no text under data.text_key='text' "
                                         r"\(its keys: \['body'\]\)"):
-    list(corpus.open_corpus(option, 'jsonl')[0].documents())
+    list(corpus.open_corpus(settings, 'jsonl')[0].documents())
   with pytest.raises(ConfigError, match="data.path='.*missing.*' matches no file"):
-    corpus.open_corpus({'path': str(tmp_path / 'missing*.jsonl')}.get, 'jsonl')
+    corpus.open_corpus(data.DataSettings(path=str(tmp_path / 'missing*.jsonl')), 'jsonl')
 
 
 def test_token_files_are_keyed_by_corpus_and_tokenizer(tmp_path):

@@ -11,8 +11,9 @@ BPE, a tokenizer.json) into memory-mapped token files (token_files.py), read as 
 packed rows of whole documents (packing.py, text.py; text_data.py puts these together).
 """
 from transformer_jax.data import tokenizer
-from transformer_jax.data.pipeline import TASKS, Data, make_data
+from transformer_jax.data.pipeline import TASKS, Data, DataSettings, make_data
 from transformer_jax.data.sources import DataNotFoundError
 from transformer_jax.data.vocab import Vocab
 
-__all__ = ['TASKS', 'Data', 'DataNotFoundError', 'make_data', 'tokenizer', 'Vocab']
+__all__ = ['TASKS', 'Data', 'DataNotFoundError', 'DataSettings', 'make_data', 'tokenizer',
+           'Vocab']

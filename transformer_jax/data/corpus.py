@@ -12,6 +12,7 @@ import os
 from typing import Any, Callable, Iterator
 
 from transformer_jax.data import sources
+from transformer_jax.data.settings import DataSettings
 from transformer_jax.errors import ConfigError
 
 __all__ = ['Corpus', 'open_corpus', 'tfds_split']
@@ -30,17 +31,17 @@ class Corpus:
   single: bool = False
 
 
-def open_corpus(option, name: str) -> tuple[Corpus, Corpus]:
-  """(training, held-out) documents of data.name `name` (option: a config.data key -> value)."""
+def open_corpus(settings: DataSettings, name: str) -> tuple[Corpus, Corpus]:
+  """(training, held-out) documents of data.name `name`, by the DataSettings `settings`."""
   if name == 'tiny_shakespeare':
-    train, held_out = sources.load_tiny_shakespeare(option('tfds_data_dir'), option('manual_dir'),
-                                                    option('download'))
+    train, held_out = sources.load_tiny_shakespeare(settings.tfds_data_dir, settings.manual_dir,
+                                                    settings.download)
     return _in_memory(name, train, held_out)
   if name == 'text_file':
-    return _in_memory(name, *sources.load_text_file(option('path')))
+    return _in_memory(name, *sources.load_text_file(settings.path))
   if name == 'jsonl':
-    return _jsonl(option)
-  return tuple(tfds_split(option, name, key) for key in ('train_split', 'eval_split'))
+    return _jsonl(settings)
+  return tuple(tfds_split(settings, name, key) for key in ('train_split', 'eval_split'))
 
 
 def _in_memory(name: str, train: str, held_out: str) -> tuple[Corpus, Corpus]:
@@ -62,16 +63,16 @@ def _file_identity(files: list[str]) -> list:
   return [(os.path.abspath(f), os.path.getsize(f), os.stat(f).st_mtime_ns) for f in files]
 
 
-def _jsonl(option) -> tuple[Corpus, Corpus]:
+def _jsonl(settings: DataSettings) -> tuple[Corpus, Corpus]:
   """data.path's JSONL files (a file or a glob) in sorted order, data.text_key of each record;
   held out: data.eval_path's files, else every tenth record."""
-  if not option('path'):
+  if not settings.path:
     raise ConfigError('data.name=jsonl reads --config.data.path=FILE_OR_GLOB (JSONL, one '
                       'document per line under data.text_key).')
-  text_key, files = option('text_key'), _files(option('path'), 'path')
+  text_key, files = settings.text_key, _files(settings.path, 'path')
   identity = {'files': _file_identity(files), 'text_key': text_key}
-  if option('eval_path'):
-    held_out_files = _files(option('eval_path'), 'eval_path')
+  if settings.eval_path:
+    held_out_files = _files(settings.eval_path, 'eval_path')
     read = lambda fs: lambda: _records(fs, text_key)
     return (Corpus('jsonl', 'train', read(files), identity),
             Corpus('jsonl', 'held_out', read(held_out_files),
@@ -104,12 +105,13 @@ def _records(files: list[str], text_key: str) -> Iterator[str]:
         yield record[text_key]
 
 
-def tfds_split(option, name: str, key: str, text_key: str | None = None) -> Corpus:
+def tfds_split(settings: DataSettings, name: str, key: str, text_key: str | None = None) -> Corpus:
   """The split data.`key` of the TFDS dataset `name`, the documents under `text_key` (default:
   data.text_key)."""
-  text_key = text_key or option('text_key')
+  text_key = text_key or settings.text_key
   source, identity = sources.open_text_split(
-      name, data_dir=option('tfds_data_dir'), key=key, split=option(key), text_key=text_key)
+      name, data_dir=settings.tfds_data_dir, key=key, split=getattr(settings, key),
+      text_key=text_key)
 
   def documents():
     for start in range(0, len(source), 1024):

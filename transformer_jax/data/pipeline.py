@@ -8,8 +8,10 @@ import numpy as np
 
 from transformer_jax.errors import ConfigError
 from transformer_jax.data import images, preprocess, rng, seq2seq, sources, text_data, translation
+from transformer_jax.data.settings import DATA_DEFAULTS, DATA_TYPES, DataSettings
 
-__all__ = ['Data', 'DATA_DEFAULTS', 'DATA_TYPES', 'DATASETS', 'make_data', 'TASKS', 'TEXT']
+__all__ = ['Data', 'DATA_DEFAULTS', 'DATA_TYPES', 'DATASETS', 'DataSettings', 'make_data', 'TASKS',
+           'TEXT']
 
 log = logging.getLogger(__name__)
 
@@ -22,58 +24,6 @@ TEXT = ('next_token', 'masked')
 DATASETS = {'cifar10': ('image',), 'tiny_shakespeare': TEXT, 'text_file': TEXT, 'jsonl': TEXT,
             'seq2seq_reverse': ('seq2seq',), 'seq2seq_sort': ('seq2seq',), 'synthetic': TASKS}
 
-# Every key make_data reads from config.data, with its default (None or missing: the default).
-DATA_DEFAULTS = {
-    'name': None,  # a key of DATASETS, or any TFDS image-classification or text dataset's name
-    'tfds_data_dir': None,  # TFDS data dir; None: TFDS's default (TFDS_DATA_DIR or ~/...)
-    'manual_dir': None,  # local source files to prepare a dataset from (see sources.py)
-    'download': True,  # whether a dataset that is not prepared may be downloaded
-    'path': None,  # text_file: any UTF-8 file; jsonl: a JSONL file or a glob of them
-    'eval_path': None,  # jsonl: the held-out documents; None: every tenth document of data.path
-    'text_key': 'text',  # jsonl and TFDS text: the text feature of a record
-    # TFDS translation: the languages translated from and to; None: as the config name says
-    # ('de-en': de to en, 'pt_to_en': pt to en).
-    'source_language': None,
-    'target_language': None,
-    'bleu_examples': 256,  # translation: held-out pairs translated greedily for eval_bleu; 0: none
-    # Text: 'chars'; 'bpe', a byte-level BPE of data.vocab_size ids trained on the training
-    # documents; or the path of a tokenizer.json (or of a Hugging Face checkpoint holding one).
-    'tokenizer': 'chars',
-    'vocab_size': None,  # a trained BPE's ids; None: model.vocab_size
-    'packing': False,  # text: whole documents packed into rows, with segment ids (data.packing)
-    'token_dir': None,  # tokenized corpora; None: $TRANSFORMER_JAX_CACHE/tokens or ~/.cache/...
-    'seq_len': 64,  # tokens per window or packed row; source and target length of seq2seq
-    'batch_size': 128,  # the GLOBAL batch, split evenly over the processes
-    'eval_batch_size': None,  # None: batch_size
-    'eval_steps': -1,  # eval batches; -1 or None: every full batch of the held-out split
-    'eval_examples': 1024,  # held-out size of generated data; synthetic trains on 9x as much
-    'train_split': 'train',  # TFDS split strings of an image dataset: 'train[:98%]', ...
-    'eval_split': None,  # None: 'test' where the dataset has one, else 'validation'
-    'image_key': 'image',  # the image and ClassLabel features of an image dataset
-    'label_key': 'label',
-    # Preprocessing of each training and held-out image, a spec of ops (data.preprocess), e.g.
-    # 'decode|inception_crop(224)|flip_lr|randaug(2, 10)|value_range(-1, 1)'. None: the image
-    # brought to model.image_size (resize_small + central crop), plus with `augment` a random
-    # crop of the image padded by an eighth of its side and a flip, to values in [-1, 1].
-    'pp_train': None,
-    'pp_eval': None,
-    'augment': True,
-    'mixup_alpha': 0.0,  # mixup (Zhang et al. 2018) of training images in pairs; 0: none
-    'cutmix_alpha': 0.0,  # CutMix (Yun et al. 2019); 0: none
-    'cutmix_prob': 0.5,  # with both: the share of pairs CutMix mixes
-    'mlm_probability': 0.15,  # encoder: share of positions selected for the MLM loss
-    'alphabet': 'abcdefghijklmnopqrstuvwxyz',  # symbols of generated text and seq2seq data
-    'seq2seq_min_len': 1,  # shortest source, in symbols
-    'seq2seq_max_len': None,  # longest source; None: seq_len - 1 (the target needs its EOS)
-    'image_size': 32,  # synthetic images: height and width
-    'num_classes': 10,  # synthetic images: classes
-    'num_threads': 2,  # grain threads assembling training batches ahead of the device
-    'prefetch_buffer_size': 4,  # training batches grain keeps ready
-}
-DATA_TYPES = {'name': str, 'tfds_data_dir': str, 'manual_dir': str, 'path': str,
-              'eval_batch_size': int, 'seq2seq_max_len': int, 'eval_split': str, 'pp_train': str,
-              'pp_eval': str, 'eval_path': str, 'vocab_size': int, 'token_dir': str,
-              'source_language': str, 'target_language': str}
 
 
 class Data:
@@ -146,7 +96,7 @@ def _eval_steps(requested: int | None, num_examples: int, batch_size: int) -> in
 def make_data(config, task: str, *, seed: int, process_index: int | None = None,
               process_count: int | None = None, image_size: int | None = None,
               vocab_size: int | None = None, tokenizer_dir: str | None = None) -> Data:
-  """The data of config.data (a ConfigDict or a dict; see DATA_DEFAULTS) for a
+  """The data of config.data (DataSettings, or a ConfigDict or dict of its keys) for a
   `task` (one of TASKS), as a model family's registry entry names it.
 
   Opens, and where needed prepares, the dataset now, so that missing data fails before any
@@ -156,30 +106,27 @@ def make_data(config, task: str, *, seed: int, process_index: int | None = None,
   data.vocab_size is unset. tokenizer_dir: where a run saved its tokenizer, used instead of
   data.tokenizer where it holds one.
   """
-  def option(key):
-    value = config.get(key, None)
-    return DATA_DEFAULTS[key] if value is None else value
-
+  settings = DataSettings.of(config)
   if process_index is None or process_count is None:
     import jax  # only here: the data package itself needs no accelerator
     process_index, process_count = jax.process_index(), jax.process_count()
-  batch_size = option('batch_size')
-  eval_batch_size = option('eval_batch_size') or batch_size
+  batch_size = settings.batch_size
+  eval_batch_size = settings.eval_batch_size or batch_size
   _check_shares(batch_size, eval_batch_size, process_index, process_count)  # before any reading
-  check_name(option('name'), task)
+  check_name(settings.name, task)
   if task in TEXT:
-    made = text_data.make_text_task(option, task, seed, vocab_size=vocab_size,
+    made = text_data.make_text_task(settings, task, seed, vocab_size=vocab_size,
                                     tokenizer_dir=tokenizer_dir)
-  elif task == 'seq2seq' and option('name') not in DATASETS:
-    made = translation.make_translation_task(option, seed, vocab_size=vocab_size,
+  elif task == 'seq2seq' and settings.name not in DATASETS:
+    made = translation.make_translation_task(settings, seed, vocab_size=vocab_size,
                                              tokenizer_dir=tokenizer_dir)
   else:
-    made = _make_task(option, task, seed, image_size)
+    made = _make_task(settings, task, seed, image_size)
   return Data(made, batch_size=batch_size,
-              eval_batch_size=eval_batch_size, eval_steps=option('eval_steps'),
+              eval_batch_size=eval_batch_size, eval_steps=settings.eval_steps,
               process_index=process_index, process_count=process_count,
-              read_options=grain.ReadOptions(num_threads=option('num_threads'),
-                                             prefetch_buffer_size=option('prefetch_buffer_size')))
+              read_options=grain.ReadOptions(num_threads=settings.num_threads,
+                                             prefetch_buffer_size=settings.prefetch_buffer_size))
 
 
 def check_name(name, task: str) -> None:
@@ -193,54 +140,54 @@ def check_name(name, task: str) -> None:
                       f'{task!r} ones: set data.name to one of {feeds}.')
 
 
-def _make_task(option, task: str, seed: int, image_size: int | None):
-  name = option('name')
+def _make_task(settings: DataSettings, task: str, seed: int, image_size: int | None):
+  name = settings.name
   if task == 'image':
-    return _image_task(option, name, seed, image_size or option('image_size'))
-  seq_len = option('seq_len')
+    return _image_task(settings, name, seed, image_size or settings.image_size)
+  seq_len = settings.seq_len
   return seq2seq.Seq2SeqTask(
-      name, alphabet=option('alphabet'), seq_len=seq_len, min_len=option('seq2seq_min_len'),
-      max_len=option('seq2seq_max_len') or seq_len - 1, seed=seed,
-      num_eval=option('eval_examples'))
+      name, alphabet=settings.alphabet, seq_len=seq_len, min_len=settings.seq2seq_min_len,
+      max_len=settings.seq2seq_max_len or seq_len - 1, seed=seed,
+      num_eval=settings.eval_examples)
 
 
-def _image_task(option, name: str, seed: int, image_size: int) -> images.ImageTask:
-  mix = images.Mixing(option('mixup_alpha'), option('cutmix_alpha'), option('cutmix_prob'))
+def _image_task(settings: DataSettings, name: str, seed: int, image_size: int) -> images.ImageTask:
+  mix = images.Mixing(settings.mixup_alpha, settings.cutmix_alpha, settings.cutmix_prob)
   if name == 'synthetic':
-    size, count = option('image_size'), option('eval_examples')
+    size, count = settings.image_size, settings.eval_examples
     train, held_out, num_classes = (
-        images.synthetic_images(9 * count, size, option('num_classes'), (rng.GENERATE,)),
-        images.synthetic_images(count, size, option('num_classes'), (rng.HELD_OUT,)),
-        option('num_classes'))
+        images.synthetic_images(9 * count, size, settings.num_classes, (rng.GENERATE,)),
+        images.synthetic_images(count, size, settings.num_classes, (rng.HELD_OUT,)),
+        settings.num_classes)
     # In memory, generated images are standardized with their exact channel statistics.
     scale = 'normalize({}, {})'.format(*images.channel_stats(train.images))
-    pp_train, pp_eval = _preprocessing(option, image_size, scale)
+    pp_train, pp_eval = _preprocessing(settings, image_size, scale)
     source, splits = name, ('generated', 'generated')
   else:
-    pp_train, pp_eval = _preprocessing(option, image_size)  # checked before reading
+    pp_train, pp_eval = _preprocessing(settings, image_size)  # checked before reading
     if name == 'cifar10':
-      name = sources.prepare_cifar10(option('tfds_data_dir'), option('manual_dir'),
-                                     option('download'))
+      name = sources.prepare_cifar10(settings.tfds_data_dir, settings.manual_dir,
+                                     settings.download)
     dataset = sources.open_image_dataset(
-        name, data_dir=option('tfds_data_dir'), manual_dir=option('manual_dir'),
-        train_split=option('train_split'), eval_split=option('eval_split'),
-        image_key=option('image_key'), label_key=option('label_key'))
+        name, data_dir=settings.tfds_data_dir, manual_dir=settings.manual_dir,
+        train_split=settings.train_split, eval_split=settings.eval_split,
+        image_key=settings.image_key, label_key=settings.label_key)
     train, held_out, num_classes = dataset.train, dataset.held_out, dataset.num_classes
     source, splits = name, dataset.splits
   task = images.ImageTask(train, held_out, num_classes=num_classes, seed=seed, pp_train=pp_train,
-                          pp_eval=pp_eval, image_key=option('image_key'),
-                          label_key=option('label_key'), mix=mix)
+                          pp_eval=pp_eval, image_key=settings.image_key,
+                          label_key=settings.label_key, mix=mix)
   task.info.update(source=source, splits=splits)
   return task
 
 
-def _preprocessing(option, size: int, scale: str = 'value_range(-1, 1)'):
+def _preprocessing(settings: DataSettings, size: int, scale: str = 'value_range(-1, 1)'):
   """The training and held-out preprocessing: data.pp_train / data.pp_eval, else the image
   brought to size x size and scaled, with `augment` randomly cropped from a padded copy and
   flipped."""
   fit = f'decode|resize_small({size})|central_crop({size})'
-  augment = f'|random_crop({size}, pad={max(size // 8, 1)})|flip_lr' if option('augment') else ''
-  train = option('pp_train') or f'{fit}{augment}|{scale}'
-  held_out = option('pp_eval') or f'{fit}|{scale}'
+  augment = f'|random_crop({size}, pad={max(size // 8, 1)})|flip_lr' if settings.augment else ''
+  train = settings.pp_train or f'{fit}{augment}|{scale}'
+  held_out = settings.pp_eval or f'{fit}|{scale}'
   return (preprocess.build(train, key='data.pp_train'),
           preprocess.build(held_out, key='data.pp_eval'))

@@ -14,6 +14,7 @@ from transformer_jax.data import corpus as corpus_lib
 from transformer_jax.data import text, token_files
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.data.vocab import Vocab
+from transformer_jax.data.settings import DataSettings
 from transformer_jax.errors import ConfigError
 
 __all__ = ['make_text_task', 'resolve_tokenizer']
@@ -21,20 +22,20 @@ __all__ = ['make_text_task', 'resolve_tokenizer']
 log = logging.getLogger(__name__)
 
 
-def make_text_task(option, task: str, seed: int, *, vocab_size: int | None,
+def make_text_task(settings: DataSettings, task: str, seed: int, *, vocab_size: int | None,
                    tokenizer_dir: str | None):
-  """The 'next_token' or 'masked' task of data.name `option('name')` (option: config.data key ->
+  """The 'next_token' or 'masked' task of data.name `settings.name` (DataSettings:
   value); vocab_size: a trained BPE's size where data.vocab_size is unset (the model's)."""
-  name, seq_len, packed = option('name'), option('seq_len'), option('packing')
+  name, seq_len, packed = settings.name, settings.seq_len, settings.packing
   mask = task == 'masked'
   if name == 'synthetic':
-    train_text, held_out_text = text.synthetic_text(option('alphabet'), option('eval_examples'),
+    train_text, held_out_text = text.synthetic_text(settings.alphabet, settings.eval_examples,
                                                     seq_len)
     vocab = Vocab.of_text(train_text + held_out_text, mask=mask)
     train, held_out = (np.array(vocab.encode(t), np.int32) for t in (train_text, held_out_text))
-    return _windows(task, train, held_out, vocab, option, seed)
-  train, held_out = corpus_lib.open_corpus(option, name)
-  tokenizer = resolve_tokenizer(option, train, held_out, mask=mask,
+    return _windows(task, train, held_out, vocab, settings, seed)
+  train, held_out = corpus_lib.open_corpus(settings, name)
+  tokenizer = resolve_tokenizer(settings, train, held_out, mask=mask,
                                 separated=packed or not train.single, vocab_size=vocab_size,
                                 saved_dir=tokenizer_dir)
   separator = None
@@ -43,47 +44,47 @@ def make_text_task(option, task: str, seed: int, *, vocab_size: int | None,
       raise ConfigError(f'The {tokenizer.kind} tokenizer has no EOS token to end each document '
                         'of the corpus with: use one that has (</s>, <|endoftext|>, <eos>).')
     separator = tokenizer.eos_id
-  root = option('token_dir') or token_files.default_root()
+  root = settings.token_dir or token_files.default_root()
   train_tokens, held_out_tokens = (token_files.tokenized(c, tokenizer, root, separator)
                                    for c in (train, held_out))
   if not packed:
-    return _windows(task, train_tokens.tokens, held_out_tokens.tokens, tokenizer, option, seed)
+    return _windows(task, train_tokens.tokens, held_out_tokens.tokens, tokenizer, settings, seed)
   if tokenizer.bos_id is None and tokenizer.eos_id is None:
     raise ConfigError('data.packing starts each document after a BOS or EOS token, which this '
                       f'{tokenizer.kind} tokenizer lacks: use data.tokenizer=bpe.')
   if mask:
     return text.PackedMaskedTask(train_tokens, held_out_tokens, tokenizer, seq_len=seq_len,
-                                 seed=seed, probability=option('mlm_probability'))
+                                 seed=seed, probability=settings.mlm_probability)
   return text.PackedNextTokenTask(train_tokens, held_out_tokens, tokenizer, seq_len=seq_len,
                                   seed=seed)
 
 
-def _windows(task: str, train, held_out, tokenizer, option, seed: int):
+def _windows(task: str, train, held_out, tokenizer, settings: DataSettings, seed: int):
   if task == 'next_token':
-    return text.NextTokenTask(train, held_out, tokenizer, seq_len=option('seq_len'), seed=seed)
-  return text.MaskedTask(train, held_out, tokenizer, seq_len=option('seq_len'), seed=seed,
-                         probability=option('mlm_probability'))
+    return text.NextTokenTask(train, held_out, tokenizer, seq_len=settings.seq_len, seed=seed)
+  return text.MaskedTask(train, held_out, tokenizer, seq_len=settings.seq_len, seed=seed,
+                         probability=settings.mlm_probability)
 
 
-def resolve_tokenizer(option, train: corpus_lib.Corpus, held_out: corpus_lib.Corpus, *,
-                      mask: bool, separated: bool, vocab_size: int | None,
-                      saved_dir: str | None):
+def resolve_tokenizer(settings: DataSettings, train: corpus_lib.Corpus,
+                      held_out: corpus_lib.Corpus, *, mask: bool, separated: bool,
+                      vocab_size: int | None, saved_dir: str | None):
   """The run's saved tokenizer, else data.tokenizer's: characters of `train` and `held_out`
   (with EOS where `separated`, MASK where `mask`), a BPE trained on `train`, or a tokenizer.json."""
   saved = tokenizer_lib.saved(saved_dir) if saved_dir else None
   if saved is not None:
     log.info('Tokenizer: the run\'s own, %s (%d ids).', saved_dir, saved.size)
     return saved
-  kind = option('tokenizer')
+  kind = settings.tokenizer
   if kind == 'chars':
     everything = ''.join(d for c in (train, held_out) for d in c.documents())
     return Vocab.of_text(everything, mask=mask, eos=separated)
   if kind == 'bpe':
-    return _trained_bpe(option, train, option('vocab_size') or vocab_size)
+    return _trained_bpe(settings, train, settings.vocab_size or vocab_size)
   return tokenizer_lib.HFTokenizer.from_file(os.path.expanduser(kind))
 
 
-def _trained_bpe(option, train: corpus_lib.Corpus, vocab_size: int | None):
+def _trained_bpe(settings: DataSettings, train: corpus_lib.Corpus, vocab_size: int | None):
   """A BPE of `vocab_size` ids trained on the training documents, once: it is kept in the token
   root, keyed by the documents and the size."""
   if not vocab_size:
@@ -92,7 +93,7 @@ def _trained_bpe(option, train: corpus_lib.Corpus, vocab_size: int | None):
   described = json.dumps({'corpus': train.identity, 'name': train.name, 'size': vocab_size},
                          sort_keys=True)
   key = hashlib.sha256(described.encode()).hexdigest()[:16]
-  directory = os.path.join(option('token_dir') or token_files.default_root(),
+  directory = os.path.join(settings.token_dir or token_files.default_root(),
                            f'bpe-{train.name.replace("/", "_")}-{key}')
   cached = tokenizer_lib.saved(directory)
   if cached is not None:

@@ -33,6 +33,7 @@ import sacrebleu
 from transformer_jax.data import corpus as corpus_lib
 from transformer_jax.data import packing, rng, seq2seq, sources, text_data, token_files
 from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.data.settings import DataSettings
 from transformer_jax.errors import ConfigError
 
 __all__ = ['bleu', 'languages', 'make_translation_task', 'TranslationTask']
@@ -44,44 +45,44 @@ _NEEDS_BOS_AND_EOS = ('An encoder-decoder writes each translation from BOS to EO
                       'both sides) or a tokenizer.json that has both.')
 
 
-def make_translation_task(option, seed: int, *, vocab_size: int | None,
+def make_translation_task(settings: DataSettings, seed: int, *, vocab_size: int | None,
                           tokenizer_dir: str | None) -> 'TranslationTask':
-  """The pairs of the TFDS translation dataset data.name (option: config.data key -> value);
+  """The pairs of the TFDS translation dataset data.name (settings: DataSettings);
   vocab_size: a trained BPE's size where data.vocab_size is unset (the model's)."""
-  name = option('name')
-  source, target = languages(option, name)
-  train, held_out = ([_side(option, name, key, language) for language in (source, target)]
+  name = settings.name
+  source, target = languages(settings, name)
+  train, held_out = ([_side(settings, name, key, language) for language in (source, target)]
                      for key in ('train_split', 'eval_split'))
   saved = tokenizer_dir and tokenizer_lib.saved(tokenizer_dir)
-  if option('tokenizer') == 'chars' and not saved:  # before reading every text for nothing
+  if settings.tokenizer == 'chars' and not saved:  # before reading every text for nothing
     raise ConfigError(_NEEDS_BOS_AND_EOS.format("data.tokenizer='chars'"))
-  tokenizer = text_data.resolve_tokenizer(option, _both(*train), _both(*held_out), mask=False,
+  tokenizer = text_data.resolve_tokenizer(settings, _both(*train), _both(*held_out), mask=False,
                                           separated=True, vocab_size=vocab_size,
                                           saved_dir=tokenizer_dir)
   if tokenizer.bos_id is None or tokenizer.eos_id is None:
     raise ConfigError(_NEEDS_BOS_AND_EOS.format(tokenizer.kind))
-  root = option('token_dir') or token_files.default_root()
+  root = settings.token_dir or token_files.default_root()
 
   def tokenized(sides):  # the targets end with EOS, the sources with nothing
     return tuple(token_files.tokenized(side, tokenizer, root, separator)
                  for side, separator in zip(sides, (None, tokenizer.eos_id)))
   return TranslationTask(tokenized(train), tokenized(held_out), tokenizer,
-                         seq_len=option('seq_len'), seed=seed, packed=option('packing'),
-                         bleu_examples=option('bleu_examples'), references=held_out[1],
+                         seq_len=settings.seq_len, seed=seed, packed=settings.packing,
+                         bleu_examples=settings.bleu_examples, references=held_out[1],
                          languages=(source, target))
 
 
-def languages(option, name: str) -> tuple[str, str]:
+def languages(settings: DataSettings, name: str) -> tuple[str, str]:
   """(source, target): data.source_language and data.target_language, by default the direction
   the config name says; each one of the dataset's languages."""
-  available = sources.translation_languages(name, option('tfds_data_dir'))
+  available = sources.translation_languages(name, settings.tfds_data_dir)
   if available is None:
     raise ConfigError(f'data.name={name!r} is not one of {sorted(seq2seq.TASKS)} nor a TFDS '
                       'translation dataset (records of a Translation feature): give one such as '
                       'ted_hrlr_translate/pt_to_en or wmt14_translate/de-en.')
   direction = _DIRECTION.fullmatch(name.partition('/')[2])
-  source = option('source_language') or (direction and direction[1])
-  target = option('target_language') or (direction and direction[2])
+  source = settings.source_language or (direction and direction[1])
+  target = settings.target_language or (direction and direction[2])
   for key, language in (('source_language', source), ('target_language', target)):
     if language not in available:
       given = f'={language!r} is not one of them' if language else ' is unset'
@@ -94,9 +95,9 @@ def languages(option, name: str) -> tuple[str, str]:
   return source, target
 
 
-def _side(option, name: str, key: str, language: str) -> corpus_lib.Corpus:
+def _side(settings: DataSettings, name: str, key: str, language: str) -> corpus_lib.Corpus:
   """One language of the split data.`key`: its texts as documents, named after the language."""
-  side = corpus_lib.tfds_split(option, name, key, text_key=language)
+  side = corpus_lib.tfds_split(settings, name, key, text_key=language)
   return dataclasses.replace(side, name=f'{name.replace("/", "-")}.{language}')
 
 

@@ -65,7 +65,7 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
   cfg = models.model_config(config.model)
   family = models.registry.get(cfg.family)
   # The default preprocessing brings images to the model's size.
-  dataset = data.make_data(config.data, family.task, seed=config.seed,
+  dataset = data.make_data(data.DataSettings.of(config.data), family.task, seed=config.seed,
                            image_size=getattr(cfg, 'image_size', None),
                            vocab_size=getattr(cfg, 'vocab_size', None),
                            tokenizer_dir=workdir and tokenizer_dir(workdir))
