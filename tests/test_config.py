@@ -10,7 +10,7 @@ import pytest
 
 from helpers import CONFIG_FILES, ROOT, load_config
 from train_helpers import small_config
-from transformer_jax import accounting, config_lib, model_config, models, run
+from transformer_jax import accounting, config_lib, data, model_config, models, run, settings
 from transformer_jax.data import pipeline
 from transformer_jax.errors import ConfigError
 from transformer_jax.train import metrics
@@ -254,3 +254,18 @@ def test_eval_on_a_workdir_reads_its_saved_data_location(tmp_path):
   evaluated = launch(config, f'--workdir={workdir}', '--mode=eval')  # no data flags
   assert evaluated.returncode == 0, evaluated.stderr
   assert f"'eval_loss': {logged[-1]['eval_loss']}" in evaluated.stderr
+
+
+def test_each_section_is_resolved_once_into_its_typed_settings():
+  config = config_lib.base_config('decoder')
+  config.training.steps = 7
+  config.mesh.shape = (-1, 2)
+  config.mesh.axes = ('data', 'model')
+  training = settings.TrainingSettings.of(config.training)
+  assert (training.steps, training.eval_every, training.device_memory_gb) == (7, 500, None)
+  assert settings.MeshSettings.of(config.mesh) == settings.MeshSettings(('data', 'model'), (-1, 2))
+  # The config's sections are made from the settings: a field added there is a key here.
+  assert set(config.training) == set(settings.TrainingSettings.defaults())
+  assert set(config.data) == set(data.DataSettings.defaults())
+  with pytest.raises(ValueError, match=r"Unknown training settings \['stpes'\]"):
+    settings.TrainingSettings.of({'stpes': 3})

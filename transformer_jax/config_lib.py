@@ -16,14 +16,15 @@ from ml_collections import config_dict
 
 from transformer_jax.errors import ConfigError
 from transformer_jax import decode, models
-from transformer_jax.data.pipeline import DATA_DEFAULTS, DATA_TYPES
+from transformer_jax.data.settings import DataSettings
 from transformer_jax.model_config import ModelConfig, names
 from transformer_jax.ranges import COUNT, FRACTION, Range
+from transformer_jax.settings import MeshSettings, Settings, TrainingSettings
 
 __all__ = [
-    'assign', 'base_config', 'CheckedConfigFile', 'CHOICES', 'data_defaults', 'differences',
+    'assign', 'base_config', 'CheckedConfigFile', 'CHOICES', 'differences',
     'differing_keys', 'flatten', 'from_file', 'LOCATION_KEYS', 'model_defaults', 'parse_arg',
-    'RANGES', 'SAVED_CONFIG', 'saved_config', 'smoke', 'unknown_keys', 'validate']
+    'RANGES', 'SAVED_CONFIG', 'saved_config', 'section_of', 'smoke', 'unknown_keys', 'validate']
 
 
 def model_defaults(family: str = 'decoder') -> ml_collections.ConfigDict:
@@ -68,7 +69,7 @@ def base_config(family: str = 'decoder') -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.seed = 0
   config.model = model_defaults(family)
-  config.data = data_defaults()
+  config.data = section_of(DataSettings)
   config.optimizer = ml_collections.ConfigDict(dict(
       learning_rate=1e-3,
       warmup_steps=0,
@@ -81,25 +82,11 @@ def base_config(family: str = 'decoder') -> ml_collections.ConfigDict:
       decay_embeddings=False,
       grad_clip_norm=1.0,  # 0: no clipping
   ))
-  config.training = ml_collections.ConfigDict(dict(
-      steps=1000,
-      grad_accum_steps=1,  # the global batch is split into this many sequential microbatches
-      label_smoothing=0.0,  # of the training loss, every family (Szegedy et al. 2016)
-      log_every=50,
-      eval_every=500,
-      checkpoint_every=500,
-      keep_checkpoints=3,
-      peak_flops_per_device=config_dict.placeholder(float),  # for MFU where the table has none
-      # The memory of one device, for the plan of --mode=describe; unset: what JAX reports for
-      # the device (GPUs and TPUs do; a CPU does not).
-      device_memory_gb=config_dict.placeholder(float),
-  ))
+  config.training = section_of(TrainingSettings)
   # 'jit': GSPMD shards from in/out shardings; 'shard_map': the same step per device with an
   # explicit pmean of the gradients over the data axis.
   config.parallelism = 'jit'
-  # The device mesh: axis names and sizes; -1 takes all remaining devices of all processes.
-  # Tensor parallelism needs a 'model' axis: axes=('data', 'model'), shape=(-1, 2).
-  config.mesh = ml_collections.ConfigDict(dict(axes=('data',), shape=(-1,)))
+  config.mesh = section_of(MeshSettings)
   # How parameters and activations are laid out on the mesh: a named set of rules
   # (train.sharding.RULE_SETS: 'dp', 'fsdp', 'tp', 'fsdp_tp'), after any explicit (logical axis,
   # mesh axis) rules of sharding_rules, which win: (('embed', 'data'),) alone makes 'dp' into FSDP.
@@ -120,12 +107,13 @@ def base_config(family: str = 'decoder') -> ml_collections.ConfigDict:
   return config
 
 
-def data_defaults() -> ml_collections.ConfigDict:
-  """DATA_DEFAULTS as a ConfigDict; keys whose default is None become typed placeholders."""
-  data = ml_collections.ConfigDict()
-  for key, default in DATA_DEFAULTS.items():
-    data[key] = config_dict.placeholder(DATA_TYPES[key]) if default is None else default
-  return data
+def section_of(settings: type[Settings]) -> ml_collections.ConfigDict:
+  """The config section of a Settings class, its defaults; keys whose default is None become
+  placeholders of their type."""
+  section, types = ml_collections.ConfigDict(), settings.placeholder_types()
+  for key, default in settings.defaults().items():
+    section[key] = config_dict.placeholder(types[key]) if default is None else default
+  return section
 
 
 def smoke(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

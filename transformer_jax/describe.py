@@ -4,6 +4,7 @@ import jax
 
 from transformer_jax import accounting, memory, models
 from transformer_jax.train import sharding
+from transformer_jax.settings import MeshSettings, TrainingSettings
 
 __all__ = ['describe', 'device_memory', 'memory_lines', 'shape']
 
@@ -63,15 +64,16 @@ def _size(num_bytes: float) -> str:
 
 def device_memory(config) -> float | None:
   """Bytes of one device: training.device_memory_gb, else what JAX reports (GPUs, TPUs)."""
-  if config.training.device_memory_gb:
-    return config.training.device_memory_gb * 1e9
+  memory_gb = TrainingSettings.of(config.training).device_memory_gb
+  if memory_gb:
+    return memory_gb * 1e9
   stats = jax.devices()[0].memory_stats() or {}
   return stats.get('bytes_limit')
 
 
 def memory_lines(config, cfg) -> list[str]:
   """The per-device plan of the train step (and a decoding cache) on the run's mesh and rules."""
-  sizes = sharding.mesh_sizes(config.mesh)
+  sizes = sharding.mesh_sizes(MeshSettings.of(config.mesh))
   plan = memory.plan(config, sizes, cfg)
   tokens = models.registry.get(cfg.family).unit == 'token'
   mesh = ' x '.join(f'{axis}={size}' for axis, size in sizes.items())

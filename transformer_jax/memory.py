@@ -25,6 +25,7 @@ from transformer_jax import accounting, decode, models
 from transformer_jax.layers import axes
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.train import optim, setup, sharding
+from transformer_jax.settings import MeshSettings, TrainingSettings
 
 __all__ = ['kv_cache_bytes', 'activation_bytes', 'ACTIVATION_COPIES', 'Plan', 'plan']
 
@@ -133,12 +134,12 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int] | None = None,
   typed config). No device memory is touched."""
   cfg = cfg or models.model_config(config.model)
   family = models.registry.get(cfg.family)
-  sizes = mesh or sharding.mesh_sizes(config.mesh)
+  sizes = mesh or sharding.mesh_sizes(MeshSettings.of(config.mesh))
   abstract_mesh = jax.sharding.AbstractMesh(tuple(sizes.values()), tuple(sizes))
   sharding.check_rule_set(config)
   rules = sharding.rules_of(config)
   model = models.build(cfg)  # the kernel changes no shape of the state
-  tx, _ = optim.make_optimizer(config.optimizer, config.training.steps)
+  tx, _ = optim.make_optimizer(config.optimizer, TrainingSettings.of(config.training).steps)
   boxed = setup.boxed_abstract_state(model, tx, family.example_inputs(cfg))
   shardings = sharding.state_shardings(boxed, abstract_mesh, rules)
   state = nn.meta.unbox(boxed)

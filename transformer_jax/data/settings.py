@@ -1,18 +1,16 @@
 """DataSettings: every key of config.data, typed, with its default, resolved once from the config
 (`DataSettings.of(config.data)`) and read by the data package as attributes."""
 import dataclasses
-import types
-import typing
-from typing import Any, Mapping
 
-from transformer_jax.errors import ConfigError
+from transformer_jax.settings import Settings
 
 __all__ = ['DATA_DEFAULTS', 'DATA_TYPES', 'DataSettings']
 
 
 @dataclasses.dataclass(frozen=True)
-class DataSettings:
+class DataSettings(Settings):
   """What make_data reads; a key given as None takes its default."""
+  SECTION = 'data'
   # A key of pipeline.DATASETS, or the name of any TFDS image-classification, text or translation
   # dataset.
   name: str | None = None
@@ -61,21 +59,6 @@ class DataSettings:
   num_threads: int = 2  # grain threads assembling training batches ahead of the device
   prefetch_buffer_size: int = 4  # training batches grain keeps ready
 
-  @classmethod
-  def of(cls, data: 'Mapping[str, Any] | DataSettings') -> 'DataSettings':
-    """The settings of config.data (a ConfigDict or a dict); None or missing: the default."""
-    if isinstance(data, DataSettings):
-      return data
-    values = {key: value for key, value in dict(data).items() if value is not None}
-    unknown = sorted(set(values) - set(DATA_DEFAULTS))
-    if unknown:
-      raise ConfigError(f'Unknown data settings {unknown}: the keys of config.data are '
-                        f'{sorted(DATA_DEFAULTS)}.')
-    return cls(**values)
 
-
-DATA_DEFAULTS = {field.name: field.default for field in dataclasses.fields(DataSettings)}
-# The type of each key whose default is None (a typed placeholder in the config).
-DATA_TYPES = {field.name: next(t for t in typing.get_args(field.type) if t is not type(None))
-              for field in dataclasses.fields(DataSettings)
-              if isinstance(field.type, types.UnionType)}
+DATA_DEFAULTS = DataSettings.defaults()
+DATA_TYPES = DataSettings.placeholder_types()  # of the keys whose default is None

@@ -10,6 +10,7 @@ import numpy as np
 
 from transformer_jax import accounting, decode
 from transformer_jax.train import checkpoint, metrics as metrics_lib, setup, sharding
+from transformer_jax.settings import TrainingSettings
 from transformer_jax.train.setup import Run, build_run, restore_trained
 
 __all__ = ['evaluate', 'evaluate_params', 'itstime', 'PROGRESS_SECONDS', 'train']
@@ -29,23 +30,23 @@ def train(config, workdir: str):
   """Trains for config.training.steps, resuming from the workdir's latest checkpoint."""
   run = build_run(config, workdir)
   checkpoints = checkpoint.Checkpoints(setup.checkpoint_dir(workdir),
-                                       config.training.keep_checkpoints)
+                                       run.training.keep_checkpoints)
   writer = None
   try:
     state = setup.restore_or_init(run, checkpoints, workdir)
     setup.save_config(config, workdir)
     setup.save_tokenizer(run, workdir)
-    writer = metrics_lib.MetricWriter(workdir, config.training.steps)
+    writer = metrics_lib.MetricWriter(workdir, run.training.steps)
     log.info('%s model, %s parameters, %d devices, mesh %s.', run.family.name,
              f'{accounting.count_params(state.params)["total"]:,}', jax.device_count(),
              dict(run.mesh.shape))
     eval_step = run.eval_step
     start = int(state.step)
-    if _evaluation_missing(config, start, workdir):
+    if _evaluation_missing(run.training, start, workdir):
       log.info('The evaluation at step %d is missing from metrics.jsonl: running it first.', start)
       _evaluate(run, eval_step, state.params, start, writer)
-    if start >= config.training.steps:
-      log.info('Nothing to do: the checkpoint is at step %d of %d.', start, config.training.steps)
+    if start >= run.training.steps:
+      log.info('Nothing to do: the checkpoint is at step %d of %d.', start, run.training.steps)
       return state
     return _train_from(run, state, eval_step, checkpoints, writer)
   finally:
@@ -69,11 +70,11 @@ def _train_from(run: Run, state, eval_step, checkpoints, writer):
     preemption.restore()
 
 
-def _evaluation_missing(config, step: int, workdir: str) -> bool:
+def _evaluation_missing(training: TrainingSettings, step: int, workdir: str) -> bool:
   """Whether an evaluation was due at `step` (a resumed run's first step) and metrics.jsonl lacks
   it: the run was stopped between saving that checkpoint and finishing the evaluation. Process 0
   decides, for every process."""
-  due = step > 0 and (step % config.training.eval_every == 0 or step >= config.training.steps)
+  due = step > 0 and (step % training.eval_every == 0 or step >= training.steps)
   missing = due and step not in metrics_lib.logged_eval_steps(workdir)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
@@ -86,8 +87,8 @@ def _loop(run, train_step, eval_step, state, batch, batches, checkpoints, writer
   """Steps until config.training.steps. Every step's metrics are checked (finite loss, gradient
   and parameters) before its state can be saved, one step behind the device except at the steps
   that log, save, evaluate or stop."""
-  every = run.config.training
-  start, total = int(state.step), run.config.training.steps
+  every = run.training
+  start, total = int(state.step), run.training.steps
   window, pending = _Window(), None
   last_progress = 0.0  # the first step prints at once
   for step in range(start, total):
@@ -171,12 +172,11 @@ class _Throughput:
   """Examples (and tokens) per second and MFU of a window of steps."""
 
   def __init__(self, run: Run, batch: dict):
-    config = run.config
-    self.examples = config.data.batch_size
+    self.examples = run.data.batch_size
     flops = accounting.forward_flops(run.model_config, *run.family.lengths(batch))
     self.tokens = flops['tokens'] if run.family.unit == 'token' else 0
     self.train_flops_per_example = 3 * flops['total']
-    self.peak, source = metrics_lib.peak_flops_per_device(config.training.peak_flops_per_device)
+    self.peak, source = metrics_lib.peak_flops_per_device(run.training.peak_flops_per_device)
     _log_once(f'MFU: model FLOPs from the accounting module over the peak, {source}.')
 
   def rates(self, window) -> dict:

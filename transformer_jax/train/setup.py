@@ -17,6 +17,7 @@ from transformer_jax.errors import CheckpointMismatchError, ConfigError, UserErr
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.models.registry import Family
 from transformer_jax.train import checkpoint, optim, sharding
+from transformer_jax.settings import MeshSettings, TrainingSettings
 from transformer_jax.train.step import StepSettings, TrainState, make_eval_step, make_train_step
 
 __all__ = [
@@ -35,6 +36,7 @@ class Run:
   family: Family
   model: nn.Module
   data: data.Data
+  training: TrainingSettings
   mesh: jax.sharding.Mesh
   tx: optax.GradientTransformation
   schedule: optax.Schedule
@@ -70,19 +72,20 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
                            vocab_size=getattr(cfg, 'vocab_size', None),
                            tokenizer_dir=workdir and tokenizer_dir(workdir))
   family.check_data(dataset.info, cfg)
-  mesh = sharding.make_mesh(config.mesh)
+  training = TrainingSettings.of(config.training)
+  mesh = sharding.make_mesh(MeshSettings.of(config.mesh))
   sharding.check_batches_divide(config.data.batch_size, dataset.eval_batch_size, mesh,
-                                config.training.grad_accum_steps)
+                                training.grad_accum_steps)
   platform = mesh.devices.flat[0].platform
   kernel = models.attention_kernel(cfg, platform)
   log.info('Attention kernel: %s (%s).', kernel.name, kernel.reason)
   model = models.build(cfg, platform)
-  tx, schedule = optim.make_optimizer(config.optimizer, config.training.steps)
+  tx, schedule = optim.make_optimizer(config.optimizer, training.steps)
   boxed = boxed_abstract_state(model, tx, family.example_inputs(cfg))
   state_sharding = sharding.state_shardings(boxed, mesh, rules)
   abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                           nn.meta.unbox(boxed), state_sharding)
-  return Run(config, cfg, family, model, dataset, mesh, tx, schedule,
+  return Run(config, cfg, family, model, dataset, training, mesh, tx, schedule,
              StepSettings.of(config, family, rules), state_sharding, abstract)
 
 

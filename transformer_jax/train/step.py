@@ -14,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 from transformer_jax.errors import ConfigError
 from transformer_jax.models.registry import Family
 from transformer_jax.train import losses, sharding
+from transformer_jax.settings import TrainingSettings
 from transformer_jax.train.sharding import DATA_AXIS
 
 __all__ = ['make_eval_step', 'make_train_step', 'StepSettings', 'TrainState']
@@ -38,8 +39,9 @@ class StepSettings:
   @classmethod
   def of(cls, config, family: Family, rules: tuple) -> 'StepSettings':
     """The settings config's keys give a family's step, with the run's sharding rules."""
-    return cls(seed=config.seed, grad_accum_steps=config.training.grad_accum_steps,
-               label_smoothing=config.training.label_smoothing,
+    training = TrainingSettings.of(config.training)
+    return cls(seed=config.seed, grad_accum_steps=training.grad_accum_steps,
+               label_smoothing=training.label_smoothing,
                dropout=config.model.dropout_rate > 0, parallelism=config.parallelism,
                rules=rules)
 
