@@ -141,9 +141,10 @@ def test_a_model_with_another_class_count_is_refused_before_compiling():
 @pytest.mark.parametrize('config, flags', [
     ('vit_i1k.py:smoke', []),
     ('vit_cifar.py:smoke', ['--config.data.name=cifar100', '--config.model.num_classes=100']),
-    ('vit_i1k.py:smoke', ['--config.data.name=oxford_flowers102', '--config.model.num_classes=102',
-                          '--config.data.train_split=train', '--config.data.eval_split=test',
-                          '--config.data.eval_batch_size=16']),
+    pytest.param('vit_i1k.py:smoke', [
+        '--config.data.name=oxford_flowers102', '--config.model.num_classes=102',
+        '--config.data.train_split=train', '--config.data.eval_split=test',
+        '--config.data.eval_batch_size=16'], marks=pytest.mark.slow),  # another process, 17 s
 ])
 def test_launch_trains_and_evaluates_on_mock_tfds_data(tmp_path, config, flags):
   result = subprocess.run(

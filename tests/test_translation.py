@@ -197,6 +197,7 @@ def test_bleu_of_the_greedy_translations_against_the_references(data_dir):
   assert make(data_dir, bleu_examples=0).task.generation_metrics(translations(2), 4) == {}
 
 
+@pytest.mark.slow  # a launch.py process of its own, about 15 s
 def test_the_wmt_config_trains_and_reports_bleu_through_launch(tmp_path, data_dir):
   result = subprocess.run(
       [sys.executable, str(ROOT / 'launch.py'),
