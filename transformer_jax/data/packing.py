@@ -7,12 +7,11 @@ piece is never split across rows. In a row, piece i has segment id i + 1 and pos
 the rest of the row is padding: segment id 0, token id `pad_id`.
 """
 import dataclasses
-import json
-import os
 import pathlib
-import shutil
 
 import numpy as np
+
+from transformer_jax.data import files
 
 __all__ = ['cached', 'cached_pairs', 'Packing', 'pack', 'packed_rows']
 
@@ -113,17 +112,8 @@ def _cached(directory, count: int, chunk: int, pieces, length: int, dtypes: dict
   low..high - 1, under a temporary name renamed when done. Length 0: a row per piece."""
   directory = pathlib.Path(directory)
   dtypes = {**dtypes, 'row_starts': np.int64}
-  if not (directory / 'info.json').is_file():
-    partial = directory.with_name(f'.{directory.name}.{os.getpid()}.partial')
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    sizes = _write_chunks(partial, count, chunk, pieces, length, dtypes)
-    (partial / 'info.json').write_text(json.dumps(sizes))
-    try:
-      os.rename(partial, directory)
-    except OSError:  # another process wrote the same packing first
-      shutil.rmtree(partial, ignore_errors=True)
-  sizes = json.loads((directory / 'info.json').read_text())
+  sizes = files.completed(
+      directory, lambda folder: _write_chunks(folder, count, chunk, pieces, length, dtypes))
   return {name: np.memmap(directory / f'{name}.bin', dtype=dtype, mode='r', shape=(sizes[name],))
           for name, dtype in dtypes.items()}
 
@@ -131,23 +121,23 @@ def _cached(directory, count: int, chunk: int, pieces, length: int, dtypes: dict
 def _write_chunks(directory: pathlib.Path, count: int, chunk: int, pieces, length: int,
                   dtypes: dict) -> dict:
   """Writes the arrays chunk by chunk, the rows by next-fit across chunks; returns the sizes."""
-  files = {name: open(directory / f'{name}.bin', 'wb') for name in dtypes}
+  outputs = {name: open(directory / f'{name}.bin', 'wb') for name in dtypes}
   num_pieces, num_rows, filled = 0, 1, (0, 0)
   try:
-    files['row_starts'].write(np.zeros(1, np.int64).tobytes())
+    outputs['row_starts'].write(np.zeros(1, np.int64).tobytes())
     for low in range(0, count, chunk):
       arrays, lengths, paired = pieces(low, min(low + chunk, count))
       for name, values in arrays.items():
-        files[name].write(np.asarray(values, dtypes[name]).tobytes())
+        outputs[name].write(np.asarray(values, dtypes[name]).tobytes())
       breaks, filled = _row_breaks(lengths, length, paired, filled)
       breaks = num_pieces + np.asarray(breaks, np.int64)
       breaks = breaks[breaks > 0]  # the first row starts at piece 0 already
-      files['row_starts'].write(breaks.tobytes())
+      outputs['row_starts'].write(breaks.tobytes())
       num_rows, num_pieces = num_rows + len(breaks), num_pieces + len(lengths)
-    files['row_starts'].write(np.asarray([num_pieces], np.int64).tobytes())
+    outputs['row_starts'].write(np.asarray([num_pieces], np.int64).tobytes())
   finally:
-    for file in files.values():
-      file.close()
+    for output in outputs.values():
+      output.close()
   return {**{name: num_pieces for name in dtypes}, 'row_starts': num_rows + 1}
 
 

@@ -13,11 +13,11 @@ import json
 import logging
 import os
 import pathlib
-import shutil
 import time
 
 import numpy as np
 
+from transformer_jax.data import files
 from transformer_jax.data.corpus import Corpus
 from transformer_jax.errors import ConfigError
 
@@ -70,22 +70,7 @@ def tokenized(corpus: Corpus, tokenizer, root, separator: int | None) -> TokenFi
   key = _key(corpus, tokenizer, separator)
   name = corpus.name.replace('/', '_')  # a TFDS config: wiki40b/en
   directory = pathlib.Path(root) / f'{name}-{corpus.split}-{key}'
-  if (directory / 'info.json').is_file():
-    return TokenFile(directory)
-  os.makedirs(root, exist_ok=True)
-  partial = directory.with_name(f'.{directory.name}.{os.getpid()}.partial')
-  shutil.rmtree(partial, ignore_errors=True)
-  partial.mkdir()
-  try:
-    info = _write(corpus, tokenizer, partial, separator)
-  except BaseException:
-    shutil.rmtree(partial, ignore_errors=True)
-    raise
-  (partial / 'info.json').write_text(json.dumps(info))
-  try:
-    os.rename(partial, directory)
-  except OSError:  # another process finished the same tokens first: theirs are as good
-    shutil.rmtree(partial, ignore_errors=True)
+  files.completed(directory, lambda folder: _write(corpus, tokenizer, folder, separator))
   return TokenFile(directory)
 
 

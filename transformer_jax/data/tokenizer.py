@@ -18,6 +18,7 @@ from typing import Iterable
 import numpy as np
 import tokenizers
 
+from transformer_jax.data import files
 from transformer_jax.data import vocab as vocab_lib
 from transformer_jax.data.vocab import Vocab
 from transformer_jax.errors import ConfigError
@@ -61,7 +62,8 @@ class HFTokenizer:
       file = file / _HF_FILE
     if not file.is_file():
       raise ConfigError(f'{key}={path}: no tokenizer.json there; give the path of a tokenizer.json '
-                        "(a Hugging Face checkpoint's, or one's own), 'chars' or 'bpe'.")
+                        'or of a Hugging Face checkpoint directory holding one (data.tokenizer '
+                        "also takes 'chars' or 'bpe').")
     try:
       tokenizer = tokenizers.Tokenizer.from_file(str(file))
     except Exception as error:  # the package raises bare Exceptions for malformed files
@@ -115,8 +117,8 @@ class HFTokenizer:
     return hashlib.sha256(self._tokenizer.to_str().encode()).hexdigest()[:16]
 
   def save(self, directory) -> None:
-    vocab_lib.write_atomically(pathlib.Path(directory) / _HF_FILE,
-                               self._tokenizer.to_str(pretty=True))
+    files.write_atomically(pathlib.Path(directory) / _HF_FILE,
+                           self._tokenizer.to_str(pretty=True))
 
 
 def train_bpe(documents: Iterable[str], vocab_size: int) -> HFTokenizer:

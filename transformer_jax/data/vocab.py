@@ -3,12 +3,13 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
 import pathlib
 
 import numpy as np
 
-__all__ = ['CHARS_FILE', 'Vocab', 'write_atomically']
+from transformer_jax.data import files
+
+__all__ = ['CHARS_FILE', 'Vocab']
 
 PAD, BOS, EOS, MASK = '<pad>', '<bos>', '<eos>', '<mask>'
 SPECIALS = (PAD, BOS, EOS, MASK)
@@ -41,7 +42,7 @@ class Vocab:
     return cls(tuple(json.loads(pathlib.Path(path).read_text(encoding='utf-8'))['tokens']))
 
   def save(self, directory) -> None:
-    write_atomically(pathlib.Path(directory) / CHARS_FILE,
+    files.write_atomically(pathlib.Path(directory) / CHARS_FILE,
                      json.dumps({'tokens': list(self.tokens)}, ensure_ascii=False))
 
   @functools.cached_property
@@ -95,9 +96,3 @@ class Vocab:
         out.append(token)
     return ''.join(out)
 
-
-def write_atomically(path: pathlib.Path, text: str) -> None:
-  """`path` holds all of `text` or what it held before, never a part."""
-  partial = path.with_name(f'.{path.name}.{os.getpid()}.partial')
-  partial.write_text(text, encoding='utf-8')
-  os.replace(partial, path)
