@@ -299,7 +299,8 @@ def test_from_hf_config_samples_what_transformers_generates(checkpoint, tmp_path
   assert text == ' '.join(f'w{i}' for i in tokens[0, 4:].tolist())
   (tmp_path / 'config.json').write_text(json.dumps(
       json.loads((tmp_path / 'config.json').read_text()) | dict(eos_token_id=[5, 9])))
-  assert convert.Tokenizer(tmp_path).eos_id == 5
+  assert data.tokenizer.HFTokenizer.from_file(
+      tmp_path, eos_id=convert.eos_token_id(tmp_path)).eos_id == 5
 
 
 def test_eval_mode_starts_from_the_hugging_face_weights(checkpoint):

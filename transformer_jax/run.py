@@ -8,7 +8,7 @@ from typing import Any, Mapping
 from absl import logging as absl_logging
 import ml_collections
 
-from transformer_jax import config_lib, convert, decode, describe, errors, models, train
+from transformer_jax import config_lib, convert, data, decode, describe, errors, models, train
 from transformer_jax.train import checkpoint
 
 __all__ = [
@@ -107,8 +107,9 @@ def sample(config, workdir: str | None) -> list[str]:
     model = models.build(config.model)
     params = convert.load_params(config.init_from_hf, config.model)
     vocab, origin = None, config.init_from_hf
-  if config.init_from_hf:
-    vocab = convert.Tokenizer(config.init_from_hf)
+  if config.init_from_hf:  # the checkpoint's tokenizer.json, stopping where its config says
+    vocab = data.tokenizer.HFTokenizer.from_file(
+        config.init_from_hf, key='init_from_hf', eos_id=convert.eos_token_id(config.init_from_hf))
   try:
     vocab.encode(config.sample.prompt)
   except ValueError as error:

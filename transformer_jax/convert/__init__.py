@@ -4,9 +4,9 @@
   convert.save('/tmp/out', fields, params)         # back to config.json + model.safetensors
 """
 from transformer_jax.convert.architecture import CheckpointError
-from transformer_jax.convert.directory import (ARCHITECTURES, load, load_model_config,
-                                               load_params, model_config_of, read_tensors, save)
-from transformer_jax.convert.tokenizer import Tokenizer
+from transformer_jax.convert.directory import (ARCHITECTURES, eos_token_id, load,
+                                               load_model_config, load_params, model_config_of,
+                                               read_tensors, save)
 
-__all__ = ['ARCHITECTURES', 'CheckpointError', 'Tokenizer', 'load', 'load_model_config',
+__all__ = ['ARCHITECTURES', 'CheckpointError', 'eos_token_id', 'load', 'load_model_config',
            'load_params', 'model_config_of', 'read_tensors', 'save']

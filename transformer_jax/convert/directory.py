@@ -26,7 +26,7 @@ from transformer_jax.convert.vit import VIT
 from transformer_jax.model_config import ModelConfig
 
 __all__ = [
-    'architecture_of', 'ARCHITECTURES', 'load', 'load_model_config', 'load_params',
+    'architecture_of', 'ARCHITECTURES', 'eos_token_id', 'load', 'load_model_config', 'load_params',
     'model_config_of', 'read_config', 'read_tensors', 'save']
 
 ARCHITECTURES = {arch.name: arch for arch in (GPT2, LLAMA, VIT, BERT)}
@@ -57,6 +57,13 @@ def read_config(path) -> dict:
     raise CheckpointError(f'{file} does not exist: give a Hugging Face model directory '
                           '(config.json and model.safetensors).')
   return json.loads(file.read_text())
+
+
+def eos_token_id(path) -> int | None:
+  """Where generation from the checkpoint stops: config.json's eos_token_id (the first, where
+  it lists several)."""
+  eos = read_config(path).get('eos_token_id')
+  return eos[0] if isinstance(eos, list) else eos
 
 
 def load_model_config(path) -> dict:
