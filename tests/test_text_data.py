@@ -20,6 +20,7 @@ from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.errors import ConfigError
 from transformer_jax.models import registry, styles
 from transformer_jax.train import losses
+from transformer_jax.settings import TrainingSettings
 from transformer_jax.train.step import StepSettings
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -376,7 +377,7 @@ def test_label_smoothing_reaches_the_text_families():
   """Vaswani et al.'s 0.1 for translation: the step of a text family smooths its targets."""
   config = train_helpers.small_config('encoder_decoder')
   config.training.label_smoothing = 0.1
-  settings = StepSettings.of(config, registry.get('encoder_decoder'), rules=())
+  settings = StepSettings.of(config, TrainingSettings.of(config.training), rules=())
   assert settings.label_smoothing == 0.1
   logits = np.random.default_rng(0).normal(size=(2, 3, 5)).astype(np.float32)
   targets, weights = np.array([[0, 1, 2], [3, 4, 0]]), np.array([[1, 1, 1], [1, 1, 0]], np.float32)

@@ -81,8 +81,7 @@ class ImageTask:
   def train_batch(self, step: int, batch_size: int, rows: slice) -> dict:
     """This process's rows of training batch `step`: example k = step * batch_size + row."""
     ks = [step * batch_size + row for row in range(batch_size)[rows]]
-    size = len(self.train)
-    records = [int(rng.permutation(self.seed, k // size, size)[k % size]) for k in ks]
+    records = rng.shuffled(self.seed, step, batch_size, rows, len(self.train))
     batch = self._examples(self.train, records, self.pp_train,
                            [(rng.AUGMENT, self.seed, k) for k in ks])
     return self.mixed(batch, step, batch_size, rows)

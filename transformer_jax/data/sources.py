@@ -11,8 +11,8 @@ ever substituted: when all fail, DataNotFoundError says what to provide.
 """
 import dataclasses
 import difflib
-import os
 import logging
+import os
 from typing import Any
 
 from etils import epath
@@ -25,8 +25,7 @@ from transformer_jax.errors import ConfigError, UserError
 __all__ = [
     'CIFAR10_HELP', 'CIFAR10_JPEG', 'CIFAR10_ORIGINAL', 'DataNotFoundError', 'ImageDataset',
     'load_text_file', 'load_tiny_shakespeare', 'open_image_dataset', 'open_text_split',
-    'prepare_cifar10',
-    'prepared_datasets', 'read_text', 'SHAKESPEARE', 'SHAKESPEARE_HELP',
+    'prepare_cifar10', 'prepared_datasets', 'read_text', 'SHAKESPEARE', 'SHAKESPEARE_HELP',
     'translation_languages']
 
 log = logging.getLogger(__name__)

@@ -24,8 +24,8 @@ log = logging.getLogger(__name__)
 
 def make_text_task(settings: DataSettings, task: str, seed: int, *, vocab_size: int | None,
                    tokenizer_dir: str | None):
-  """The 'next_token' or 'masked' task of data.name `settings.name` (DataSettings:
-  value); vocab_size: a trained BPE's size where data.vocab_size is unset (the model's)."""
+  """The 'next_token' or 'masked' task of data.name `settings.name`; vocab_size: a trained
+  BPE's size where data.vocab_size is unset (the model's)."""
   name, seq_len, packed = settings.name, settings.seq_len, settings.packing
   mask = task == 'masked'
   if name == 'synthetic':

@@ -18,7 +18,7 @@ from transformer_jax.models import registry
 from transformer_jax.ranges import COUNT, Range
 
 __all__ = [
-    'attention', 'attention_weights', 'block', 'block_params', 'block_weights',
+    'attention', 'attention_weights', 'block', 'block_params', 'block_weights', 'both_masks',
     'check_text_data', 'decoder_mask', 'default_positions', 'lm_head', 'LmHead', 'mlp_weights',
     'norm', 'norm_params', 'packed_arguments', 'stack', 'text_embed', 'text_embedding_params',
     'text_example_inputs', 'text_flops', 'text_lengths', 'TextConfig', 'untied_head_params',
@@ -111,7 +111,14 @@ def decoder_mask(positions, attention_mask=None, cache_index=None):
     return attention_mask
   t = positions.shape[1]
   mask = causal_mask(jnp.arange(t), positions, t)
-  return mask if attention_mask is None else mask & attention_mask
+  return both_masks(mask, attention_mask)
+
+
+def both_masks(mask, other):
+  """The conjunction of two optional boolean masks (None: every key)."""
+  if mask is None or other is None:
+    return other if mask is None else mask
+  return mask & other
 
 
 def packed_arguments(batch: dict, prefix: str = '') -> dict:

@@ -68,9 +68,8 @@ class EncoderMLM(nn.Module):
     cfg = self.cfg
     if positions is None:
       positions = common.default_positions(tokens)
-    mask = None if valid is None else padding_mask(valid, tokens.shape[1])
-    if attention_mask is not None:
-      mask = attention_mask if mask is None else mask & attention_mask
+    mask = common.both_masks(None if valid is None else padding_mask(valid, tokens.shape[1]),
+                             attention_mask)
     embed = common.text_embed(cfg, cfg.type_vocab_size, name='embed')
     x = embed(tokens, positions, token_types)
     if cfg.embed_norm and cfg.use_norm:

@@ -55,8 +55,8 @@ class EncoderDecoder(nn.Module):
     """
     if positions is None:
       positions = common.default_positions(inputs)
-    mask = _and(None if input_valid is None else padding_mask(input_valid, inputs.shape[1]),
-                attention_mask)
+    valid = None if input_valid is None else padding_mask(input_valid, inputs.shape[1])
+    mask = common.both_masks(valid, attention_mask)
     x = self.dropout(self.embed(inputs, positions), deterministic=deterministic)
     x = self.encoder(x, mask, positions, deterministic=deterministic)
     return x if self.encoder_norm is None else self.encoder_norm(x)
@@ -73,7 +73,7 @@ class EncoderDecoder(nn.Module):
     if positions is None:
       positions = common.default_positions(targets, 0 if cache_index is None else cache_index)
     mask = common.decoder_mask(positions, attention_mask, cache_index)
-    cross_mask = _and(
+    cross_mask = common.both_masks(
         None if input_valid is None else padding_mask(input_valid, targets.shape[1]), cross_mask)
     x = self.dropout(self.embed(targets, positions), deterministic=deterministic)
     x = self.decoder(x, mask, positions, encoded, cross_mask, cache_index,
@@ -97,13 +97,6 @@ class EncoderDecoder(nn.Module):
     return self.decode(targets, encoded, input_valid, target_positions,
                        attention_mask=target_mask, cross_mask=cross_mask,
                        deterministic=deterministic)
-
-
-def _and(mask, other):
-  """The conjunction of two optional masks (None: every key)."""
-  if mask is None or other is None:
-    return other if mask is None else mask
-  return mask & other
 
 
 def param_counts(cfg: EncoderDecoderConfig) -> dict[str, int]:

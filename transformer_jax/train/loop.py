@@ -223,14 +223,12 @@ def evaluate_params(run: Run, eval_step, params) -> dict:
 def _evaluate(run: Run, eval_step, params, step: int, writer) -> None:
   results = evaluate_params(run, eval_step, params)
   writer.write(step, results)
-  top5 = (f' | top-5 {results["eval_top5_accuracy"]:.4f}'
-          if 'eval_top5_accuracy' in results else '')
-  if 'eval_bits_per_byte' in results:
-    top5 += f' | {results["eval_bits_per_byte"]:.4f} bits per byte'
-  if 'eval_bleu' in results:
-    top5 += f' | BLEU {results["eval_bleu"]:.2f}'
+  shown = {'eval_top5_accuracy': 'top-5 {:.4f}', 'eval_bits_per_byte': '{:.4f} bits per byte',
+           'eval_bleu': 'BLEU {:.2f}'}
+  extra = ''.join(f' | {form.format(results[key])}' for key, form in shown.items()
+                  if key in results)
   log.info('step %d | held-out loss %.4f | accuracy %.4f%s', step, results['eval_loss'],
-           results['eval_accuracy'], top5)
+           results['eval_accuracy'], extra)
 
 
 def evaluate(config, workdir: str | None) -> dict:

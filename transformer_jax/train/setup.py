@@ -86,7 +86,7 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
   abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                           nn.meta.unbox(boxed), state_sharding)
   return Run(config, cfg, family, model, dataset, training, mesh, tx, schedule,
-             StepSettings.of(config, family, rules), state_sharding, abstract)
+             StepSettings.of(config, training, rules), state_sharding, abstract)
 
 
 def state_of(tx: optax.GradientTransformation, params) -> TrainState:

@@ -37,9 +37,8 @@ class StepSettings:
   rules: tuple = ()  # logical axis -> mesh axis, for the activations (sharding.rules_of)
 
   @classmethod
-  def of(cls, config, family: Family, rules: tuple) -> 'StepSettings':
-    """The settings config's keys give a family's step, with the run's sharding rules."""
-    training = TrainingSettings.of(config.training)
+  def of(cls, config, training: TrainingSettings, rules: tuple) -> 'StepSettings':
+    """The settings of the run's config and training settings, with its sharding rules."""
     return cls(seed=config.seed, grad_accum_steps=training.grad_accum_steps,
                label_smoothing=training.label_smoothing,
                dropout=config.model.dropout_rate > 0, parallelism=config.parallelism,
