@@ -59,9 +59,11 @@ class Run:
                           self.step_settings.rules, self.data.token_bytes)
 
 
-def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> Run:
+def build_run(config: ml_collections.ConfigDict, workdir: str | None = None,
+              devices=None) -> Run:
   """Finds the data and lays out the state of a config that config_lib.validate passed (run.run
-  validates it); compiles nothing. A text run reads the tokenizer `workdir` saved, if any."""
+  validates it) on `devices` (default: all; a target's compile-only devices for
+  --mode=compile); compiles nothing. A text run reads the tokenizer `workdir` saved, if any."""
   sharding.check_rule_set(config)
   rules = sharding.rules_of(config)
   cfg = models.model_config(config.model)
@@ -73,7 +75,7 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
                            tokenizer_dir=workdir and tokenizer_dir(workdir))
   family.check_data(dataset.info, cfg)
   training = TrainingSettings.of(config.training)
-  mesh = sharding.make_mesh(MeshSettings.of(config.mesh))
+  mesh = sharding.make_mesh(MeshSettings.of(config.mesh), devices)
   sharding.check_batches_divide(config.data.batch_size, dataset.eval_batch_size, mesh,
                                 training.grad_accum_steps)
   platform = mesh.devices.flat[0].platform

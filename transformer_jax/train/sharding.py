@@ -56,8 +56,9 @@ def rules_of(config) -> tuple[tuple[str, str | None], ...]:
   return tuple(tuple(rule) for rule in config.sharding_rules) + RULE_SETS[config.rule_set]
 
 
-def make_mesh(mesh_config) -> jax.sharding.Mesh:
-  """A mesh over every device of every process, with Auto axes (GSPMD-style jit shardings).
+def make_mesh(mesh_config, devices=None) -> jax.sharding.Mesh:
+  """A mesh over `devices` (default: every device of every process; a target's compile-only
+  devices for --mode=compile), with Auto axes (GSPMD-style jit shardings).
 
   In a single process a shape may use fewer devices than there are (the first ones), which is
   how a test compares one device with eight.
@@ -65,26 +66,28 @@ def make_mesh(mesh_config) -> jax.sharding.Mesh:
   axes = tuple(mesh_config.axes)
   if DATA_AXIS not in axes:
     raise ConfigError(f'mesh.axes={axes} must include {DATA_AXIS!r}: the batch is sharded on it.')
-  devices = jax.device_count()
-  shape = tuple(mesh_sizes(mesh_config).values())
+  devices = list(jax.devices() if devices is None else devices)
+  shape = tuple(mesh_sizes(mesh_config, len(devices)).values())
   used = int(np.prod(shape))
-  if used > devices or (used < devices and jax.process_count() > 1):
+  if used > len(devices) or (used < len(devices) and jax.process_count() > 1):
     raise ConfigError(f'mesh.shape={tuple(mesh_config.shape)} needs {used} devices but '
-                      f'there are {devices}: make the product equal the device count, or use -1 '
-                      'for one axis.')
-  if used < devices:
-    log.warning('The mesh uses %d of the %d devices.', used, devices)
+                      f'there are {len(devices)}: make the product equal the device count, or '
+                      'use -1 for one axis.')
+  if used < len(devices):
+    log.warning('The mesh uses %d of the %d devices.', used, len(devices))
   return jax.make_mesh(shape, axes, axis_types=(jax.sharding.AxisType.Auto,) * len(axes),
-                       devices=jax.devices()[:used])
+                       devices=devices[:used])
 
 
-def mesh_sizes(mesh_config) -> dict[str, int]:
-  """mesh.shape as {axis: size}, a -1 entry resolved over this machine's devices."""
+def mesh_sizes(mesh_config, device_count: int | None = None) -> dict[str, int]:
+  """mesh.shape as {axis: size}, a -1 entry resolved over `device_count` devices (default:
+  this machine's)."""
   shape = list(mesh_config.shape)
   if shape.count(-1) > 1:
     raise ConfigError('At most one mesh.shape entry may be -1.')
   if -1 in shape:
-    rest, devices = int(np.prod([s for s in shape if s != -1])), jax.device_count()
+    rest = int(np.prod([s for s in shape if s != -1]))
+    devices = jax.device_count() if device_count is None else device_count
     if devices % rest:
       raise ConfigError(f'mesh.shape={tuple(mesh_config.shape)}: the fixed axes take {rest} '
                         f'devices, which does not divide the {devices} devices.')
