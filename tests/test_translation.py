@@ -6,12 +6,13 @@ import json
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
 from helpers import mock_tfds, ROOT
-from transformer_jax import data
+from transformer_jax import aot, data
 from transformer_jax.data import translation
 from transformer_jax.errors import ConfigError
 
@@ -211,3 +212,14 @@ def test_the_wmt_config_trains_and_reports_bleu_through_launch(tmp_path, data_di
   assert final['step'] == 3 and 0 <= final['eval_bleu'] <= 100 and final['eval_bits_per_byte'] > 0
   assert 'BLEU' in result.stderr
   assert (tmp_path / 'tokenizer' / 'tokenizer.json').is_file()
+
+
+@pytest.mark.parametrize('packing', [False, True])
+def test_the_abstract_batch_of_compile_mode_is_the_translation_batchs_layout(data_dir, packing):
+  layout = lambda batch: {k: (tuple(v.shape), np.dtype(v.dtype)) for k, v in batch.items()}
+  real = make(data_dir, packing=packing, bleu_examples=0).train_batch(0)
+  stand_in = data.make_data({'name': 'synthetic', 'seq_len': 32, 'batch_size': 4}, 'seq2seq',
+                            seed=0).train_batch(0)
+  mesh = jax.make_mesh((1,), ('data',), axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=jax.devices()[:1])
+  assert layout(aot.abstract_batch(stand_in, mesh, packed=packing)) == layout(real)

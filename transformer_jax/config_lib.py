@@ -92,6 +92,9 @@ def base_config(family: str = 'decoder') -> ml_collections.ConfigDict:
   # mesh axis) rules of sharding_rules, which win: (('embed', 'data'),) alone makes 'dp' into FSDP.
   config.rule_set = 'dp'
   config.sharding_rules = ()
+  # --mode=compile: the accelerator to compile the run's steps for, without it (transformer_jax
+  # .targets): a TPU topology 'v5e:2x2', a Cloud TPU type 'v4-8', or GPUs 'h100x8'.
+  config.compile = ml_collections.ConfigDict(dict(target=''))
   # A Hugging Face checkpoint directory to start from instead of a random init (see
   # transformer_jax.convert); a checkpoint of the run's own, once there is one, wins.
   config.init_from_hf = ''

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 from absl import logging as absl_logging
 import ml_collections
 
-from transformer_jax import config_lib, convert, data, decode, describe, errors, models, train
+from transformer_jax import aot, config_lib, convert, data, decode, describe, errors, models, train
 from transformer_jax.train import checkpoint
 
 __all__ = [
@@ -81,6 +81,8 @@ def run(config, workdir: str | None, mode: str):
   if mode == 'describe':
     print(describe.describe(config))
     return None
+  if mode == 'compile':
+    return compile_for_target(config)
   starts_elsewhere = config.init_from_hf or config.init_from_checkpoint
   if not workdir and not (starts_elsewhere and mode in ('eval', 'sample')):
     raise errors.ConfigError(f'--mode={mode} needs --workdir (checkpoints, metrics and the config '
@@ -91,7 +93,20 @@ def run(config, workdir: str | None, mode: str):
     return train.evaluate(config, workdir)
   if mode == 'sample':
     return sample(config, workdir)
-  raise errors.ConfigError(f'Unknown --mode={mode}: use train, eval, sample or describe.')
+  raise errors.ConfigError(f'Unknown --mode={mode}: use train, eval, sample, describe or compile.')
+
+
+def compile_for_target(config) -> aot.CompileReport:
+  """--mode=compile: the report of aot.compile_for; a step that does not fit the target ends
+  the command with status 1 after the report."""
+  if not config.compile.target:
+    raise errors.ConfigError('--mode=compile needs --config.compile.target: a TPU topology '
+                             "('v5e:2x2'), a Cloud TPU type ('v4-8') or GPUs ('h100x8').")
+  report = aot.compile_for(config)
+  print('\n'.join(aot.report_lines(report)), flush=True)
+  if not report.fits:
+    sys.exit(1)
+  return report
 
 
 def sample(config, workdir: str | None) -> list[str]:

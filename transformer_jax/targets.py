@@ -112,6 +112,9 @@ def _require(module: str, what: str, name: str) -> None:
 @functools.cache
 def _tpu_devices(topology: str, chip: str) -> tuple:
   _require('libtpu', 'libtpu (compile-only TPU devices)', topology)
+  # libtpu locks a file against a second process loading it, as a TPU's owner must; compiling
+  # claims no chip, so several compiles (a sweep's, the tests') may run at once.
+  os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
   from jax.experimental import topologies
   options = {'chip_config_name': 'megacore'} if chip in _MEGACORE else {}
   sides = [int(s) for s in topology.split(':')[1].split('x')]

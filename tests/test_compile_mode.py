@@ -1,0 +1,116 @@
+"""--mode=compile: a run's steps compiled for TPUs and GPUs this machine does not have, with
+XLA's memory per device beside the plan. Needs the optional extra (pip install -e '.[compile]');
+CI runs these in its slow step, with the extra installed."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip('libtpu', reason="compile-only TPU devices need pip install -e '.[compile]'")
+
+from train_helpers import small_config  # noqa: E402
+from transformer_jax import accounting, aot, models, targets  # noqa: E402
+from transformer_jax.errors import UserError  # noqa: E402
+
+pytestmark = pytest.mark.slow
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# Sizes that fill XLA:TPU's (8, 128) tiles, which pad smaller dimensions.
+TILED = {'model.width': 256, 'model.num_heads': 2, 'model.d_ff': 512, 'model.dtype': 'bfloat16'}
+
+
+def compiled(family='decoder', target='v5e:2x2', **overrides):
+  config = small_config(family, **{**TILED, **overrides})
+  config.compile.target = target
+  return aot.compile_for(config)
+
+
+@pytest.mark.parametrize('family', ['decoder', 'encoder', 'encoder_decoder', 'vit'])
+def test_each_family_compiles_for_a_tpu_with_xlas_bytes_beside_the_plans(family):
+  images = {'data.image_size': 32, 'model.image_size': 32} if family == 'vit' else {}
+  report = compiled(family, **images)
+  xla, plan = report.xla_bytes, report.plan_bytes
+  assert (report.devices, report.mesh) == (4, {'data': 4})
+  assert report.memory_bytes == targets.CHIPS['v5e'].memory_bytes
+  assert xla['total'] == (xla['argument'] + xla['output'] - xla['alias'] + xla['temporary']
+                          + xla['code'])
+  # The state and the batch are planned by their shapes; XLA:TPU pads the few arrays smaller
+  # than its tiles (biases, the classifier of 4 classes).
+  assert abs(plan['argument'] / xla['argument'] - 1) < 0.02
+  assert abs(plan['alias'] / xla['alias'] - 1) < 0.02
+  assert report.fits and report.compile_seconds > 0
+  # XLA:TPU counts the step's FLOPs as the accounting does, within what the accounting leaves
+  # out (norms, softmax, the optimizer).
+  assert report.flops_per_device == pytest.approx(report.planned_flops_per_device, rel=0.25)
+
+
+def test_the_mesh_and_rules_come_from_the_targets_devices():
+  report = compiled(target='v5e:2x4', rule_set='tp', **{'mesh.axes': ('data', 'model'),
+                                                        'mesh.shape': (-1, 2)})
+  assert (report.devices, report.mesh) == (8, {'data': 4, 'model': 2})
+  fsdp = compiled(target='v5e:2x4', rule_set='fsdp')
+  replicated = compiled(target='v5e:2x4')
+  assert fsdp.mesh == {'data': 8}
+  # FSDP keeps an eighth of the state per device.
+  assert fsdp.xla_bytes['alias'] < replicated.xla_bytes['alias'] / 4
+
+
+def test_cloud_tpu_types_name_their_topologies():
+  assert targets.target('v5litepod-4').topology == 'v5e:2x2'
+  v4 = targets.target('v4-8')  # 8 TensorCores: 4 megacore chips
+  assert (v4.topology, len(v4.devices), v4.chip.name) == ('v4:2x2x1', 4, 'TPU v4')
+  assert targets.target('v6e-1').topology == 'v6e:1x1'
+  assert targets.chip_of(targets.target('v5p-8').devices[0]).name == 'TPU v5p'
+
+
+def test_the_flops_per_device_are_the_accountings_share():
+  config = small_config('decoder', **TILED)
+  report = compiled()
+  cfg = models.model_config(config.model)
+  step = 3 * accounting.forward_flops(cfg, config.data.seq_len)['total'] * config.data.batch_size
+  assert report.planned_flops_per_device == pytest.approx(step / 4)
+
+
+def test_a_step_that_does_not_fit_says_by_how_much():
+  with pytest.raises(UserError, match=r'^does not fit: needs [\d.]+ GiB per device of 15.75 '
+                                      r'on v5e:1x1 \(TPU v5e\); try a smaller data.batch_size'):
+    compiled(target='v5e:1x1', **{'model.width': 1024, 'model.num_heads': 8,
+                                  'data.batch_size': 1024, 'data.eval_batch_size': 8,
+                                  'data.seq_len': 512, 'model.max_len': 512})
+
+
+def test_gpus_compile_from_their_target_config():
+  pytest.importorskip('jax_plugins.xla_cuda12', reason="GPU targets need pip install -e "
+                      "'.[compile]'")
+  report = compiled(target='h100x4')
+  assert (report.devices, report.memory_bytes) == (4, targets.CHIPS['h100'].memory_bytes)
+  assert report.flops_per_device is None  # XLA:GPU's compile-only cost analysis is empty
+  assert abs(report.plan_bytes['alias'] / report.xla_bytes['alias'] - 1) < 0.01
+
+
+def test_launch_compiles_writes_nothing_and_ends_with_one_json_line(tmp_path):
+  cache = tmp_path / 'cache'
+  cache.mkdir()
+  env = dict(os.environ, TRANSFORMER_JAX_CACHE=str(cache), PYTHONPATH=ROOT)
+  command = [sys.executable, os.path.join(ROOT, 'launch.py'),
+             '--config', os.path.join(ROOT, 'tests', 'train_helpers.py:vit'),
+             '--mode=compile', '--config.compile.target=v5e:1x1']
+  done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
+                        timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  result = json.loads(done.stdout.strip().splitlines()[-1])
+  assert result['target'] == 'v5e:1x1' and result['devices'] == 1 and result['fits']
+  assert set(result['xla_bytes_per_device']) == set(result['plan_bytes_per_device'])
+  assert 'Traceback' not in done.stderr
+  assert sorted(os.listdir(tmp_path)) == ['cache'] and not os.listdir(cache)
+
+  too_big = command + ['--config.data.batch_size=65536', '--config.data.image_size=64',
+                       '--config.model.image_size=64']
+  done = subprocess.run(too_big, cwd=tmp_path, env=env, capture_output=True, text=True,
+                        timeout=600)
+  assert done.returncode == 1
+  assert done.stderr.strip().splitlines()[-1].startswith('does not fit: needs ')
+  assert 'Traceback' not in done.stderr

@@ -1,0 +1,177 @@
+"""`--mode=compile`: the run's train and eval steps compiled ahead of time for a target
+(`compile.target`: a TPU topology, a Cloud TPU type or GPUs; see `targets`) that this machine
+need not have, with XLA's memory per device beside the project's plan and, on TPUs, XLA's FLOPs
+beside the accounting's. Nothing is read from the dataset and nothing is written.
+
+The batch is abstract: the shapes and dtypes of the config's batch, taken from a generated
+stand-in of the same family, sizes and preprocessing (data.name='synthetic'), with the segment
+ids and positions a packed text batch carries (data.packing).
+"""
+import contextlib
+import dataclasses
+import json
+import re
+import time
+
+import jax
+import ml_collections
+import numpy as np
+
+from transformer_jax import accounting, memory, models, targets
+from transformer_jax.errors import UserError
+from transformer_jax.train import setup, sharding
+
+__all__ = ['abstract_batch', 'compile_for', 'CompileReport', 'report_lines', 'stand_in_config']
+
+_FIELDS = ('argument', 'output', 'alias', 'temporary', 'code')
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileReport:
+  """Per device: XLA's bytes of the compiled train step and the plan's, by field."""
+  target: str
+  devices: int
+  mesh: dict  # {axis: size} over the target's devices
+  memory_bytes: int  # of one device of the target
+  xla_bytes: dict  # _FIELDS and 'total' (arguments + outputs - aliases + temporaries + code)
+  plan_bytes: dict  # the same fields, from memory.plan
+  flops_per_device: float | None  # XLA's cost analysis (TPU; XLA:GPU reports none)
+  planned_flops_per_device: float  # the accounting's
+  compile_seconds: float  # train step and eval step
+
+  @property
+  def fits(self) -> bool:
+    return self.xla_bytes['total'] <= self.memory_bytes
+
+  def as_json(self) -> str:
+    return json.dumps({
+        'target': self.target, 'devices': self.devices, 'mesh': self.mesh, 'fits': self.fits,
+        'xla_bytes_per_device': self.xla_bytes, 'plan_bytes_per_device': self.plan_bytes,
+        'flops_per_device': self.flops_per_device,
+        'compile_seconds': round(self.compile_seconds, 2)})
+
+
+def stand_in_config(config: ml_collections.ConfigDict, cfg) -> ml_collections.ConfigDict:
+  """`config` with its data generated: the same batch sizes, sequence length and
+  preprocessing, one small held-out batch, nothing downloaded or tokenized."""
+  stand_in = config.copy_and_resolve_references()
+  with stand_in.unlocked():
+    eval_batch = stand_in.data.eval_batch_size or stand_in.data.batch_size
+    stand_in.data.update(name='synthetic', tokenizer='chars', eval_examples=eval_batch,
+                         eval_steps=1, token_dir=None)
+    if hasattr(cfg, 'num_classes'):  # generated images of the model's size and classes
+      stand_in.data.update(image_size=cfg.image_size, num_classes=cfg.num_classes)
+    stand_in.init_from_hf = stand_in.init_from_checkpoint = ''
+  return stand_in
+
+
+def abstract_batch(batch: dict, mesh, packed: bool = False) -> dict:
+  """ShapeDtypeStructs of a global batch split over the mesh's data axis; `packed`: with the
+  segment ids and positions of packed rows (data.packing), which the stand-in lacks."""
+  spec = sharding.batch_sharding(mesh)
+  shapes = {key: (value.shape, value.dtype) for key, value in batch.items()}
+  if packed:
+    rows = shapes['inputs'][0][:2]
+    if 'input_valid' in shapes:  # an encoder-decoder's pairs: each side has its segments
+      del shapes['input_valid']
+      target_rows = shapes['targets'][0][:2]
+      shapes.update(input_segment_ids=(rows, np.int32), input_positions=(rows, np.int32),
+                    target_segment_ids=(target_rows, np.int32),
+                    target_positions=(target_rows, np.int32))
+    else:
+      shapes.update(segment_ids=(rows, np.int32), positions=(rows, np.int32),
+                    weights=(shapes['targets'][0], np.float32))
+  return {key: jax.ShapeDtypeStruct(shape, dtype, sharding=spec)
+          for key, (shape, dtype) in shapes.items()}
+
+
+def compile_for(config: ml_collections.ConfigDict) -> CompileReport:
+  """Compiles the run of `config` for compile.target; a program that does not fit the target's
+  memory raises UserError saying by how much."""
+  target = targets.target(config.compile.target)
+  cfg = models.model_config(config.model)
+  run = setup.build_run(stand_in_config(config, cfg), devices=target.devices)
+  packed = bool(config.data.packing) and run.family.unit == 'token'
+  batch = abstract_batch(run.data.train_batch(0), run.mesh, packed)
+  eval_batch = abstract_batch(next(iter(run.data.eval_batches())), run.mesh, packed)
+  start = time.perf_counter()
+  try:
+    with _without_compilation_cache():
+      train = run.train_step.lower(run.abstract_state, batch).compile()
+      run.eval_step.lower(run.abstract_state.params, eval_batch).compile()
+  except jax.errors.JaxRuntimeError as error:
+    if 'RESOURCE_EXHAUSTED' not in str(error):
+      raise
+    raise UserError(_does_not_fit(str(error), target)) from None
+  seconds = time.perf_counter() - start
+  stats = train.memory_analysis()
+  xla = dict(zip(_FIELDS, (stats.argument_size_in_bytes, stats.output_size_in_bytes,
+                           stats.alias_size_in_bytes, stats.temp_size_in_bytes,
+                           stats.generated_code_size_in_bytes)))
+  xla['total'] = (xla['argument'] + xla['output'] - xla['alias'] + xla['temporary']
+                  + xla['code'])
+  cost = train.cost_analysis() or {}
+  return CompileReport(
+      target=target.name, devices=len(target.devices), mesh=dict(run.mesh.shape),
+      memory_bytes=target.chip.memory_bytes,
+      xla_bytes=xla, plan_bytes=_planned(config, run, target), flops_per_device=cost.get('flops'),
+      planned_flops_per_device=_train_flops(run, batch) / len(target.devices),
+      compile_seconds=seconds)
+
+
+@contextlib.contextmanager
+def _without_compilation_cache():
+  """Compile-only executables cannot be loaded back from JAX's persistent cache, and this mode
+  writes nothing: the cache is off while it compiles."""
+  enabled = jax.config.jax_enable_compilation_cache
+  jax.config.update('jax_enable_compilation_cache', False)
+  try:
+    yield
+  finally:
+    jax.config.update('jax_enable_compilation_cache', enabled)
+
+
+def _planned(config, run, target) -> dict:
+  """memory.plan of the run on the target's mesh, in memory_analysis's fields."""
+  plan = memory.plan(config, dict(run.mesh.shape), run.model_config)
+  state = plan.params + plan.optimizer
+  return {'argument': state + plan.batch, 'output': state, 'alias': state,
+          'temporary': plan.gradients + plan.gathered + plan.activations, 'code': 0,
+          'total': plan.train_total}
+
+
+def _train_flops(run, batch) -> float:
+  """The accounting's FLOPs of one train step (three times the forward pass)."""
+  lengths = run.family.lengths(batch)  # read from the shapes
+  forward = accounting.forward_flops(run.model_config, *lengths)['total']
+  return 3 * forward * run.data.batch_size
+
+
+def _does_not_fit(message: str, target) -> str:
+  """XLA's RESOURCE_EXHAUSTED as what a user can act on."""
+  sizes = re.findall(r'(\d+(?:\.\d+)?)G\b', message)
+  needs = (f'needs {sizes[0]} GiB per device of {sizes[-1]}' if len(sizes) >= 2 else
+           f'needs more than the {target.chip.memory_bytes / 2**30:.2f} GiB of a device')
+  return (f'does not fit: {needs} on {target.name} ({target.chip.name}); try a smaller '
+          'data.batch_size (with training.grad_accum_steps to keep the global batch), '
+          "model.remat_policy='full', rule_set='fsdp', or a target with more devices.")
+
+
+def report_lines(report: CompileReport) -> list[str]:
+  """The table of --mode=compile: XLA's bytes and the plan's per device, then the JSON line."""
+  gib = lambda n: f'{n / 2**30:9.3f}'
+  mesh = ' x '.join(f'{axis}={size}' for axis, size in report.mesh.items())
+  lines = [f'Compiled for {report.target}: {report.devices} devices ({mesh}), '
+           f'{report.memory_bytes / 2**30:.2f} GiB each, in {report.compile_seconds:.1f} s',
+           f'  {"per device (GiB)":<18} {"XLA":>9} {"plan":>9}']
+  for field in (*_FIELDS, 'total'):
+    lines.append(f'  {field:<18} {gib(report.xla_bytes[field])} {gib(report.plan_bytes[field])}')
+  total = report.xla_bytes['total']
+  lines.append(f'  {"fits" if report.fits else "does NOT fit"}: {total / 2**30:.2f} of '
+               f'{report.memory_bytes / 2**30:.2f} GiB ({total / report.memory_bytes:.0%}); the '
+               f'plan says {report.plan_bytes["total"] / total:.2f}x XLA')
+  planned = f'{report.planned_flops_per_device:.4e}'
+  lines.append(f'  FLOPs per device per step: XLA {report.flops_per_device:.4e}, accounting '
+               f'{planned}' if report.flops_per_device else
+               f'  FLOPs per device per step: accounting {planned} (XLA reports none here)')
+  return lines + [report.as_json()]
