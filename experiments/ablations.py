@@ -60,12 +60,16 @@ def sweep_runs(quick: bool) -> list[sweep.SweepRun]:
                        sweep.values('seed', QUICK_SEED_VALUES if quick else SEED_VALUES))
 
 
+def run_config(spec: sweep.SweepRun, quick: bool = False, data: dict | None = None):
+  """The config of one run of the sweep; `data`: where the dataset comes from."""
+  return sweep.config_for(spec, CONFIG, FULL, QUICK if quick else {}, data or {})
+
+
 def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{NAME}',
         results_dir: str | None = None, data: dict | None = None,
         command: str = 'ablations.run()') -> dict:
   """Trains (or reads back) every run, writes the results folder, returns table and figures."""
-  base = [FULL, QUICK if quick else {}, data or {}]
-  results = sweep.run_all(sweep_runs(quick), lambda r: sweep.config_for(r, CONFIG, *base), workdir)
+  results = sweep.run_all(sweep_runs(quick), lambda r: run_config(r, quick, data), workdir)
   table = variant_table(results)
   figures = {NAME: bar_chart(table)}
   return sweep.finish(TITLE, command, results, lambda: report(table, results, command), figures,

@@ -75,12 +75,16 @@ def sweep_runs(quick: bool) -> list[sweep.SweepRun]:
   return sweep.values('model.patch_size', QUICK_PATCHES if quick else PATCHES, 'patch')
 
 
+def run_config(spec: sweep.SweepRun, quick: bool = False, data: dict | None = None):
+  """The config of one run of the sweep; `data`: where the dataset comes from."""
+  return sweep.config_for(spec, CONFIG, FULL, QUICK if quick else {}, data or {})
+
+
 def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{NAME}',
         results_dir: str | None = None, data: dict | None = None,
         command: str = 'patch_sweep.run()') -> dict:
   """Trains (or reads back) every run, measures, resizes, writes the results folder."""
-  base = [FULL, QUICK if quick else {}, data or {}]
-  make_config = lambda r: sweep.config_for(r, CONFIG, *base)
+  make_config = lambda r: run_config(r, quick, data)
   runs = sweep_runs(quick)
   results = sweep.run_all(runs, make_config, workdir)
   for r, spec in zip(results, runs):

@@ -1,5 +1,6 @@
 """Small shared helpers for the tests."""
 import contextlib
+import importlib.util
 import pathlib
 from unittest import mock
 
@@ -40,3 +41,11 @@ def tiny(family, **overrides):
 def init(cfg, rng, *inputs):
   variables = models.build(cfg).init(rng, *(inputs or models.example_inputs(cfg, 2)))
   return nn.meta.unbox(variables['params'])
+
+
+def load_experiment(name):
+  """The module of experiments/NAME.py."""
+  spec = importlib.util.spec_from_file_location(name, ROOT / 'experiments' / f'{name}.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module

@@ -10,6 +10,7 @@ import pytest
 
 pytest.importorskip('libtpu', reason="compile-only TPU devices need pip install -e '.[compile]'")
 
+from helpers import load_experiment  # noqa: E402
 from train_helpers import small_config  # noqa: E402
 from transformer_jax import accounting, aot, models, targets  # noqa: E402
 from transformer_jax.errors import UserError  # noqa: E402
@@ -89,6 +90,23 @@ def test_gpus_compile_from_their_target_config():
   assert (report.devices, report.memory_bytes) == (4, targets.CHIPS['h100'].memory_bytes)
   assert report.flops_per_device is None  # XLA:GPU's compile-only cost analysis is empty
   assert abs(report.plan_bytes['alias'] / report.xla_bytes['alias'] - 1) < 0.01
+
+
+def test_every_run_of_the_colab_notebook_fits_one_chip_of_a_v5e_1_runtime():
+  """The notebook's experiments at full size, each compiled for Colab's one-chip TPU runtime
+  (runs that differ in their seed alone compile alike)."""
+  compiled_runs = {}
+  for name in ('patch_sweep', 'ablations'):
+    experiment = load_experiment(name)
+    for spec in experiment.sweep_runs(quick=False):
+      config = experiment.run_config(spec)
+      config.compile.target = 'v5e:1x1'
+      shape = tuple((k, v) for k, v in spec.overrides if k != 'seed')
+      if (name, shape) not in compiled_runs:
+        compiled_runs[name, shape] = aot.compile_for(config)
+  assert len(compiled_runs) >= 4 + 6
+  for run_name, report in compiled_runs.items():
+    assert report.devices == 1 and report.fits, (run_name, report.xla_bytes)
 
 
 def test_launch_compiles_writes_nothing_and_ends_with_one_json_line(tmp_path):

@@ -1,6 +1,5 @@
 """The sweep machinery, the scaling-law fit, and every experiment script and the notebook end to
 end in their quick settings (synthetic data, tiny models)."""
-import importlib.util
 import json
 import math
 
@@ -10,7 +9,7 @@ import numpy as np
 import pytest
 import scipy.optimize
 
-from helpers import ROOT
+from helpers import load_experiment, ROOT
 from train_helpers import small_config
 from transformer_jax import sweep, train
 
@@ -19,13 +18,6 @@ FIGURES = {'ablations': ['ablations'], 'long_context': ['loss_vs_position'],
            'norm_order': ['norm_order'],
            'patch_sweep': ['accuracy_vs_flops', 'accuracy_vs_patch', 'flops_vs_tokens', 'resize'],
            'scaling': ['isoflop', 'loss_vs_params', 'loss_vs_tokens', 'surface']}
-
-
-def load_experiment(name):
-  spec = importlib.util.spec_from_file_location(name, ROOT / 'experiments' / f'{name}.py')
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 def test_product_crosses_named_runs_values_and_argument_strings():
