@@ -132,7 +132,7 @@ def _loop(run, train_step, eval_step, state, batch, batches, checkpoints, writer
 
 
 def profile_dir(workdir: str) -> str:
-  """Where this process writes its profile: WORKDIR/profile, or WORKDIR/profile/process_N
+  """Where this process writes its profile: WORKDIR/profile, or WORKDIR/profile/process_I
   when there are several processes (traces of one host's processes would share a name)."""
   directory = os.path.join(workdir, 'profile')
   if jax.process_count() > 1:
