@@ -2,7 +2,6 @@
 profiler trace of chosen steps, and each chip's peak for MFU by its device kind."""
 import glob
 import os
-import pathlib
 import types
 
 import flax.linen as nn
@@ -10,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from helpers import ROOT
 from train_helpers import small_config
 from transformer_jax import config_lib, describe, model_config, models, targets, train
 from transformer_jax.errors import ConfigError
@@ -36,10 +36,15 @@ def test_auto_is_the_default_and_parameters_stay_float32():
     models.model_config(dict(small_config().model, dtype='float33'))
 
 
+def abstract_params(module, inputs):
+  return nn.meta.unbox(jax.eval_shape(module.init, jax.random.key(0), *inputs)['params'])
+
+
 def activation_dtypes(module, params, inputs) -> set:
-  """The dtypes of every floating output of every submodule's __call__."""
-  _, state = module.apply({'params': params}, *inputs, capture_intermediates=True,
-                          mutable=['intermediates'])
+  """The dtypes of every floating output of every submodule's __call__ (nothing computed)."""
+  apply = lambda params: module.apply({'params': params}, *inputs, capture_intermediates=True,
+                                      mutable=['intermediates'])
+  _, state = jax.eval_shape(apply, params)
   return {leaf.dtype.name for leaf in jax.tree.leaves(state['intermediates'])
           if jnp.issubdtype(leaf.dtype, jnp.floating)}
 
@@ -48,7 +53,7 @@ def test_a_run_built_for_a_cpu_computes_in_float32_and_a_tpu_model_in_bfloat16()
   run = setup.build_run(small_config())
   assert run.model_config.dtype == 'float32'
   inputs = run.family.example_inputs(run.model_config)
-  params = nn.meta.unbox(run.model.init(jax.random.key(0), *inputs)['params'])
+  params = abstract_params(run.model, inputs)
   assert activation_dtypes(run.model, params, inputs) == {'float32'}
   # The same config built for a TPU (run here on the CPU): its blocks compute in bfloat16, its
   # logits stay float32, its parameters float32.
@@ -62,10 +67,12 @@ def test_an_explicit_dtype_wins_on_every_platform():
   run = setup.build_run(config)
   assert run.model_config.dtype == 'bfloat16'
   inputs = run.family.example_inputs(run.model_config)
-  params = nn.meta.unbox(run.model.init(jax.random.key(0), *inputs)['params'])
-  assert 'bfloat16' in activation_dtypes(run.model, params, inputs)
-  assert models.build(models.model_config(config.model), 'gpu').cfg.dtype == 'bfloat16'
-  gpt2 = config_lib.from_file(pathlib.Path(__file__).parent.parent / 'configs' / 'gpt2_small.py')
+  params = abstract_params(run.model, inputs)
+  assert activation_dtypes(run.model, params, inputs) == {'bfloat16', 'float32'}
+  assert models.build(config.model, 'gpu').cfg.dtype == 'bfloat16'
+  float32 = small_config(**{'model.dtype': 'float32'}).model
+  assert models.build(float32, 'tpu').cfg.dtype == 'float32'
+  gpt2 = config_lib.from_file(ROOT / 'configs' / 'gpt2_small.py')
   assert gpt2.model.dtype == 'bfloat16'  # the configs that set one keep it
 
 
@@ -143,7 +150,7 @@ def test_an_unknown_device_kind_has_no_chip_and_mfu_needs_a_configured_peak(kind
 
 
 def test_the_gpu_targets_are_the_gpus_with_a_target_config_and_only_tpus_with_topologies():
-  shipped = pathlib.Path(targets.__file__).with_name('gpu_targets').glob('*.txtpb')
+  shipped = (ROOT / 'transformer_jax' / 'gpu_targets').glob('*.txtpb')
   assert sorted(targets.GPU_TARGETS) == sorted(path.stem for path in shipped)
   with pytest.raises(ConfigError, match="compile.target='v3-8' is not a target"):
     targets.target('v3-8')
