@@ -105,7 +105,7 @@ def kv_cache_bytes(model, seq_len: int, batch: int = 1, dtype: Any = None,
   layers = cfg.decoder_layers if encoder_decoder else cfg.num_layers
   slots = seq_len if window is None else min(window, seq_len)
   tokens = slots + (source_len or 0) * encoder_decoder
-  itemsize = jnp.dtype(dtype or cfg.dtype).itemsize
+  itemsize = (jnp.dtype(dtype) if dtype else cfg.compute_dtype).itemsize
   return batch * 2 * layers * tokens * cfg.kv_heads * cfg.head_dim * itemsize
 
 

@@ -250,6 +250,8 @@ RANGES = {
     'training.keep_checkpoints': COUNT,
     'training.peak_flops_per_device': Range(0, open_low=True, optional=True, example=1e12),
     'training.device_memory_gb': Range(0, open_low=True, optional=True, example=16),
+    'training.profile_start': Range(1, integer=True, optional=True, example=10),
+    'training.profile_steps': COUNT,
     'sample.max_new_tokens': COUNT,
     **{f'sample.{name}': valid for name, (valid, _) in decode.SAMPLER_RANGES.items()},
     'sample.seed': Range(0, integer=True),
@@ -276,6 +278,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       raise ConfigError(f'{key}={_get(config, key)!r} must be one of {list(allowed)}.')
   cfg = models.model_config(config.model)
   _validate_mesh(config)
+  _validate_profile(TrainingSettings.of(config.training))
   _validate_lengths(config, cfg)
   if config.init_from_hf and config.init_from_checkpoint:
     raise ConfigError('Set one of init_from_hf and init_from_checkpoint, not both: a run starts '
@@ -297,6 +300,13 @@ def _validate_mesh(config) -> None:
       raise ConfigError(f'sharding_rules entry {tuple(rule)} must be a pair (logical axis, mesh '
                         f'axis) with the mesh axis one of {list(axes)} or None: for example '
                         f'--config.sharding_rules="((\'embed\', \'{axes[0]}\'),)".')
+
+
+def _validate_profile(training: TrainingSettings) -> None:
+  if training.profile_start is not None and training.profile_start > training.steps:
+    raise ConfigError(f'training.profile_start={training.profile_start} is past the last step '
+                      f'(training.steps={training.steps}): for example '
+                      f'--config.training.profile_start={min(10, training.steps)}.')
 
 
 def _validate_lengths(config, cfg: ModelConfig) -> None:

@@ -2,7 +2,7 @@
 the memory plan per device on the run's mesh."""
 import jax
 
-from transformer_jax import accounting, memory, models
+from transformer_jax import accounting, memory, model_config, models
 from transformer_jax.train import sharding
 from transformer_jax.settings import MeshSettings, TrainingSettings
 
@@ -28,7 +28,10 @@ def shape(cfg) -> str:
 
 
 def describe(config) -> str:
+  platform = jax.devices()[0].platform
   cfg = models.model_config(config.model)
+  dtype_reason = model_config.compute_dtype_of(cfg.dtype, platform)[1]
+  cfg = cfg.on(platform)
   family = models.registry.get(cfg.family)
   analytic, counted = accounting.param_counts(cfg), accounting.counted_params(cfg)
   if analytic != counted:
@@ -41,8 +44,9 @@ def describe(config) -> str:
   for part in accounting.PARTS:
     if counted[part] or part != 'other':
       lines.append(f'  {part:<10} {counted[part]:>14,} {counted[part] / total:>7.1%}')
-  kernel = models.attention_kernel(cfg, jax.devices()[0].platform)
+  kernel = models.attention_kernel(cfg, platform)
   lines.append(f'Attention kernel: {kernel.name} ({kernel.reason})')
+  lines.append(f'Compute dtype: {cfg.dtype} ({dtype_reason}); parameters in {cfg.param_dtype}')
   seq_len = config.data.get('seq_len') or cfg.max_len if family.unit == 'token' else None
   flops = accounting.flops_per_token(cfg, seq_len)
   unit = f'token at T={seq_len}' if family.unit == 'token' else family.unit

@@ -110,8 +110,8 @@ def activation_bytes(cfg: ModelConfig, family, config, split) -> int:
       total += blocks * per_block
   if family.unit == 'token':  # the logits and their log-softmax, float32
     vocab = cfg.vocab_size // split(axes.VOCAB)
-    total += 2 * batch * config.data.seq_len * vocab * 4 / jnp.dtype(cfg.dtype).itemsize
-  return int(total * jnp.dtype(cfg.dtype).itemsize)
+    total += 2 * batch * config.data.seq_len * vocab * 4 / cfg.compute_dtype.itemsize
+  return int(total * cfg.compute_dtype.itemsize)
 
 
 def kv_cache_bytes(cfg: ModelConfig, seq_len: int, dtype: str) -> int:
@@ -149,7 +149,7 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int] | None = None,
                     _batch_shapes(cfg, family, config)) // split(axes.BATCH)
   kv = None
   if family.decoding:
-    kv = kv_cache_bytes(cfg, config.data.seq_len, cfg.dtype) // split(axes.KV_HEADS)
+    kv = kv_cache_bytes(cfg, config.data.seq_len, cfg.compute_dtype.name) // split(axes.KV_HEADS)
   batch_axes = {a for name, a in rules if name == axes.BATCH and a}
   return Plan(params=params, optimizer=_sharded_bytes(state.opt_state, shardings.opt_state),
               gradients=params,

@@ -10,6 +10,7 @@ out of range and inconsistent sizes fail with a ConfigError that names the setti
 import dataclasses
 from typing import Any, ClassVar, Mapping
 
+import jax
 import jax.numpy as jnp
 
 from transformer_jax.errors import ConfigError
@@ -18,13 +19,28 @@ from transformer_jax.layers import attention, block, mlp
 from transformer_jax.ranges import COUNT, FRACTION, Range
 
 __all__ = [
-    'BLOCK_CHOICES', 'check_choice', 'defaults', 'ModelConfig', 'names', 'NORMS', 'POSITIONS']
+    'BLOCK_CHOICES', 'check_choice', 'compute_dtype_of', 'defaults', 'ModelConfig', 'names',
+    'NORMS', 'POSITIONS']
 
 NORMS = ('layernorm', 'rmsnorm')
 POSITIONS = ('learned', 'sinusoidal', 'rope', 'none')
 # What each option of the blocks may be, from the layers that take it.
 BLOCK_CHOICES = {'norm': NORMS, 'norm_position': block.NORM_POSITIONS, 'mlp': mlp.KINDS,
                  'positions': POSITIONS, 'remat_policy': tuple(block.REMAT_POLICIES)}
+# The compute dtype model.dtype='auto' means on each platform (jax.Device.platform), and why.
+_AUTO_DTYPES = {'cpu': ('float32', 'bfloat16 products run slower than float32 ones on XLA:CPU')}
+_AUTO_DTYPE_DEFAULT = ('bfloat16', 'the matrix units of TPUs and GPUs run bfloat16 at full rate')
+
+
+def compute_dtype_of(dtype: str, platform: str | None = None) -> tuple[str, str]:
+  """(name, why) of the compute dtype `dtype` means on `platform` ('cpu', 'gpu', 'tpu': the
+  platform the step is compiled for; None: this machine's default). Only 'auto' reads the
+  platform: bfloat16 on TPUs and GPUs, float32 on XLA:CPU."""
+  if dtype != 'auto':
+    return dtype, 'chosen by name'
+  platform = platform or jax.default_backend()
+  chosen, why = _AUTO_DTYPES.get(platform, _AUTO_DTYPE_DEFAULT)
+  return chosen, f'auto on {platform}: {why}'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +77,9 @@ class ModelConfig:
   attention_kernel: str = 'auto'
   scan_layers: bool = False
   remat_policy: str = 'none'
-  dtype: str = 'float32'
+  # The compute dtype; 'auto' is the platform's (compute_dtype_of). The parameters, and so the
+  # optimizer state and checkpoints, stay in param_dtype.
+  dtype: str = 'auto'
   param_dtype: str = 'float32'
 
   # The valid range of each numeric setting and the options of each string one; a family's
@@ -101,10 +119,14 @@ class ModelConfig:
       check_choice(name, getattr(self, name), allowed)
     check_choice('attention_kernel', self.attention_kernel, tuple(kernels.names()))
     for name in ('dtype', 'param_dtype'):
+      value = getattr(self, name)
+      if name == 'dtype' and value == 'auto':
+        continue
       try:
-        jnp.dtype(getattr(self, name))
+        jnp.dtype(value)
       except TypeError:
-        raise ConfigError(f'model.{name}={getattr(self, name)!r} is not a dtype: use "float32" '
+        auto = '"auto", ' if name == 'dtype' else ''
+        raise ConfigError(f'model.{name}={value!r} is not a dtype: use {auto}"float32" '
                           'or "bfloat16".') from None
     if self.width % self.num_heads:
       raise ConfigError(f'model.num_heads={self.num_heads} does not divide model.width='
@@ -129,9 +151,14 @@ class ModelConfig:
       return self.d_ff
     return int(8 * self.width / 3) if self.mlp == 'swiglu' else 4 * self.width
 
+  def on(self, platform: str | None = None) -> 'ModelConfig':
+    """This config with its compute dtype resolved for `platform` (see compute_dtype_of)."""
+    return dataclasses.replace(self, dtype=compute_dtype_of(self.dtype, platform)[0])
+
   @property
   def compute_dtype(self):
-    return jnp.dtype(self.dtype)
+    """The compute dtype; 'auto' not yet resolved by `on` is this machine's default's."""
+    return jnp.dtype(compute_dtype_of(self.dtype)[0])
 
   @property
   def weight_dtype(self):

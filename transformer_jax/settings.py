@@ -52,6 +52,11 @@ class TrainingSettings(Settings):
   checkpoint_every: int = 500
   keep_checkpoints: int = 3
   peak_flops_per_device: float | None = None  # for MFU where the table has none
+  # A jax.profiler trace of profile_steps steps from step profile_start (as the log numbers them;
+  # unset: none), in WORKDIR/profile for TensorBoard/XProf and Perfetto. A run resumed past that
+  # step traces nothing.
+  profile_start: int | None = None
+  profile_steps: int = 3
   # The memory of one device, for the plan of --mode=describe; unset: what JAX reports for the
   # device (GPUs and TPUs do; a CPU does not).
   device_memory_gb: float | None = None

@@ -1,5 +1,6 @@
-"""Accelerators to compile for, present or not: the chips (memory, peak bfloat16 FLOP/s) and,
-for a target name, XLA's compile-only devices of that TPU topology or of those GPUs.
+"""Accelerators to compile for, present or not: the chips (memory, peak bfloat16 FLOP/s, the
+device kinds JAX reports for them) and, for a target name, XLA's compile-only devices of that TPU
+topology or of those GPUs.
 
 Target names (`compile.target`):
   a TPU topology       'v5e:2x2', 'v6e:1x1', 'v4:2x2x1' (v4 and v5p chips run as one megacore),
@@ -19,30 +20,50 @@ import re
 
 from transformer_jax.errors import ConfigError
 
-__all__ = ['Chip', 'CHIPS', 'chip_of', 'GPU_TARGETS', 'Target', 'target']
+__all__ = ['Chip', 'CHIPS', 'chip_of', 'chip_of_kind', 'GPU_TARGETS', 'Target', 'target']
 
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
   name: str
   platform: str  # jax.Device.platform: 'tpu' or 'gpu'
-  memory_bytes: int  # what XLA lets one program use (TPUs: as its RESOURCE_EXHAUSTED reports)
+  # What XLA lets one program use (TPUs: as its RESOURCE_EXHAUSTED reports); None: not measured.
+  memory_bytes: int | None
   peak_flops: float  # dense bfloat16 FLOP/s of one chip, from its vendor's datasheet
-  device_kind: str  # jax.Device.device_kind of its devices
+  device_kind: str  # jax.Device.device_kind of its devices (of the compile-only ones, if any)
+  # A regular expression searched for in the device kinds of the chip's other variants (a GPU's
+  # kind names its board and memory: 'NVIDIA A100-SXM4-40GB', 'NVIDIA A100 80GB PCIe').
+  kinds: str | None = None
 
 _GIB = 2**30
 # TPU memory: the available HBM XLA:TPU's out-of-memory error states for each chip (compiled
-# here); GPU memory: the device_memory_size of the chip's target config.
+# here); GPU memory: the device_memory_size of the chip's target config. The chips without a
+# compile-only target are here for their peak (MFU); V100 and T4 lack bfloat16: float16's peak.
+# A TPU's device kind names its generation ('TPU v5' is v5p, 'TPU v5 lite' v5e).
 CHIPS = {
+    'v2': Chip('TPU v2', 'tpu', None, 45e12, 'TPU v2'),
+    'v3': Chip('TPU v3', 'tpu', None, 123e12, 'TPU v3'),
     'v4': Chip('TPU v4', 'tpu', int(30.75 * _GIB), 275e12, 'TPU v4'),
-    'v5e': Chip('TPU v5e', 'tpu', int(15.75 * _GIB), 197e12, 'TPU v5 lite'),
-    'v5p': Chip('TPU v5p', 'tpu', int(95.74 * _GIB), 459e12, 'TPU v5'),
-    'v6e': Chip('TPU v6e', 'tpu', int(31.25 * _GIB), 918e12, 'TPU v6 lite'),
-    'a100': Chip('A100 SXM 80GB', 'gpu', 85100068864, 312e12, 'NVIDIA A100-SXM4-80GB'),
-    'h100': Chip('H100 SXM 80GB', 'gpu', 84942979072, 989e12, 'NVIDIA H100 80GB HBM3'),
-    'h200': Chip('H200 141GB', 'gpu', 151397597184, 989e12, 'NVIDIA H200 141GB HBM3e'),
+    'v5e': Chip('TPU v5e', 'tpu', int(15.75 * _GIB), 197e12, 'TPU v5 lite', r'^TPU v5e$'),
+    'v5p': Chip('TPU v5p', 'tpu', int(95.74 * _GIB), 459e12, 'TPU v5', r'^TPU v5p$'),
+    'v6e': Chip('TPU v6e', 'tpu', int(31.25 * _GIB), 918e12, 'TPU v6 lite', r'^TPU v6e$'),
+    'a100': Chip('A100 SXM 80GB', 'gpu', 85100068864, 312e12, 'NVIDIA A100-SXM4-80GB',
+                 r'\bA100\b.*\b80GB\b'),
+    'a100_40gb': Chip('A100 40GB', 'gpu', None, 312e12, 'NVIDIA A100-SXM4-40GB', r'\bA100\b'),
+    'h100': Chip('H100 SXM 80GB', 'gpu', 84942979072, 989e12, 'NVIDIA H100 80GB HBM3',
+                 r'\bH100\b'),
+    'h200': Chip('H200 141GB', 'gpu', 151397597184, 989e12, 'NVIDIA H200 141GB HBM3e',
+                 r'\bH200\b'),
+    'l4': Chip('L4', 'gpu', None, 121e12, 'NVIDIA L4', r'\bL4\b'),
+    'a10': Chip('A10', 'gpu', None, 125e12, 'NVIDIA A10', r'\bA10G?\b'),
+    'v100': Chip('V100', 'gpu', None, 125e12, 'Tesla V100-SXM2-16GB', r'\bV100\b'),
+    't4': Chip('T4', 'gpu', None, 65e12, 'Tesla T4', r'\bT4\b'),
 }
-GPU_TARGETS = tuple(name for name, chip in CHIPS.items() if chip.platform == 'gpu')
+_GPU_TARGET_DIR = os.path.join(os.path.dirname(__file__), 'gpu_targets')
+# The GPUs with a target config in gpu_targets/ (NAME.txtpb), which compile-only devices need.
+GPU_TARGETS = tuple(name for name, chip in CHIPS.items() if chip.platform == 'gpu' and
+                    os.path.exists(os.path.join(_GPU_TARGET_DIR, f'{name}.txtpb')))
+_TPU_TARGETS = ('v4', 'v5e', 'v5p', 'v6e')  # the TPUs whose topologies libtpu compiles for
 _MEGACORE = ('v4', 'v5p')  # two TensorCores per chip, one device
 # Chips -> topology of the Cloud TPU slices: 2-D tori for v5e and v6e, 3-D for v4 and v5p.
 _SLICES_2D = {1: '1x1', 4: '2x2', 8: '2x4', 16: '4x4', 32: '4x8', 64: '8x8', 128: '8x16',
@@ -66,7 +87,13 @@ class Target:
 
 def chip_of(device) -> Chip | None:
   """The chip of a jax.Device (real or compile-only), None for one the table lacks (CPUs)."""
-  return next((c for c in CHIPS.values() if c.device_kind == device.device_kind), None)
+  return chip_of_kind(device.device_kind)
+
+
+def chip_of_kind(kind: str) -> Chip | None:
+  """The chip whose device kind is `kind`, else the first whose `kinds` pattern it matches."""
+  exact = next((c for c in CHIPS.values() if c.device_kind == kind), None)
+  return exact or next((c for c in CHIPS.values() if c.kinds and re.search(c.kinds, kind)), None)
 
 
 def target(name: str) -> Target:
@@ -81,7 +108,7 @@ def target(name: str) -> Target:
 def _tpu_topology(name: str) -> tuple[str, str]:
   """(chip, topology) of a TPU topology name or a Cloud TPU type."""
   chip, sep, shape = name.partition(':')
-  if sep and chip in CHIPS and CHIPS[chip].platform == 'tpu':
+  if sep and chip in _TPU_TARGETS:
     sides = shape.split('x')
     if len(sides) == (3 if chip in _MEGACORE else 2) and all(s.isdigit() for s in sides):
       return chip, name
@@ -91,7 +118,7 @@ def _tpu_topology(name: str) -> tuple[str, str]:
     count = int(cloud.group(2))
     chips = count // 2 if chip in _MEGACORE else count
     slices = _SLICES_3D if chip in _MEGACORE else _SLICES_2D
-    if chip in CHIPS and CHIPS[chip].platform == 'tpu' and chips in slices:
+    if chip in _TPU_TARGETS and chips in slices:
       return chip, f'{chip}:{slices[chips]}'
   raise ConfigError(
       f'compile.target={name!r} is not a target: use a TPU topology (v5e:2x2, v6e:2x4, '
@@ -135,7 +162,7 @@ def _gpu_target(name: str, gpu: str, count: int) -> Target:
 @functools.cache
 def _gpu_devices(gpu: str, topology: str) -> tuple:
   from jax.experimental import topologies
-  path = os.path.join(os.path.dirname(__file__), 'gpu_targets', f'{gpu}.txtpb')
+  path = os.path.join(_GPU_TARGET_DIR, f'{gpu}.txtpb')
   with open(path) as f:
     config = f.read()
   return tuple(topologies.get_topology_desc('gpu', 'cuda', target_config=config,

@@ -58,8 +58,8 @@ def attention_kernel(model: ModelConfig | Mapping[str, Any],
 
 def build(model: ModelConfig | Mapping[str, Any], platform: str | None = None) -> nn.Module:
   """The Flax module of `model.family`, after validating every option, with the attention kernel
-  for `platform` (see `attention_kernel`)."""
-  cfg = model_config(model)
+  and the compute dtype for `platform` (see `attention_kernel`, ModelConfig.on)."""
+  cfg = model_config(model).on(platform)
   cfg = dataclasses.replace(cfg, attention_kernel=attention_kernel(cfg, platform).name)
   return registry.get(cfg.family).module(cfg)
 

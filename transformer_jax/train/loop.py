@@ -1,6 +1,7 @@
 """The training loop and the eval mode: a Run (train.setup) -> its starting state -> the jitted
 step -> metrics and checkpoints."""
 import functools
+import os
 import time
 
 import logging
@@ -13,7 +14,7 @@ from transformer_jax.train import checkpoint, metrics as metrics_lib, setup, sha
 from transformer_jax.settings import TrainingSettings
 from transformer_jax.train.setup import Run, build_run, restore_trained
 
-__all__ = ['evaluate', 'evaluate_params', 'itstime', 'PROGRESS_SECONDS', 'train']
+__all__ = ['evaluate', 'evaluate_params', 'itstime', 'profile_dir', 'PROGRESS_SECONDS', 'train']
 
 log = logging.getLogger(__name__)
 
@@ -48,26 +49,29 @@ def train(config, workdir: str):
     if start >= run.training.steps:
       log.info('Nothing to do: the checkpoint is at step %d of %d.', start, run.training.steps)
       return state
-    return _train_from(run, state, eval_step, checkpoints, writer)
+    return _train_from(run, state, eval_step, checkpoints, writer, workdir)
   finally:
     checkpoints.close()
     if writer is not None:
       writer.close()
 
 
-def _train_from(run: Run, state, eval_step, checkpoints, writer):
-  """Compiles the step on the first batch, then runs the loop under a SIGTERM handler."""
+def _train_from(run: Run, state, eval_step, checkpoints, writer, workdir: str):
+  """Compiles the step on the first batch, then runs the loop under a SIGTERM handler (and the
+  profiler, for the steps of training.profile_start)."""
   batches = run.data.train_iterator(int(state.step))
   first = sharding.global_batch(next(batches), run.mesh)
   compile_start = time.time()
   compiled = run.train_step.lower(state, first).compile()
   log.info('Compiled the train step in %.1f s.', time.time() - compile_start)
   preemption = checkpoint.PreemptionFlag()
+  profile = _Profile(run.training, profile_dir(workdir))
   try:
     return _loop(run, compiled, eval_step, state, first, batches, checkpoints, writer,
-                 _Throughput(run, first), preemption)
+                 _Throughput(run, first), preemption, profile)
   finally:
     preemption.restore()
+    profile.stop()
 
 
 def _evaluation_missing(training: TrainingSettings, step: int, workdir: str) -> bool:
@@ -83,7 +87,7 @@ def _evaluation_missing(training: TrainingSettings, step: int, workdir: str) -> 
 
 
 def _loop(run, train_step, eval_step, state, batch, batches, checkpoints, writer, throughput,
-          preemption):
+          preemption, profile):
   """Steps until config.training.steps. Every step's metrics are checked (finite loss, gradient
   and parameters) before its state can be saved, one step behind the device except at the steps
   that log, save, evaluate or stop."""
@@ -92,7 +96,9 @@ def _loop(run, train_step, eval_step, state, batch, batches, checkpoints, writer
   window, pending = _Window(), None
   last_progress = 0.0  # the first step prints at once
   for step in range(start, total):
+    profile.before(step)
     state, step_metrics = train_step(state, batch)
+    profile.after(step, (state, step_metrics))
     if pending is not None:  # fetch step t-1's metrics after dispatching step t
       window.add(*pending, checkpoints)
     pending = (step + 1, step_metrics)
@@ -123,6 +129,48 @@ def _loop(run, train_step, eval_step, state, batch, batches, checkpoints, writer
     if done < total:
       batch = sharding.global_batch(next(batches), run.mesh)
   return state
+
+
+def profile_dir(workdir: str) -> str:
+  """Where this process writes its profile: WORKDIR/profile, or WORKDIR/profile/process_I
+  when there are several processes (traces of one host's processes would share a name)."""
+  directory = os.path.join(workdir, 'profile')
+  if jax.process_count() > 1:
+    directory = os.path.join(directory, f'process_{jax.process_index()}')
+  return directory
+
+
+class _Profile:
+  """A jax.profiler trace of the training.profile_steps steps from step
+  training.profile_start, numbered as the log numbers them (step 1 is the first), where the run
+  runs that step: a run resumed past it traces nothing."""
+
+  def __init__(self, training: TrainingSettings, directory: str):
+    self.first = training.profile_start
+    self.last = None if self.first is None else self.first + training.profile_steps - 1
+    self.directory = directory
+    self.tracing = False
+
+  def before(self, step: int) -> None:
+    """Starts the trace before the loop's `step` (0-based: it makes step + 1) where due."""
+    if step + 1 == self.first:
+      jax.profiler.start_trace(self.directory)
+      self.tracing = True
+
+  def after(self, step: int, outputs) -> None:
+    if self.tracing and step + 1 == self.last:
+      self.stop(outputs)
+
+  def stop(self, outputs=None) -> None:
+    """Ends the trace once the device has run what it holds (`outputs`: the last step's)."""
+    if not self.tracing:
+      return
+    jax.block_until_ready(outputs)
+    jax.profiler.stop_trace()
+    self.tracing = False
+    log.info('Wrote a profile of steps %d to %d to %s: open it with tensorboard --logdir %s '
+             '(the profile plugin), or its *.trace.json.gz in ui.perfetto.dev.', self.first,
+             self.last, self.directory, self.directory)
 
 
 class _Window:
@@ -176,7 +224,8 @@ class _Throughput:
     flops = accounting.forward_flops(run.model_config, *run.family.lengths(batch))
     self.tokens = flops['tokens'] if run.family.unit == 'token' else 0
     self.train_flops_per_example = 3 * flops['total']
-    self.peak, source = metrics_lib.peak_flops_per_device(run.training.peak_flops_per_device)
+    self.peak, source = metrics_lib.peak_flops_per_device(run.training.peak_flops_per_device,
+                                                          run.mesh.devices.flat[0])
     _log_once(f'MFU: model FLOPs from the accounting module over the peak, {source}.')
 
   def rates(self, window) -> dict:

@@ -6,22 +6,15 @@ import time
 import logging
 import jax
 
+from transformer_jax import targets
+
 __all__ = [
-    'logged_eval_steps', 'measured_matmul_flops', 'METRICS_FILE', 'MetricWriter', 'PEAK_FLOPS',
+    'logged_eval_steps', 'measured_matmul_flops', 'METRICS_FILE', 'MetricWriter',
     'peak_flops_per_device', 'read_metrics']
 
 log = logging.getLogger(__name__)
 
 METRICS_FILE = 'metrics.jsonl'
-
-# Dense bfloat16 peak FLOP/s per chip, from the vendors' data sheets; matched against
-# jax.devices()[0].device_kind. float32 compute on a GPU peaks far lower than these.
-PEAK_FLOPS = (
-    ('TPU v6', 918e12), ('TPU v5p', 459e12), ('TPU v5', 197e12), ('TPU v4', 275e12),
-    ('TPU v3', 123e12), ('TPU v2', 45e12),
-    ('H200', 989e12), ('H100', 989e12), ('A100', 312e12), ('L4', 121e12), ('A10', 125e12),
-    ('V100', 125e12), ('T4', 65e12),
-)
 
 
 def measured_matmul_flops(sizes=(512, 1024, 2048), repeats: int = 5) -> float:
@@ -39,14 +32,16 @@ def measured_matmul_flops(sizes=(512, 1024, 2048), repeats: int = 5) -> float:
   return best
 
 
-def peak_flops_per_device(configured: float | None) -> tuple[float | None, str]:
-  """The peak and where it came from: the config, the table by device kind, or neither."""
-  kind = jax.devices()[0].device_kind
+def peak_flops_per_device(configured: float | None, device=None) -> tuple[float | None, str]:
+  """The peak of `device` (default: this process's first) and where it came from: the config,
+  the chip of its device kind (targets.CHIPS, dense bfloat16 peaks; float32 compute on a GPU
+  peaks far lower), or neither."""
   if configured:
     return configured, f'config.training.peak_flops_per_device ({configured:.3g} FLOP/s)'
-  for name, peak in PEAK_FLOPS:
-    if name in kind:
-      return peak, f'table entry for {kind!r} ({peak:.3g} bf16 FLOP/s)'
+  kind = (device or jax.devices()[0]).device_kind
+  chip = targets.chip_of_kind(kind)
+  if chip is not None:
+    return chip.peak_flops, f'the {chip.name} peak for {kind!r} ({chip.peak_flops:.3g} FLOP/s)'
   return None, (f'unknown for {kind!r}: set config.training.peak_flops_per_device '
                 '(experiments/bench_train.py measures it) to report MFU')
 

@@ -79,6 +79,7 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None,
   sharding.check_batches_divide(config.data.batch_size, dataset.eval_batch_size, mesh,
                                 training.grad_accum_steps)
   platform = mesh.devices.flat[0].platform
+  cfg = cfg.on(platform)  # the compute dtype of 'auto' on the devices compiled for
   kernel = models.attention_kernel(cfg, platform)
   log.info('Attention kernel: %s (%s).', kernel.name, kernel.reason)
   model = models.build(cfg, platform)
