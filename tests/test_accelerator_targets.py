@@ -1,12 +1,15 @@
 """A run built on compile-only TPU devices computes in bfloat16 under model.dtype='auto' and takes
-its chip's peak for MFU (no TPU needed; the devices need the optional extra)."""
+its chip's peak for MFU (no TPU needed; the devices need the optional extra, which CI installs
+for its slow step)."""
 import pytest
 
 pytest.importorskip('libtpu', reason="compile-only TPU devices need pip install -e '.[compile]'")
 
-from train_helpers import small_config  # pylint: disable=g-import-not-at-top
-from transformer_jax import targets  # pylint: disable=g-import-not-at-top
-from transformer_jax.train import metrics, setup  # pylint: disable=g-import-not-at-top
+from train_helpers import small_config  # noqa: E402
+from transformer_jax import targets  # noqa: E402
+from transformer_jax.train import metrics, setup  # noqa: E402
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize('name,peak', [('v5e:1x1', 197e12), ('v5p-8', 459e12)])

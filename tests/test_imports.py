@@ -19,7 +19,7 @@ LAYERING = (
     ('config_lib',),
     ('train',),
     ('memory',),
-    ('describe',),
+    ('describe', 'aot'),
     ('run',),
     ('sweep',),
     (import_graph.PACKAGE,),  # its subpackages are imported when first used (PEP 562)
