@@ -42,11 +42,15 @@ _AUTO_DEFAULT = ('xla', 'no kernel of its own is registered for this platform')
 _RENAMED = {'dot_product_attention': 'auto', 'heads_first': 'cpu', 'einsum': 'reference'}
 
 
+@masks.takes_structure
 def _auto(q, k, v, mask=None, *, scale):
   """Each platform's kernel, the one of the platform the computation is lowered for."""
-  bound = lambda name: functools.partial(_KERNELS[name], scale=scale)
+  def bound(name):
+    fn = _KERNELS[name]
+    return lambda q, k, v: fn(q, k, v, masks.for_kernel(fn, mask, q.shape[1], k.shape[1]),
+                              scale=scale)
   return jax.lax.platform_dependent(
-      q, k, v, mask, default=bound(_AUTO_DEFAULT[0]),
+      q, k, v, default=bound(_AUTO_DEFAULT[0]),
       **{platform: bound(name) for platform, (name, _) in _AUTO.items()})
 
 
