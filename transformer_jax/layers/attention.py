@@ -133,8 +133,9 @@ class Attention(nn.Module):
 
     kv_inputs (B, S, D'): cross-attention's keys and values (None in a cached decoding step,
     which reads them from the cache). mask: boolean (B | 1, heads | 1, T, S), True where a query
-    sees a key, or a `kernels.masks.Mask` that describes one; None: every key. positions (B, T): RoPE's token positions. cache_index: the
-    cache slot of the first of the T queries (decoding), or None (no cache).
+    sees a key, or a `kernels.masks.Mask` that describes one; None: every key. positions
+    (B, T): RoPE's token positions. cache_index: the cache slot of the first of the T queries
+    (decoding), or None (no cache).
     """
     kernels.masks.check(mask)
     dense = lambda heads, axis, name: Linear(

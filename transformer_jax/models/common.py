@@ -20,10 +20,10 @@ from transformer_jax.ranges import COUNT, Range
 
 __all__ = [
     'attention', 'attention_weights', 'block', 'block_params', 'block_weights', 'both_masks',
-    'check_text_data', 'decoder_mask', 'default_positions', 'key_mask', 'lm_head', 'LmHead', 'mlp_weights',
-    'norm', 'norm_params', 'packed_arguments', 'stack', 'text_embed', 'text_embedding_params',
-    'text_example_inputs', 'text_flops', 'text_lengths', 'TextConfig', 'untied_head_params',
-    'with_total']
+    'check_text_data', 'decoder_mask', 'default_positions', 'key_mask', 'lm_head', 'LmHead',
+    'mlp_weights', 'norm', 'norm_params', 'packed_arguments', 'stack', 'text_embed',
+    'text_embedding_params', 'text_example_inputs', 'text_flops', 'text_lengths', 'TextConfig',
+    'untied_head_params', 'with_total']
 
 
 @dataclasses.dataclass(frozen=True)
