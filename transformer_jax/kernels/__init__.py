@@ -52,6 +52,8 @@ _AUTO = {
     'gpu': ('cudnn', "cuDNN's fused attention where it takes the case, else XLA's"),
     'tpu': ('splash', 'Pallas splash attention where it runs, else XLA\'s'),
 }
+# jax.Device.platform 'gpu' is lowered as one of these (platform_dependent takes their names).
+_LOWERING_PLATFORMS = {'gpu': ('cuda', 'rocm')}
 _AUTO_DEFAULT = ('xla', 'no kernel of its own is registered for this platform')
 # Names earlier configs saved: the default kernel then meant what 'auto' means now.
 _RENAMED = {'dot_product_attention': 'auto', 'heads_first': 'cpu', 'einsum': 'reference'}
@@ -66,7 +68,8 @@ def _auto(q, k, v, mask=None, *, scale):
                               scale=scale)
   return jax.lax.platform_dependent(
       q, k, v, default=bound(_AUTO_DEFAULT[0]),
-      **{platform: bound(name) for platform, (name, _) in _AUTO.items()})
+      **{lowered: bound(name) for platform, (name, _) in _AUTO.items()
+         for lowered in _LOWERING_PLATFORMS.get(platform, (platform,))})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -60,13 +60,16 @@ def make(interpret: bool = False):
   def attention(q, k, v, mask=None, *, scale):
     """The kernel signature of `transformer_jax.kernels`, taking a `masks.Mask` as well."""
     plan, why = decide(q, k, mask)
+    mesh = jax.sharding.get_abstract_mesh()
+    if plan is not None and mesh.manual_axes:
+      plan, why = None, ("inside the shard_map step (parallelism='shard_map') the Pallas output "
+                         'has no varying-axes type for its check: use parallelism=jit')
     if plan is None:
       _log_once(f'attention runs XLA, not splash: {why} (q {q.shape}, k {k.shape})')
       return xla.attention(q, k, v, masks.dense(mask, q.shape[1], k.shape[1]), scale=scale)
     segments = _segment_ids(mask, q.shape, k.shape)
     local = functools.partial(_local, interpret=interpret, **plan)
     q = (q * scale).astype(q.dtype)
-    mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
       return local(q, k, v, *segments)
     q_spec, kv_spec = _spec(HEADS), _spec(KV_HEADS)
