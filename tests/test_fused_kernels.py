@@ -40,9 +40,13 @@ def _reference(q, k, v, mask, *, scale):
   return reference.attention(q, k, v, masks.dense(mask, q.shape[1], k.shape[1]), scale=scale)
 
 
+_SLOW = pytest.mark.slow  # Pallas's interpreter takes tens of seconds a case
+
+
 @pytest.mark.parametrize('mask,kv_heads', [
-    (None, 4), (masks.Mask(causal=True), 2), (masks.Mask(causal=True, window=40), 1),
-    (_packed(), 2), (masks.Mask(valid=jnp.asarray(REAL)), 4)])
+    pytest.param(None, 4, marks=_SLOW), (masks.Mask(causal=True, window=40), 1), (_packed(), 2),
+    pytest.param(masks.Mask(causal=True), 2, marks=_SLOW),
+    pytest.param(masks.Mask(valid=jnp.asarray(REAL)), 4, marks=_SLOW)])
 def test_splash_in_the_interpreter_equals_the_reference_with_gradients(mask, kv_heads):
   """Causal, a sliding window, packed rows (on their real tokens: a padding query may see more
   of the padding), valid keys; MHA, GQA and MQA."""
