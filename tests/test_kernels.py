@@ -60,11 +60,13 @@ def _assert_equals_reference(name, q, k, v, mask):
 
 def test_auto_picks_by_the_platform_it_is_given():
   assert kernels.resolve('auto', 'cpu').name == 'cpu'
-  for platform in ('gpu', 'tpu'):
+  for platform, name in (('gpu', 'cudnn'), ('tpu', 'splash')):
     choice = kernels.resolve('auto', platform)
-    assert (choice.name, choice.fn) == ('xla', kernels.xla.attention)
+    assert (choice.name, choice.fn) == (name, kernels._KERNELS[name])  # pylint: disable=protected-access
     assert choice.reason.startswith(f'auto on {platform}: ')
-  assert kernels.resolve('auto').reason == 'picked when compiled: cpu on cpu, xla elsewhere'
+  assert kernels.resolve('auto', 'rocm_or_other').name == 'xla'
+  assert kernels.resolve('auto').reason == (
+      'picked when compiled: cpu on cpu, cudnn on gpu, splash on tpu, xla elsewhere')
 
 
 def test_auto_left_to_the_compiler_runs_the_kernel_of_the_platform_lowered_for(rng):
@@ -85,7 +87,7 @@ def test_auto_left_to_the_compiler_runs_the_kernel_of_the_platform_lowered_for(r
 def test_former_kernel_names_resolve_to_their_kernels():
   """Configs saved before the kernels had names of their own still build the same model."""
   assert kernels.resolve('dot_product_attention', 'cpu').name == 'cpu'
-  assert kernels.resolve('dot_product_attention', 'tpu').name == 'xla'
+  assert kernels.resolve('dot_product_attention', 'tpu').name == 'splash'
   assert kernels.resolve('heads_first').fn is kernels.cpu.attention
   assert kernels.resolve('einsum').fn is kernels.reference.attention
   cfg = tiny('decoder', attention_kernel='dot_product_attention')
@@ -188,8 +190,8 @@ def test_a_registered_kernel_is_selectable_and_auto_picks_it_for_its_platform(mo
   assert kernels.resolve('mine').fn is kernels.reference.attention
   assert kernels.resolve('auto', 'tpu').name == 'mine'
   assert kernels.resolve('auto', 'cpu').name == 'cpu'
-  assert kernels.resolve('auto').reason == ('picked when compiled: cpu on cpu, mine on tpu, xla '
-                                            'elsewhere')
+  assert kernels.resolve('auto').reason == ('picked when compiled: cpu on cpu, cudnn on gpu, '
+                                            'mine on tpu, xla elsewhere')
   for reserved in ('auto', 'einsum'):
     with pytest.raises(ValueError, match='reserved'):
       kernels.register(reserved, kernels.xla.attention)

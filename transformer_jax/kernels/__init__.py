@@ -11,12 +11,16 @@ Kernels by name:
   'reference'  plain einsums (`reference.attention`): the definition the others are tested by.
   'xla'        `jax.nn.dot_product_attention(implementation='xla')`: any platform.
   'cpu'        heads before positions, with the backward pass written out: fastest on XLA:CPU.
+  'cudnn'      `implementation='cudnn'` where cuDNN takes the case, else 'xla' (`cudnn`): GPUs.
+  'splash'     Pallas splash attention where it runs, else 'xla' (`splash`): TPUs.
   'auto'       the kernel of the platform the step is compiled for: resolved by name for a
                known platform (`resolve(kernel, platform)`), else when the step is lowered.
 A function of that signature may be passed wherever a name is, or registered under a name of its
-own (`register`) so that a config can select it (`--config.model.attention_kernel=NAME`). Fused
-platform kernels (cuDNN through implementation='cudnn', Pallas splash attention on TPU) join the
-same way, and `auto` then picks them for their platform.
+own (`register`) so that a config can select it (`--config.model.attention_kernel=NAME`); with
+a platform, `auto` then picks it there. A kernel marked `masks.takes_structure` (cudnn, splash)
+is given the mask as a `masks.Mask` where the model built one (its parts: causal, window,
+segment ids, valid keys), so that it computes the mask itself; every other kernel gets the
+boolean array.
 """
 import dataclasses
 import functools
@@ -24,30 +28,48 @@ from typing import Callable
 
 import jax
 
-from transformer_jax.kernels import cache, cpu, masks, reference, xla
+from transformer_jax.kernels import cache, cpu, cudnn, masks, reference, xla
 
 __all__ = ['Choice', 'Kernel', 'cache', 'current_name', 'masks', 'names', 'reference', 'register',
            'resolve']
 
 Kernel = Callable  # (q, k, v, mask=None, *, scale) -> out
 
+
+@masks.takes_structure
+def _splash(q, k, v, mask=None, *, scale):
+  """`splash.attention`, imported when first traced: Pallas takes a while to import."""
+  from transformer_jax.kernels import splash  # pylint: disable=g-import-not-at-top
+  return splash.attention(q, k, v, mask, scale=scale)
+
+
 _KERNELS: dict[str, Kernel] = {
-    'reference': reference.attention, 'xla': xla.attention, 'cpu': cpu.attention}
+    'reference': reference.attention, 'xla': xla.attention, 'cpu': cpu.attention,
+    'cudnn': cudnn.attention, 'splash': _splash}
 # The kernel 'auto' picks for each platform (jax.Device.platform), and why.
 _AUTO = {
     'cpu': ('cpu', 'heads before positions and the backward written out run fastest there'),
+    'gpu': ('cudnn', "cuDNN's fused attention where it takes the case, else XLA's"),
+    'tpu': ('splash', 'Pallas splash attention where it runs, else XLA\'s'),
 }
+# jax.Device.platform 'gpu' is lowered as one of these (platform_dependent takes their names).
+_LOWERING_PLATFORMS = {'gpu': ('cuda', 'rocm')}
 _AUTO_DEFAULT = ('xla', 'no kernel of its own is registered for this platform')
 # Names earlier configs saved: the default kernel then meant what 'auto' means now.
 _RENAMED = {'dot_product_attention': 'auto', 'heads_first': 'cpu', 'einsum': 'reference'}
 
 
+@masks.takes_structure
 def _auto(q, k, v, mask=None, *, scale):
   """Each platform's kernel, the one of the platform the computation is lowered for."""
-  bound = lambda name: functools.partial(_KERNELS[name], scale=scale)
+  def bound(name):
+    fn = _KERNELS[name]
+    return lambda q, k, v: fn(q, k, v, masks.for_kernel(fn, mask, q.shape[1], k.shape[1]),
+                              scale=scale)
   return jax.lax.platform_dependent(
-      q, k, v, mask, default=bound(_AUTO_DEFAULT[0]),
-      **{platform: bound(name) for platform, (name, _) in _AUTO.items()})
+      q, k, v, default=bound(_AUTO_DEFAULT[0]),
+      **{lowered: bound(name) for platform, (name, _) in _AUTO.items()
+         for lowered in _LOWERING_PLATFORMS.get(platform, (platform,))})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -133,8 +133,9 @@ class Attention(nn.Module):
 
     kv_inputs (B, S, D'): cross-attention's keys and values (None in a cached decoding step,
     which reads them from the cache). mask: boolean (B | 1, heads | 1, T, S), True where a query
-    sees a key; None: every key. positions (B, T): RoPE's token positions. cache_index: the
-    cache slot of the first of the T queries (decoding), or None (no cache).
+    sees a key, or a `kernels.masks.Mask` that describes one; None: every key. positions
+    (B, T): RoPE's token positions. cache_index: the cache slot of the first of the T queries
+    (decoding), or None (no cache).
     """
     kernels.masks.check(mask)
     dense = lambda heads, axis, name: Linear(
@@ -155,11 +156,16 @@ class Attention(nn.Module):
       k = apply_rope(k, positions, self.rope_base)
     scale = self.head_dim ** -0.5
     if cache_index is not None:
-      out = kernels.cache.attention(q, *self._cached(k, v, cache_index), mask, scale=scale)
+      k, v = self._cached(k, v, cache_index)
+      dense_mask = kernels.masks.dense(mask, q.shape[1], k.shape[1])
+      out = kernels.cache.attention(q, k, v, dense_mask, scale=scale)
     else:
-      out = kernels.resolve(self.kernel).fn(q, k, v, mask, scale=scale)
+      fn = kernels.resolve(self.kernel).fn
+      out = fn(q, k, v, kernels.masks.for_kernel(fn, mask, q.shape[1], k.shape[1]), scale=scale)
       if self.is_mutable_collection('intermediates'):
-        self.sow('intermediates', 'attention_weights', kernels.reference.weights(q, k, mask, scale))
+        dense_mask = kernels.masks.dense(mask, q.shape[1], k.shape[1])
+        self.sow('intermediates', 'attention_weights',
+                 kernels.reference.weights(q, k, dense_mask, scale))
     out = axes.constrain(out, axes.HEADS, None)
     return Linear((self.out_features or x.shape[-1],), ('heads', 'head_dim'), ('embed',),
                   use_bias=self.use_bias, init_std=self.init_std, dtype=self.dtype,

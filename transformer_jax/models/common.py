@@ -11,18 +11,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax.errors import ConfigError
+from transformer_jax.kernels import masks
 from transformer_jax.layers import (MLP, Attention, Block, BlockStack, LayerNorm, Linear, RMSNorm,
-                                    TextEmbed, axes, causal_mask, segment_mask)
+                                    TextEmbed, axes)
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.models import registry
 from transformer_jax.ranges import COUNT, Range
 
 __all__ = [
     'attention', 'attention_weights', 'block', 'block_params', 'block_weights', 'both_masks',
-    'check_text_data', 'decoder_mask', 'default_positions', 'lm_head', 'LmHead', 'mlp_weights',
-    'norm', 'norm_params', 'packed_arguments', 'stack', 'text_embed', 'text_embedding_params',
-    'text_example_inputs', 'text_flops', 'text_lengths', 'TextConfig', 'untied_head_params',
-    'with_total']
+    'check_text_data', 'decoder_mask', 'default_positions', 'key_mask', 'lm_head', 'LmHead',
+    'mlp_weights', 'norm', 'norm_params', 'packed_arguments', 'stack', 'text_embed',
+    'text_embedding_params', 'text_example_inputs', 'text_flops', 'text_lengths', 'TextConfig',
+    'untied_head_params', 'with_total']
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +100,8 @@ def default_positions(tokens: jax.Array, offset=0) -> jax.Array | np.ndarray:
 
 
 def decoder_mask(positions, attention_mask=None, cache_index=None):
-  """Causal self-attention mask (B, 1, T, T), AND-ed with an optional extra mask.
+  """Causal self-attention mask over T slots (a `kernels.masks.Mask`, which is (B, 1, T, T)
+  dense), AND-ed with an optional extra mask.
 
   With a cache, the keys live in cache slots only the caller knows the extent of, so the caller
   passes the complete mask over them (see `causal_mask` and `transformer_jax.decode`).
@@ -109,28 +111,32 @@ def decoder_mask(positions, attention_mask=None, cache_index=None):
       raise ValueError('Decoding with a cache needs attention_mask over the cache slots: build it '
                        'with transformer_jax.layers.causal_mask(slots, positions, cache_len).')
     return attention_mask
-  t = positions.shape[1]
-  mask = causal_mask(jnp.arange(t), positions, t)
-  return both_masks(mask, attention_mask)
+  return both_masks(masks.Mask(causal=True, positions=positions), attention_mask)
 
 
 def both_masks(mask, other):
-  """The conjunction of two optional boolean masks (None: every key)."""
-  if mask is None or other is None:
-    return other if mask is None else mask
-  return mask & other
+  """The conjunction of two optional masks, boolean arrays or `kernels.masks.Mask`s (None:
+  every key)."""
+  return masks.conjunction(mask, other)
+
+
+def key_mask(valid) -> masks.Mask | None:
+  """Every query sees the valid keys (B, S) (None: every key): `layers.padding_mask`, kept as
+  its structure for the fused kernels."""
+  return None if valid is None else masks.Mask(valid=valid)
 
 
 def packed_arguments(batch: dict, prefix: str = '') -> dict:
   """The keyword arguments `positions` and `attention_mask` (B, 1, T, T) of one stream of a
   packed batch, whose rows hold several documents: `{prefix}segment_ids` (B, T), 1, 2, ... by
   document and 0 on padding, and `{prefix}positions` (B, T), restarting at 0 at each document.
-  The mask keeps attention within each document; {} for a batch without segment ids."""
+  The mask keeps attention within each document (`layers.segment_mask`, kept as its segment ids
+  for the fused kernels); {} for a batch without segment ids."""
   if f'{prefix}segment_ids' not in batch:
     return {}
   segments = batch[f'{prefix}segment_ids']
   return {'positions': batch[f'{prefix}positions'],
-          'attention_mask': segment_mask(segments, segments)}
+          'attention_mask': masks.Mask(segments=(segments, segments))}
 
 
 class LmHead(nn.Module):

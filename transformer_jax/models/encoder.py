@@ -5,7 +5,7 @@ from typing import Any, ClassVar
 import flax.linen as nn
 import jax.numpy as jnp
 
-from transformer_jax.layers import Linear, padding_mask
+from transformer_jax.layers import Linear
 from transformer_jax.layers.mlp import ACTIVATIONS
 from transformer_jax.models import common, registry
 from transformer_jax.ranges import Range
@@ -68,8 +68,7 @@ class EncoderMLM(nn.Module):
     cfg = self.cfg
     if positions is None:
       positions = common.default_positions(tokens)
-    mask = common.both_masks(None if valid is None else padding_mask(valid, tokens.shape[1]),
-                             attention_mask)
+    mask = common.both_masks(common.key_mask(valid), attention_mask)
     embed = common.text_embed(cfg, cfg.type_vocab_size, name='embed')
     x = embed(tokens, positions, token_types)
     if cfg.embed_norm and cfg.use_norm:

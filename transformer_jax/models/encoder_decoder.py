@@ -5,7 +5,7 @@ from typing import ClassVar
 
 import flax.linen as nn
 
-from transformer_jax.layers import padding_mask, segment_mask
+from transformer_jax.kernels import masks
 from transformer_jax.models import common, registry
 from transformer_jax.ranges import Range
 
@@ -55,8 +55,7 @@ class EncoderDecoder(nn.Module):
     """
     if positions is None:
       positions = common.default_positions(inputs)
-    valid = None if input_valid is None else padding_mask(input_valid, inputs.shape[1])
-    mask = common.both_masks(valid, attention_mask)
+    mask = common.both_masks(common.key_mask(input_valid), attention_mask)
     x = self.dropout(self.embed(inputs, positions), deterministic=deterministic)
     x = self.encoder(x, mask, positions, deterministic=deterministic)
     return x if self.encoder_norm is None else self.encoder_norm(x)
@@ -73,8 +72,7 @@ class EncoderDecoder(nn.Module):
     if positions is None:
       positions = common.default_positions(targets, 0 if cache_index is None else cache_index)
     mask = common.decoder_mask(positions, attention_mask, cache_index)
-    cross_mask = common.both_masks(
-        None if input_valid is None else padding_mask(input_valid, targets.shape[1]), cross_mask)
+    cross_mask = common.both_masks(common.key_mask(input_valid), cross_mask)
     x = self.dropout(self.embed(targets, positions), deterministic=deterministic)
     x = self.decoder(x, mask, positions, encoded, cross_mask, cache_index,
                      deterministic=deterministic)
@@ -132,8 +130,8 @@ def _logits(apply, batch: dict):
     targets = common.packed_arguments(batch, 'target_')
     packed = dict(input_positions=inputs['positions'], input_mask=inputs['attention_mask'],
                   target_positions=targets['positions'], target_mask=targets['attention_mask'],
-                  cross_mask=segment_mask(batch['target_segment_ids'],
-                                          batch['input_segment_ids']))
+                  cross_mask=masks.Mask(segments=(batch['target_segment_ids'],
+                                                  batch['input_segment_ids'])))
   return apply(batch['inputs'], batch['decoder_inputs'], batch.get('input_valid'), **packed)
 
 

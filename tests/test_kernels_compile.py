@@ -1,0 +1,73 @@
+"""The platform kernels compiled for targets this machine does not have: splash attention for a
+TPU (a Mosaic custom call in the compiled step), cuDNN's fused attention for GPUs, forward and
+backward, and the decoding loop for both."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import pytest
+
+from train_helpers import small_config
+from transformer_jax import decode, models, targets
+from transformer_jax.train import setup, sharding
+
+pytest.importorskip('libtpu', reason="compile-only TPU devices need pip install -e '.[compile]'")
+pytest.importorskip('jax_plugins.xla_cuda12',
+                    reason="compile-only GPU devices need pip install -e '.[compile]'")
+
+pytestmark = pytest.mark.slow
+# A decoder whose attention each kernel takes: bfloat16, head width 64, 128 positions.
+DECODER = {'data.seq_len': 128, 'model.dtype': 'bfloat16', 'model.width': 128,
+           'model.num_heads': 2, 'model.d_ff': 256}
+TENSOR_PARALLEL = {'mesh.axes': ('data', 'model'), 'mesh.shape': (2, 2), 'rule_set': 'tp'}
+
+
+def _compiled_train_step(target, **overrides):
+  config = small_config('decoder', **{**DECODER, **overrides})
+  run = setup.build_run(config, devices=targets.target(target).devices)
+  spec = sharding.batch_sharding(run.mesh)
+  batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=spec)
+           for k, v in run.data.train_batch(0).items()}
+  return run, run.train_step.lower(run.abstract_state, batch).compile().as_text()
+
+
+@pytest.mark.parametrize('overrides', [{}, TENSOR_PARALLEL], ids=['dp', 'tp'])
+def test_the_train_step_for_a_tpu_runs_splash(overrides):
+  _, hlo = _compiled_train_step('v5e:2x2', **overrides)
+  assert hlo.count('tpu_custom_call') >= 3  # the forward, and dq and dkv of the backward
+
+
+def test_the_shard_map_step_for_a_tpu_falls_back_to_xla():
+  _, hlo = _compiled_train_step('v5e:2x2', parallelism='shard_map')
+  assert 'tpu_custom_call' not in hlo
+
+
+def test_the_train_step_for_gpus_runs_cudnn():
+  _, hlo = _compiled_train_step('h100x4')
+  assert '__cudnn$fmhaSoftmax"' in hlo and '__cudnn$fmhaSoftmaxBackward' in hlo
+
+
+def test_a_float32_train_step_for_gpus_falls_back_to_xla():
+  _, hlo = _compiled_train_step('h100x4', **{'model.dtype': 'float32'})
+  assert '__cudnn$fmha' not in hlo
+
+
+@pytest.mark.parametrize('target', ['v5e:1x1', 'h100x1'])
+@pytest.mark.parametrize('window', [None, 8])
+def test_the_decoding_loop_compiles_for_a_target(target, window):
+  """generate's one jitted program (prefill, cache, token loop), with abstract parameters."""
+  config = small_config('decoder', **DECODER).model
+  device = targets.target(target).devices[0]
+  on_device = jax.sharding.SingleDeviceSharding(device)
+  platform = device.platform
+  model = models.build(config, platform)
+  params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_device),
+                        nn.meta.unbox(models.abstract_variables(config)['params']))
+  scalar = lambda dtype, shape=(): jax.ShapeDtypeStruct(shape, dtype, sharding=on_device)
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  lowered = decode._generate.lower(  # pylint: disable=protected-access
+      model, params, scalar(jnp.int32, (4, 16)), scalar(jnp.int32, (4,)), None, None,
+      jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=on_device), scalar(jnp.int32),
+      scalar(jnp.int32), max_new_tokens=32, temperature=0.0, top_k=0, top_p=1.0, window=window,
+      return_logits=False, token_limit=None)
+  hlo = lowered.compile().as_text()
+  assert 'while' in hlo
