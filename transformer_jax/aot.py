@@ -19,7 +19,7 @@ import numpy as np
 
 from transformer_jax import accounting, memory, models, targets
 from transformer_jax.errors import UserError
-from transformer_jax.train import setup, sharding
+from transformer_jax.train import metrics, setup, sharding
 
 __all__ = ['abstract_batch', 'compile_for', 'CompileReport', 'report_lines', 'stand_in_config']
 
@@ -33,7 +33,7 @@ class CompileReport:
   devices: int
   mesh: dict  # {axis: size} over the target's devices
   memory_bytes: int  # of one device of the target
-  xla_bytes: dict  # _FIELDS and 'total' (arguments + outputs - aliases + temporaries + code)
+  xla_bytes: dict  # _FIELDS and their 'total' (train.metrics.compiled_memory)
   plan_bytes: dict  # the same fields, from memory.plan
   flops_per_device: float | None  # XLA's cost analysis (TPU; XLA:GPU reports none)
   planned_flops_per_device: float  # the accounting's
@@ -104,12 +104,7 @@ def compile_for(config: ml_collections.ConfigDict) -> CompileReport:
       raise
     raise UserError(_does_not_fit(str(error), target)) from None
   seconds = time.perf_counter() - start
-  stats = train.memory_analysis()
-  xla = dict(zip(_FIELDS, (stats.argument_size_in_bytes, stats.output_size_in_bytes,
-                           stats.alias_size_in_bytes, stats.temp_size_in_bytes,
-                           stats.generated_code_size_in_bytes)))
-  xla['total'] = (xla['argument'] + xla['output'] - xla['alias'] + xla['temporary']
-                  + xla['code'])
+  xla = metrics.compiled_memory(train)
   cost = train.cost_analysis() or {}
   return CompileReport(
       target=target.name, devices=len(target.devices), mesh=dict(run.mesh.shape),

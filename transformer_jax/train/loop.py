@@ -56,6 +56,16 @@ def train(config, workdir: str):
       writer.close()
 
 
+def _step_memory(compiled, device) -> str:
+  """What XLA says the step needs per device, and of how much where the device says."""
+  needs = metrics_lib.compiled_memory(compiled)
+  if needs is None:
+    return 'XLA reports no memory analysis here'
+  limit = (device.memory_stats() or {}).get('bytes_limit')
+  of = f' of {limit / 2**30:.2f}' if limit else ''
+  return f'it needs {needs["total"] / 2**30:.2f}{of} GiB per device (XLA\'s memory analysis)'
+
+
 def _train_from(run: Run, state, eval_step, checkpoints, writer, workdir: str):
   """Compiles the step on the first batch, then runs the loop under a SIGTERM handler (and the
   profiler, for the steps of training.profile_start)."""
@@ -63,7 +73,8 @@ def _train_from(run: Run, state, eval_step, checkpoints, writer, workdir: str):
   first = sharding.global_batch(next(batches), run.mesh)
   compile_start = time.time()
   compiled = run.train_step.lower(state, first).compile()
-  log.info('Compiled the train step in %.1f s.', time.time() - compile_start)
+  log.info('Compiled the train step in %.1f s; %s.', time.time() - compile_start,
+           _step_memory(compiled, run.mesh.devices.flat[0]))
   preemption = checkpoint.PreemptionFlag()
   profile = _Profile(run.training, profile_dir(workdir))
   try:

@@ -9,7 +9,7 @@ import jax
 from transformer_jax import targets
 
 __all__ = [
-    'logged_eval_steps', 'measured_matmul_flops', 'METRICS_FILE', 'MetricWriter',
+    'compiled_memory', 'logged_eval_steps', 'measured_matmul_flops', 'METRICS_FILE', 'MetricWriter',
     'peak_flops_per_device', 'read_metrics']
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,22 @@ def peak_flops_per_device(configured: float | None, device=None) -> tuple[float 
     return chip.peak_flops, f'the {chip.name} peak for {kind!r} ({chip.peak_flops:.3g} FLOP/s)'
   return None, (f'unknown for {kind!r}: set config.training.peak_flops_per_device '
                 '(experiments/bench_train.py measures it) to report MFU')
+
+
+def compiled_memory(compiled) -> dict[str, int] | None:
+  """Bytes per device of a compiled step by XLA's memory analysis: arguments, outputs, aliases
+  (outputs written over donated arguments), temporaries, generated code, and the 'total' the
+  device holds while it runs (arguments + outputs - aliases + temporaries + code); None where
+  the backend reports none."""
+  stats = compiled.memory_analysis()
+  if stats is None:
+    return None
+  fields = {'argument': stats.argument_size_in_bytes, 'output': stats.output_size_in_bytes,
+            'alias': stats.alias_size_in_bytes, 'temporary': stats.temp_size_in_bytes,
+            'code': stats.generated_code_size_in_bytes}
+  fields['total'] = (fields['argument'] + fields['output'] - fields['alias'] + fields['temporary']
+                     + fields['code'])
+  return fields
 
 
 def read_metrics(workdir) -> list[dict]:
