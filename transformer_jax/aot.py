@@ -14,6 +14,7 @@ import re
 import time
 
 import jax
+from jax.experimental.compilation_cache import compilation_cache
 import ml_collections
 import numpy as np
 
@@ -117,13 +118,16 @@ def compile_for(config: ml_collections.ConfigDict) -> CompileReport:
 @contextlib.contextmanager
 def _without_compilation_cache():
   """Compile-only executables cannot be loaded back from JAX's persistent cache, and this mode
-  writes nothing: the cache is off while it compiles."""
+  writes nothing: the cache is off while it compiles (JAX decides once whether to use it, so
+  the decision is reset on the way in and out)."""
   enabled = jax.config.jax_enable_compilation_cache
   jax.config.update('jax_enable_compilation_cache', False)
+  compilation_cache.reset_cache()
   try:
     yield
   finally:
     jax.config.update('jax_enable_compilation_cache', enabled)
+    compilation_cache.reset_cache()
 
 
 def _planned(config, run, target) -> dict:
