@@ -50,10 +50,13 @@ def device_of(target: str) -> jax.Device:
 
 @contextlib.contextmanager
 def cache_layout(layout: str):
-  """Our models built inside keep their caches in `layout`."""
+  """Our models built inside keep their caches in `layout`. Their configs do not say so, so the
+  traces jax caches by config are dropped on the way in and out."""
+  jax.clear_caches()
   with mock.patch.object(common, 'Attention',
                          functools.partial(layers.Attention, cache_layout=layout)):
     yield
+  jax.clear_caches()
 
 
 def compiled_generate(model_config, device: jax.Device, batch: int, prompt_len: int,
