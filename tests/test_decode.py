@@ -360,13 +360,20 @@ def test_cache_holds_kv_heads_and_matches_the_accounting(case):
       cfg, slots, batch, source_len=source)
 
 
-def test_cached_attention_over_the_folded_cache_matches_the_reference():
-  # The cache keeps (B * kv_heads, S, head_dim); query groups fold onto their key-value head.
+# Keys and values (B, S, kv_heads, head_dim) in each layout of kernels.cache.
+IN_LAYOUT = {'folded': lambda x: jnp.swapaxes(x, 1, 2).reshape(-1, x.shape[1], x.shape[3]),
+             'heads_first': lambda x: jnp.swapaxes(x, 1, 2), 'slots_first': lambda x: x}
+
+
+@pytest.mark.parametrize('layout', kernels.cache.LAYOUTS)
+def test_cached_attention_over_each_cache_layout_matches_the_reference(layout):
+  # 'folded' keeps (B * kv_heads, S, head_dim); query groups fold onto their key-value head.
   @jax.jit
   def both(q, k, v, mask):
-    folded = lambda x: jnp.swapaxes(x, 1, 2).reshape(-1, x.shape[1], x.shape[3])
+    stored = IN_LAYOUT[layout]
     return (kernels.reference.attention(q, k, v, mask, scale=8 ** -0.5),
-            kernels.cache.attention(q, folded(k), folded(v), mask, scale=8 ** -0.5))
+            kernels.cache.attention(q, stored(k), stored(v), mask, scale=8 ** -0.5,
+                                    layout=layout))
 
   noise = np.random.default_rng(0)
   q = noise.standard_normal((2, 3, 4, 8), np.float32)
@@ -375,6 +382,11 @@ def test_cached_attention_over_the_folded_cache_matches_the_reference():
     k, v = noise.standard_normal((2, 2, 7, kv_heads, 8), np.float32)
     expected, got = both(q, k, v, mask)
     np.testing.assert_allclose(got, expected, atol=1e-6, err_msg=f'{kv_heads} kv heads')
+
+
+def test_an_unknown_cache_layout_fails_naming_the_layouts():
+  with pytest.raises(ValueError, match=r"cache_layout='bshd'.*'folded', 'heads_first'"):
+    layers.Attention(num_heads=2, head_dim=4, cache_layout='bshd')
 
 
 @pytest.mark.parametrize('family', ['encoder', 'vit'])
@@ -464,6 +476,7 @@ class UsersDecoder(nn.Module):
   vocab_size: int = 40
   width: int = 32
   max_positions: int = 24  # the learned table's rows: generate refuses to go past them
+  cache_layout: str = 'folded'
 
   @nn.compact
   def __call__(self, tokens, positions=None, *, attention_mask=None, cache_index=None):
@@ -477,21 +490,25 @@ class UsersDecoder(nn.Module):
     block = functools.partial(
         layers.Block, norm=layers.LayerNorm,
         attention=functools.partial(layers.Attention, num_heads=4, num_kv_heads=2, head_dim=8,
-                                    init_std=0.3),
+                                    init_std=0.3, cache_layout=self.cache_layout),
         mlp=functools.partial(layers.MLP, hidden=64, init_std=0.3))
     for i in range(2):
       x = block(name=f'block_{i}')(x, attention_mask, positions, cache_index=cache_index)
     return nn.Dense(self.vocab_size, name='lm_head')(layers.LayerNorm()(x))
 
 
-def test_a_users_own_decoder_generates_with_the_cache_as_its_uncached_rollout():
-  model = UsersDecoder()
+@pytest.mark.parametrize('window', [None, 3])  # 3: the 5-token prompt outgrows the ring
+@pytest.mark.parametrize('layout', kernels.cache.LAYOUTS)
+def test_a_users_own_decoder_generates_with_the_cache_as_its_uncached_rollout(layout, window):
+  model = UsersDecoder(cache_layout=layout)
   prompt = jnp.array([[3, 17, 5, 29, 11]])
   params = model.init(jax.random.key(4), prompt)['params']
-  out = decode.generate(model, params, prompt, max_new_tokens=10, return_logits=True)
+  out = decode.generate(model, params, prompt, max_new_tokens=10, return_logits=True,
+                        window=window)
   # The uncached forward pass over a buffer of every token so far (the causal mask keeps the
   # unwritten tail out of the logits read), one compile for all steps.
-  forward = jax.jit(lambda buffer: model.apply({'params': params}, buffer))
+  mask = layers.causal_mask(jnp.arange(15), jnp.arange(15)[None], 15, window)
+  forward = jax.jit(lambda buffer: model.apply({'params': params}, buffer, attention_mask=mask))
   buffer, expected = jnp.zeros((1, 15), jnp.int32).at[:, :5].set(prompt), []
   for i in range(10):
     logits = forward(buffer)[:, 4 + i]

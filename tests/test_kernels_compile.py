@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from helpers import load_experiment
 from train_helpers import small_config
 from transformer_jax import decode, models, targets
 from transformer_jax.train import setup, sharding
@@ -15,6 +16,7 @@ pytest.importorskip('jax_plugins.xla_cuda12',
                     reason="compile-only GPU devices need pip install -e '.[compile]'")
 
 pytestmark = pytest.mark.slow
+decode_layout = load_experiment('decode_layout')  # once: it defines its flags
 # A decoder whose attention each kernel takes: bfloat16, head width 64, 128 positions.
 DECODER = {'data.seq_len': 128, 'model.dtype': 'bfloat16', 'model.width': 128,
            'model.num_heads': 2, 'model.d_ff': 256}
@@ -71,3 +73,26 @@ def test_the_decoding_loop_compiles_for_a_target(target, window):
       return_logits=False, token_limit=None)
   hlo = lowered.compile().as_text()
   assert 'while' in hlo
+
+
+@pytest.mark.parametrize('target', ['v5e:1x1', 'h100x1'])
+def test_the_decoding_loop_for_a_target_never_copies_a_whole_cache_layer(target):
+  """Each step writes one slot in place and both products read the cache as it is stored: no
+  layer's keys or values are copied or transposed whole in the loop (they are before it, where
+  the prefill's cache enters the loop's state)."""
+  config = small_config('decoder', **DECODER).model
+  compiled = decode_layout.compiled_generate(config, decode_layout.device_of(target), 4, 16, 32)
+  copies = decode_layout.whole_cache_copies(compiled.as_text(), decode_layout.cache_layer_dims(
+      models.model_config(config), 4, 16 + 32 - 1))
+  assert not [key for key in copies if key[0] == 'loop'], copies
+
+
+def test_the_whole_cache_copies_found_are_those_of_a_layout_that_makes_them():
+  """The check above can fail: on XLA:CPU a (B, S, kv_heads, head_dim) cache is copied and
+  transposed whole at every step, for both products, in each of the 2 layers."""
+  config = small_config('decoder', **{**DECODER, 'model.dtype': 'float32'}).model
+  with decode_layout.cache_layout('slots_first'):
+    compiled = decode_layout.compiled_generate(config, jax.devices('cpu')[0], 4, 16, 32)
+  copies = decode_layout.whole_cache_copies(compiled.as_text(), decode_layout.cache_layer_dims(
+      models.model_config(config), 4, 16 + 32 - 1))
+  assert sum(n for key, n in copies.items() if key[0] == 'loop') >= 2 * 2, copies

@@ -191,7 +191,8 @@ def init_cache(model, batch_size: int, cache_len: int, source_len: int | None = 
   encoder outputs of an encoder-decoder).
 
   The shapes come from jax.eval_shape of init with the decode signature, so init never runs;
-  each attention layer holds (B * num_kv_heads, slots, head_dim) keys and values.
+  each attention layer holds its keys and values in its layout (`kernels.cache.LAYOUTS`; ours
+  (B * num_kv_heads, slots, head_dim)).
   """
   tokens = jax.ShapeDtypeStruct((batch_size, cache_len), jnp.int32)
   mask = jax.ShapeDtypeStruct((batch_size, 1, cache_len, cache_len), jnp.bool_)
@@ -333,13 +334,16 @@ def _prefill(model, forward, prompt, pad, ring_slots: int, encoded=None):
                           query_slots[None, :] - pad[:, None], query_slots, encoded)
   if slots > ring_slots:
     kept = slots - ring_slots + (np.arange(ring_slots) - slots) % ring_slots
-    cache = jax.tree_util.tree_map_with_path(
-        lambda path, x: x if _is_cross_attention(path) else x[..., kept, :], cache)
+    ring = jax.eval_shape(lambda: init_cache(model, batch, ring_slots, source_len))
+    cache = jax.tree.map(lambda x, r: _ring_of(x, r.shape, kept), cache, ring)
   return logits, cache
 
 
-def _is_cross_attention(path) -> bool:
-  return any(getattr(key, 'key', None) == 'cross_attn' for key in path)
+def _ring_of(x, ring_shape, kept):
+  """The `kept` slots of a self-attention cache, along the one axis on which its shape differs
+  from the ring's, whatever the layout; a cross-attention cache (no such axis) as it is."""
+  differs = [axis for axis, (n, r) in enumerate(zip(x.shape, ring_shape)) if n != r]
+  return jnp.take(x, kept, axis=differs[0]) if differs else x
 
 
 @functools.partial(jax.jit, static_argnames=('model', 'max_new_tokens', 'temperature', 'top_k',

@@ -94,12 +94,13 @@ class Attention(nn.Module):
   draws the kernels LeCun-normal. Where the 'intermediates' collection is mutable, the layer
   sows the attention weights (B, heads, T, S) there, computed by the reference kernel.
 
-  With `cache_index` set, the 'cache' collection holds the keys and values (B * num_kv_heads,
-  S, head_dim): self-attention writes its new ones at slots cache_index.. and attends over all S
-  slots (the caller's mask hides slots not yet written; a sliding-window cache is a ring of S
-  slots that the caller indexes modulo S, see `causal_mask`); cross-attention stores them when
-  given `kv_inputs` and reads them back when called without. Attention over the cache is
-  `kernels.cache.attention`, which reads that layout as it is stored.
+  With `cache_index` set, the 'cache' collection holds the keys and values in `cache_layout`
+  (`kernels.cache.LAYOUTS`; 'folded', every platform's, is (B * num_kv_heads, S, head_dim)):
+  self-attention writes its new ones at slots cache_index.. and attends over all S slots (the
+  caller's mask hides slots not yet written; a sliding-window cache is a ring of S slots that
+  the caller indexes modulo S, see `causal_mask`); cross-attention stores them when given
+  `kv_inputs` and reads them back when called without. Attention over the cache is
+  `kernels.cache.attention`, which reads each layout as it is stored.
   """
   num_heads: int
   head_dim: int
@@ -109,6 +110,7 @@ class Attention(nn.Module):
   out_features: int | None = None  # None: the input's width
   is_cross: bool = False
   kernel: str | kernels.Kernel = 'auto'
+  cache_layout: str = 'folded'
   init_std: float | None = 0.02
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
@@ -121,6 +123,7 @@ class Attention(nn.Module):
     if self.rope_base is not None:
       check_rope(self.head_dim, self.rope_base)
     kernels.resolve(self.kernel)  # an unknown name fails here
+    kernels.cache.check_layout(self.cache_layout)
     super().__post_init__()
 
   @property
@@ -157,8 +160,9 @@ class Attention(nn.Module):
     scale = self.head_dim ** -0.5
     if cache_index is not None:
       k, v = self._cached(k, v, cache_index)
-      dense_mask = kernels.masks.dense(mask, q.shape[1], k.shape[1])
-      out = kernels.cache.attention(q, k, v, dense_mask, scale=scale)
+      slots = k.shape[kernels.cache.slot_axis(self.cache_layout)]
+      out = kernels.cache.attention(q, k, v, kernels.masks.dense(mask, q.shape[1], slots),
+                                    scale=scale, layout=self.cache_layout)
     else:
       fn = kernels.resolve(self.kernel).fn
       out = fn(q, k, v, kernels.masks.for_kernel(fn, mask, q.shape[1], k.shape[1]), scale=scale)
@@ -172,20 +176,18 @@ class Attention(nn.Module):
                   param_dtype=self.param_dtype, name='out')(out)
 
   def _cached(self, k, v, cache_index):
-    """The cached keys and values (B * kv_heads, S, head_dim), with the new ones written in."""
+    """The cached keys and values in `cache_layout`, with the new ones written in."""
     if k is None:  # a cross-attention step: the keys and values stored at the prefill
       if not self.has_variable('cache', 'cached_key'):
         raise ValueError('Cross-attention has no encoder outputs and no cached keys: run the '
                          'prefill with the encoder outputs first.')
       return self.get_variable('cache', 'cached_key'), self.get_variable('cache', 'cached_value')
-    heads_first = lambda x: jnp.swapaxes(x, 1, 2).reshape(-1, x.shape[1], x.shape[3])
-    k, v = heads_first(k), heads_first(v)
+    k, v = (kernels.cache.stored(x, self.cache_layout) for x in (k, v))
     key = self.variable('cache', 'cached_key', jnp.zeros, k.shape, k.dtype)
     value = self.variable('cache', 'cached_value', jnp.zeros, v.shape, v.dtype)
     if self.is_cross:
       key.value, value.value = k, v
     else:
-      start = (0, cache_index, 0)
-      key.value = jax.lax.dynamic_update_slice(key.value, k.astype(key.value.dtype), start)
-      value.value = jax.lax.dynamic_update_slice(value.value, v.astype(value.value.dtype), start)
+      key.value = kernels.cache.write(key.value, k, cache_index, self.cache_layout)
+      value.value = kernels.cache.write(value.value, v, cache_index, self.cache_layout)
     return key.value, value.value
