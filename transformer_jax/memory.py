@@ -27,7 +27,8 @@ from transformer_jax.model_config import ModelConfig
 from transformer_jax.train import optim, setup, sharding
 from transformer_jax.settings import MeshSettings, TrainingSettings
 
-__all__ = ['kv_cache_bytes', 'activation_bytes', 'ACTIVATION_COPIES', 'Plan', 'plan']
+__all__ = ['kv_cache_bytes', 'activation_bytes', 'activation_terms', 'ACTIVATION_COPIES', 'Plan',
+           'plan', 'xla_bytes']
 
 # Copies of each size that XLA keeps live per block and token at the step's peak: of the width D
 # (the residual stream, the norms' inputs and outputs, the projections' inputs and their
@@ -36,7 +37,9 @@ __all__ = ['kv_cache_bytes', 'activation_bytes', 'ACTIVATION_COPIES', 'Plan', 'p
 # query and key of the attention matrices (scores, exponentials, probabilities, their gradient).
 # Fitted by least squares to XLA:CPU's peak (compiled.memory_analysis()) of 19 train steps: four
 # families, widths 64 to 256, sequences 32 to 128, 1 and 8 devices under DP, FSDP and TP.
-ACTIVATION_COPIES = {'width': 9, 'heads': 4.5, 'mlp': 2.7, 'attention': 4.4}
+_CPU = {'width': 9, 'heads': 4.5, 'mlp': 2.7, 'attention': 4.4, 'logits': 2, 'block_inputs': 1}
+TERMS = ('width', 'heads', 'mlp', 'attention', 'logits', 'block_inputs')
+ACTIVATION_COPIES = {'cpu': _CPU, 'tpu': dict(_CPU), 'gpu': dict(_CPU)}
 # With model.remat_policy='full' a block keeps only its input, and recomputes the rest during its
 # backward pass: one block's activations, at a time.
 
@@ -52,6 +55,7 @@ class Plan:
   activations: int
   kv_cache: int | None  # decoding, per sequence of the context length; None: no causal mask
   devices: int
+  activation_terms: dict[str, float]  # the bytes of one copy of each term (activation_terms)
 
   @property
   def train_total(self) -> int:
@@ -89,29 +93,32 @@ def _block_tokens(cfg: ModelConfig, family, config) -> list[tuple[int, int, int]
   return [(cfg.num_layers, t, t)]
 
 
-def activation_bytes(cfg: ModelConfig, family, config, split) -> int:
-  """The train step's activations per device: `split(name)` says how many ways a logical
+def activation_terms(cfg: ModelConfig, family, config, split) -> dict[str, float]:
+  """Bytes per device of one copy of each term of ACTIVATION_COPIES, over every block (one block
+  under remat 'full', besides every block's input); `split(name)` says how many ways a logical
   activation axis is split."""
   batch = config.data.batch_size // split(axes.BATCH)
-  heads = cfg.num_heads // split(axes.HEADS) * cfg.head_dim
-  kv = cfg.kv_heads // split(axes.KV_HEADS) * cfg.head_dim
-  hidden = cfg.hidden_dim // split(axes.MLP)
-  copies = ACTIVATION_COPIES
-  total = 0
+  heads = cfg.num_heads // split(axes.HEADS)
+  kv = cfg.kv_heads // split(axes.KV_HEADS)
+  itemsize = jnp.dtype(cfg.dtype).itemsize
+  terms = dict.fromkeys(TERMS, 0.0)
   for blocks, tokens, keys in _block_tokens(cfg, family, config):
-    per_token = (copies['width'] * cfg.width + copies['heads'] * (heads + kv) / 2
-                 + copies['mlp'] * hidden * cfg.use_mlp
-                 + copies['attention'] * cfg.num_heads // split(axes.HEADS) * keys
-                 * cfg.use_attention)
-    per_block = batch * tokens * per_token
-    if cfg.remat_policy == 'full':  # block inputs, plus one block recomputed at a time
-      total += blocks * batch * tokens * cfg.width + per_block
-    else:
-      total += blocks * per_block
-  if family.unit == 'token':  # the logits and their log-softmax, float32
-    vocab = cfg.vocab_size // split(axes.VOCAB)
-    total += 2 * batch * config.data.seq_len * vocab * 4 / jnp.dtype(cfg.dtype).itemsize
-  return int(total * jnp.dtype(cfg.dtype).itemsize)
+    kept = batch * tokens * itemsize * (1 if cfg.remat_policy == 'full' else blocks)
+    terms['width'] += kept * cfg.width
+    terms['heads'] += kept * (heads + kv) * cfg.head_dim / 2
+    terms['mlp'] += kept * cfg.hidden_dim // split(axes.MLP) * cfg.use_mlp
+    terms['attention'] += kept * heads * keys * cfg.use_attention
+    if cfg.remat_policy == 'full':
+      terms['block_inputs'] += blocks * batch * tokens * cfg.width * itemsize
+  if family.unit == 'token':  # float32, whatever the compute dtype
+    terms['logits'] = 4 * batch * config.data.seq_len * cfg.vocab_size // split(axes.VOCAB)
+  return terms
+
+
+def activation_bytes(terms: dict[str, float], platform: str) -> int:
+  """The train step's activations per device as XLA on `platform` keeps them, of the terms of
+  activation_terms."""
+  return int(sum(ACTIVATION_COPIES[platform][name] * size for name, size in terms.items()))
 
 
 def kv_cache_bytes(cfg: ModelConfig, seq_len: int, dtype: str) -> int:
@@ -128,10 +135,12 @@ def kv_cache_bytes(cfg: ModelConfig, seq_len: int, dtype: str) -> int:
 
 
 def plan(config: ml_collections.ConfigDict, mesh: dict[str, int] | None = None,
-         cfg: ModelConfig | None = None) -> Plan:
+         cfg: ModelConfig | None = None, platform: str | None = None) -> Plan:
   """The per-device plan of a run's config on a mesh of `mesh` ({axis: size}; default:
   config.mesh with -1 resolved over this machine's devices), of `cfg` (default: config.model's
-  typed config). No device memory is touched."""
+  typed config), as XLA compiles for `platform` ('cpu', 'tpu', 'gpu'; default: that of
+  jax.devices()). No device memory is touched."""
+  platform = platform or jax.devices()[0].platform
   cfg = cfg or models.model_config(config.model)
   family = models.registry.get(cfg.family)
   sizes = mesh or sharding.mesh_sizes(MeshSettings.of(config.mesh))
@@ -147,6 +156,7 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int] | None = None,
   split = lambda name: math.prod(sizes[a] for a in sharding.mesh_axes_of(name, rules))
   batch_bytes = sum(np.prod(shape) * itemsize for shape, itemsize in
                     _batch_shapes(cfg, family, config)) // split(axes.BATCH)
+  terms = activation_terms(cfg, family, config, split)
   kv = None
   if family.decoding:
     kv = kv_cache_bytes(cfg, config.data.seq_len, cfg.dtype) // split(axes.KV_HEADS)
@@ -155,8 +165,8 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int] | None = None,
               gradients=params,
               gathered=_gathered_bytes(state.params, shardings.params, batch_axes),
               batch=int(batch_bytes),
-              activations=activation_bytes(cfg, family, config, split), kv_cache=kv,
-              devices=math.prod(sizes.values()))
+              activations=activation_bytes(terms, platform), kv_cache=kv,
+              devices=math.prod(sizes.values()), activation_terms=terms)
 
 
 def _batch_shapes(cfg, family, config):
@@ -166,3 +176,10 @@ def _batch_shapes(cfg, family, config):
     return [((b, cfg.image_size, cfg.image_size, cfg.num_channels), 4), ((b,), 4)]
   streams = 4 if family.decoding == 'encoder_decoder' else 3  # ids, targets, weights, valid...
   return [((b, t), 4)] * streams
+
+
+def xla_bytes(stats) -> int:
+  """What a compiled step's memory_analysis() says one device holds at its peak: arguments,
+  outputs and temporaries, less the outputs that reuse donated arguments (aliases)."""
+  return (stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
+          + stats.temp_size_in_bytes)
