@@ -20,8 +20,8 @@ from transformer_jax import memory, targets
 from transformer_jax.errors import ConfigError
 
 ROOT = os.path.join(os.path.dirname(__file__), '..')
-MODELS = {'GPT-2 small': ('gpt2_small', {}), 'ViT-B/16': ('vit_b16', {'data.batch_size': 128}),
-          'reference LM': ('llama_shakespeare', {})}
+MODELS = {'reference LM': ('llama_shakespeare', {}),
+          'ViT-B/16': ('vit_b16', {'data.batch_size': 128}), 'GPT-2 small': ('gpt2_small', {})}
 TARGETS = ('v5e:2x2', 'v4-8', 'h100x4')
 
 
@@ -46,10 +46,14 @@ def config_of(name: str, rule_set: str):
   return config
 
 
-def measure(name: str, rule_set: str, target: targets.Target, cache: dict) -> dict:
+def measure(name: str, rule_set: str, target: targets.Target, cache: dict,
+            compile_: bool) -> dict | None:
+  """XLA's and the plan's bytes per device; None where `cache` lacks it and not `compile_`."""
   key = f'{target.name} {name} {rule_set}'
   config = config_of(name, rule_set)
   if key not in cache:
+    if not compile_:
+      return None
     try:
       stats, seconds = fit_memory.compile_train_step(config, target.devices)
       cache[key] = {'xla': memory.xla_bytes(stats), 'seconds': seconds}
@@ -66,6 +70,10 @@ def measure(name: str, rule_set: str, target: targets.Target, cache: dict) -> di
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--cache', help='a JSON file of earlier compiles, read and extended')
+  parser.add_argument('--model', action='append', choices=list(MODELS),
+                      help='compile only these (default: all); the others come from the cache')
+  parser.add_argument('--rule-set', action='append', choices=list(fit_memory.RULE_MESHES),
+                      help='compile only these rule sets (default: all)')
   args = parser.parse_args()
   cache = {}
   if args.cache and os.path.exists(args.cache):
@@ -77,13 +85,18 @@ def main():
     for name in MODELS:
       for target_name in TARGETS:
         target = targets.target(target_name)
-        row = measure(name, rule_set, target, cache)
+        chosen = (name in (args.model or MODELS)
+                  and rule_set in (args.rule_set or fit_memory.RULE_MESHES))
+        row = measure(name, rule_set, target, cache, chosen)
         if args.cache:
           with open(args.cache, 'w') as f:
             json.dump(cache, f, indent=1)
+        if row is None:
+          print(f'| {name} | {target_name} | {rule_set} | not compiled | | | |')
+          continue
         if 'error' in row:
-          print(f'| {name} | {target_name} | {rule_set} | does not divide: {row["error"]} |'
-                ' | | |')
+          first = row['error'].splitlines()[1].strip()  # the first dimension that does not divide
+          print(f'| {name} | {target_name} | {rule_set} | does not divide: {first} | | | |')
           continue
         print(f'| {name} | {target_name} | {rule_set} | {row["xla"] / 2**30:.2f} | '
               f'{row["plan"] / 2**30:.2f} | {row["plan"] / row["xla"]:.2f} | '

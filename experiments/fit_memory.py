@@ -73,7 +73,7 @@ class Model:
       overrides.update({'data.seq_len': self.seq, 'model.max_len': self.seq,
                         'model.vocab_size': self.vocab})
     if self.family == 'encoder_decoder':
-      overrides['model.decoder_layers'] = self.blocks
+      overrides['model.num_decoder_layers'] = self.blocks
     return small_config(self.family, rule_set=self.rule_set, **overrides)
 
 
@@ -144,8 +144,7 @@ def measure(model: Model, target: Devices, cache: dict) -> dict:
     cache[key] = {'xla': memory.xla_bytes(stats), 'seconds': seconds}
     print(f'  compiled {key} in {seconds:.1f}s', file=sys.stderr, flush=True)
   plan = memory.plan(config, mesh_of(config, target.devices), platform=target.platform)
-  return {**cache[key], 'state': plan.train_total - plan.activations,
-          'terms': plan.activation_terms}
+  return {**cache[key], 'state': plan.params + plan.optimizer + plan.batch, 'terms': plan.terms}
 
 
 def fit(rows: list[dict]) -> dict[str, float]:

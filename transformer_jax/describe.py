@@ -71,16 +71,19 @@ def device_memory(config) -> float | None:
   return stats.get('bytes_limit')
 
 
-def memory_lines(config, cfg) -> list[str]:
-  """The per-device plan of the train step (and a decoding cache) on the run's mesh and rules."""
+def memory_lines(config, cfg, platform: str | None = None) -> list[str]:
+  """The per-device plan of the train step (and a decoding cache) on the run's mesh and rules,
+  as XLA compiles it for `platform` (default: this machine's devices')."""
+  platform = platform or jax.devices()[0].platform
   sizes = sharding.mesh_sizes(MeshSettings.of(config.mesh))
-  plan = memory.plan(config, sizes, cfg)
+  plan = memory.plan(config, sizes, cfg, platform)
   tokens = models.registry.get(cfg.family).unit == 'token'
   mesh = ' x '.join(f'{axis}={size}' for axis, size in sizes.items())
   lines = [f'Memory per device on {plan.devices} devices ({mesh}, rule set '
            f'{config.rule_set!r}), batch {config.data.batch_size}'
            + (f' x {config.data.seq_len}' if tokens else '')
-           + f', remat {cfg.remat_policy}{", scanned" if cfg.scan_layers else ""}:']
+           + f', remat {cfg.remat_policy}{", scanned" if cfg.scan_layers else ""}, as '
+           f'XLA:{platform.upper()} compiles it:']
   parts = [('parameters', plan.params), ('optimizer state', plan.optimizer),
            ('gradients', plan.gradients), ('gathered weights (FSDP)', plan.gathered),
            ('batch', plan.batch), ('activations (estimate)', plan.activations)]
@@ -93,4 +96,4 @@ def memory_lines(config, cfg) -> list[str]:
   if plan.kv_cache is not None:
     lines.append(f'  {"KV cache per sequence":<24} {_size(plan.kv_cache):>12} (decoding '
                  f'{config.data.seq_len} tokens)')
-  return lines
+  return lines + [f'  Caution: {caveat}' for caveat in memory.caveats(cfg, platform)]

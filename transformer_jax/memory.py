@@ -37,8 +37,10 @@ __all__ = ['kv_cache_bytes', 'activation_bytes', 'activation_terms', 'ACTIVATION
 # query and key of the attention matrices (scores, exponentials, probabilities, their gradient).
 # Fitted by least squares to XLA:CPU's peak (compiled.memory_analysis()) of 19 train steps: four
 # families, widths 64 to 256, sequences 32 to 128, 1 and 8 devices under DP, FSDP and TP.
-_CPU = {'width': 9, 'heads': 4.5, 'mlp': 2.7, 'attention': 4.4, 'logits': 2, 'block_inputs': 1}
-TERMS = ('width', 'heads', 'mlp', 'attention', 'logits', 'block_inputs')
+_CPU = {'gradients': 1, 'gathered': 1, 'width': 9, 'heads': 4.5, 'mlp': 2.7, 'attention': 4.4,
+        'logits': 2, 'block_inputs': 1}
+ACTIVATION_TERMS = ('width', 'heads', 'mlp', 'attention', 'logits', 'block_inputs')
+TERMS = ('gradients', 'gathered', *ACTIVATION_TERMS)
 ACTIVATION_COPIES = {'cpu': _CPU, 'tpu': dict(_CPU), 'gpu': dict(_CPU)}
 # With model.remat_policy='full' a block keeps only its input, and recomputes the rest during its
 # backward pass: one block's activations, at a time.
@@ -55,7 +57,7 @@ class Plan:
   activations: int
   kv_cache: int | None  # decoding, per sequence of the context length; None: no causal mask
   devices: int
-  activation_terms: dict[str, float]  # the bytes of one copy of each term (activation_terms)
+  terms: dict[str, float]  # the bytes of one copy of each term of ACTIVATION_COPIES
 
   @property
   def train_total(self) -> int:
@@ -101,7 +103,7 @@ def activation_terms(cfg: ModelConfig, family, config, split) -> dict[str, float
   heads = cfg.num_heads // split(axes.HEADS)
   kv = cfg.kv_heads // split(axes.KV_HEADS)
   itemsize = jnp.dtype(cfg.dtype).itemsize
-  terms = dict.fromkeys(TERMS, 0.0)
+  terms = dict.fromkeys(ACTIVATION_TERMS, 0.0)
   for blocks, tokens, keys in _block_tokens(cfg, family, config):
     kept = batch * tokens * itemsize * (1 if cfg.remat_policy == 'full' else blocks)
     terms['width'] += kept * cfg.width
@@ -117,8 +119,9 @@ def activation_terms(cfg: ModelConfig, family, config, split) -> dict[str, float
 
 def activation_bytes(terms: dict[str, float], platform: str) -> int:
   """The train step's activations per device as XLA on `platform` keeps them, of the terms of
-  activation_terms."""
-  return int(sum(ACTIVATION_COPIES[platform][name] * size for name, size in terms.items()))
+  activation_terms (any others in `terms` are left out)."""
+  copies = ACTIVATION_COPIES[platform]
+  return int(sum(copies[name] * terms[name] for name in ACTIVATION_TERMS))
 
 
 def kv_cache_bytes(cfg: ModelConfig, seq_len: int, dtype: str) -> int:
@@ -156,17 +159,19 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int] | None = None,
   split = lambda name: math.prod(sizes[a] for a in sharding.mesh_axes_of(name, rules))
   batch_bytes = sum(np.prod(shape) * itemsize for shape, itemsize in
                     _batch_shapes(cfg, family, config)) // split(axes.BATCH)
-  terms = activation_terms(cfg, family, config, split)
   kv = None
   if family.decoding:
     kv = kv_cache_bytes(cfg, config.data.seq_len, cfg.dtype) // split(axes.KV_HEADS)
   batch_axes = {a for name, a in rules if name == axes.BATCH and a}
+  terms = {'gradients': params,
+           'gathered': _gathered_bytes(state.params, shardings.params, batch_axes),
+           **activation_terms(cfg, family, config, split)}
+  copies = ACTIVATION_COPIES[platform]
   return Plan(params=params, optimizer=_sharded_bytes(state.opt_state, shardings.opt_state),
-              gradients=params,
-              gathered=_gathered_bytes(state.params, shardings.params, batch_axes),
-              batch=int(batch_bytes),
-              activations=activation_bytes(terms, platform), kv_cache=kv,
-              devices=math.prod(sizes.values()), activation_terms=terms)
+              gradients=int(copies['gradients'] * terms['gradients']),
+              gathered=int(copies['gathered'] * terms['gathered']),
+              batch=int(batch_bytes), activations=activation_bytes(terms, platform),
+              kv_cache=kv, devices=math.prod(sizes.values()), terms=terms)
 
 
 def _batch_shapes(cfg, family, config):
@@ -176,6 +181,11 @@ def _batch_shapes(cfg, family, config):
     return [((b, cfg.image_size, cfg.image_size, cfg.num_channels), 4), ((b,), 4)]
   streams = 4 if family.decoding == 'encoder_decoder' else 3  # ids, targets, weights, valid...
   return [((b, t), 4)] * streams
+
+
+def caveats(cfg: ModelConfig, platform: str) -> list[str]:
+  """Why the plan of `cfg` may be more than 15% off what XLA on `platform` needs."""
+  return []
 
 
 def xla_bytes(stats) -> int:
