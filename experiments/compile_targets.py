@@ -16,6 +16,7 @@ import os
 import sys
 
 import fit_memory  # sets JAX_PLATFORMS=cpu before jax is imported
+import jax
 from transformer_jax import memory, targets
 from transformer_jax.errors import ConfigError
 
@@ -57,8 +58,10 @@ def measure(name: str, rule_set: str, target: targets.Target, cache: dict,
     try:
       stats, seconds = fit_memory.compile_train_step(config, target.devices)
       cache[key] = {'xla': memory.xla_bytes(stats), 'seconds': seconds}
-    except ConfigError as error:
-      cache[key] = {'error': str(error)}
+    except ConfigError as error:  # the first dimension that does not divide
+      cache[key] = {'error': 'does not divide: ' + str(error).splitlines()[1].strip()}
+    except jax.errors.JaxRuntimeError as error:
+      cache[key] = {'error': 'XLA fails to compile it: ' + str(error).splitlines()[0][:160]}
     print(f'  {key}: {cache[key]}', file=sys.stderr, flush=True)
   if 'error' in cache[key]:
     return cache[key]
@@ -95,8 +98,7 @@ def main():
           print(f'| {name} | {target_name} | {rule_set} | not compiled | | | |')
           continue
         if 'error' in row:
-          first = row['error'].splitlines()[1].strip()  # the first dimension that does not divide
-          print(f'| {name} | {target_name} | {rule_set} | does not divide: {first} | | | |')
+          print(f'| {name} | {target_name} | {rule_set} | {row["error"]} | | | |')
           continue
         print(f'| {name} | {target_name} | {rule_set} | {row["xla"] / 2**30:.2f} | '
               f'{row["plan"] / 2**30:.2f} | {row["plan"] / row["xla"]:.2f} | '
