@@ -159,12 +159,14 @@ def cache_error(cache: dict, name: str, model: Model) -> str:
 
 
 def fit(rows: list[dict]) -> dict[str, float]:
-  """The non-negative counts minimizing the squared relative error of state + terms . counts
-  (of the terms `rows` have; the others keep their CPU counts)."""
+  """The counts minimizing the squared relative error of state + terms . counts (of the terms
+  `rows` have; the others keep their CPU counts): non-negative, and at most one copy of the
+  gradients and of the gathered weights, which small models' grids cannot tell apart."""
   used = [t for t in memory.TERMS if any(r['terms'][t] for r in rows)]
   a = np.array([[r['terms'][t] / r['xla'] for t in used] for r in rows])
   b = np.array([1 - r['state'] / r['xla'] for r in rows])
-  counts, _ = scipy.optimize.nnls(a, b)
+  upper = [1 if t in ('gradients', 'gathered') else np.inf for t in used]
+  counts = scipy.optimize.lsq_linear(a, b, bounds=(0, upper)).x
   return {t: round(float(counts[used.index(t)]), 2) if t in used
           else memory.ACTIVATION_COPIES['cpu'][t] for t in memory.TERMS}
 
