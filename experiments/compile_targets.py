@@ -3,7 +3,7 @@
 (configs/llama_shakespeare.py: 4 blocks, width 128, batch 32 x 64), each train step compiled
 for compile-only devices under DP, FSDP and TP; prints a Markdown table of XLA's bytes per
 device (arguments + outputs - aliases + temporaries), the plan's, their ratio and the compile
-time.
+time, in MiB.
 
   python experiments/compile_targets.py --cache /tmp/compile_targets.json
 
@@ -75,6 +75,10 @@ def main():
   parser.add_argument('--cache', help='a JSON file of earlier compiles, read and extended')
   parser.add_argument('--model', action='append', choices=list(MODELS),
                       help='compile only these (default: all); the others come from the cache')
+  parser.add_argument('--no-compile', action='store_true',
+                      help='print the table of what the cache holds, compiling nothing')
+  parser.add_argument('--target', action='append', choices=TARGETS,
+                      help='compile only for these targets (default: all)')
   parser.add_argument('--rule-set', action='append', choices=list(fit_memory.RULE_MESHES),
                       help='compile only these rule sets (default: all)')
   args = parser.parse_args()
@@ -82,13 +86,14 @@ def main():
   if args.cache and os.path.exists(args.cache):
     with open(args.cache) as f:
       cache = json.load(f)
-  print('| model | target | rule set | XLA GiB | plan GiB | plan / XLA | compile s |')
+  print('| model | target | rule set | XLA MiB | plan MiB | plan / XLA | compile s |')
   print('|---|---|---|---:|---:|---:|---:|')
   for rule_set in fit_memory.RULE_MESHES:
     for name in MODELS:
       for target_name in TARGETS:
         target = targets.target(target_name)
-        chosen = (name in (args.model or MODELS)
+        chosen = (not args.no_compile and name in (args.model or MODELS)
+                  and target_name in (args.target or TARGETS)
                   and rule_set in (args.rule_set or fit_memory.RULE_MESHES))
         row = measure(name, rule_set, target, cache, chosen)
         if args.cache:
@@ -100,8 +105,8 @@ def main():
         if 'error' in row:
           print(f'| {name} | {target_name} | {rule_set} | {row["error"]} | | | |')
           continue
-        print(f'| {name} | {target_name} | {rule_set} | {row["xla"] / 2**30:.2f} | '
-              f'{row["plan"] / 2**30:.2f} | {row["plan"] / row["xla"]:.2f} | '
+        print(f'| {name} | {target_name} | {rule_set} | {row["xla"] / 2**20:,.1f} | '
+              f'{row["plan"] / 2**20:,.1f} | {row["plan"] / row["xla"]:.2f} | '
               f'{row["seconds"]:.0f} |', flush=True)
 
 

@@ -6,6 +6,7 @@ chips, and v4's megacore) and four H100s, for models memory.ACTIVATION_COPIES wa
 import dataclasses
 import importlib.util
 
+import jax
 import pytest
 
 from helpers import ROOT
@@ -22,19 +23,28 @@ _spec = importlib.util.spec_from_file_location('fit_memory',
 fit_memory = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fit_memory)
 
-# Widths, blocks, sequences and vocabularies none of the grid's models has.
+# Sizes none of the grid's models has; tokens per device a power of two, where XLA:GPU compiles
+# (below).
 HELD_OUT = {
-    'decoder': fit_memory.Model('decoder', 160, 3, 4, 384, vocab=300, dtype='bfloat16'),
+    'decoder': fit_memory.Model('decoder', 192, 3, 6, 256, vocab=300, dtype='bfloat16'),
     'vit': fit_memory.Model('vit', 160, 3, 4, 96, patch=4),
-    'encoder_decoder': fit_memory.Model('encoder_decoder', 96, 2, 4, 384, vocab=200,
+    'encoder_decoder': fit_memory.Model('encoder_decoder', 128, 3, 4, 512, vocab=200,
                                         dtype='bfloat16'),
 }
 
 
+# Compiling without a GPU, XLA:GPU (jax 0.10.2) fails on the attention's output projection where
+# the tokens per device are not a power of two ("Couldn't find output tile sizes that satisfy
+# hlo"): a ViT's 1 + patches always (experiments/results/compile_targets).
+_GPU_VIT = pytest.mark.xfail(raises=jax.errors.JaxRuntimeError, strict=True,
+                             reason='XLA:GPU fails to compile the ViT')
+CASES = [pytest.param(target, family, marks=_GPU_VIT if (target, family) == ('h100x4', 'vit')
+                      else ()) for target in ('v5e:2x2', 'v4-8', 'h100x4') for family in HELD_OUT]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('rule_set', ['dp', 'fsdp', 'tp'])
-@pytest.mark.parametrize('family', list(HELD_OUT))
-@pytest.mark.parametrize('target_name', ['v5e:2x2', 'v4-8', 'h100x4'])
+@pytest.mark.parametrize('target_name,family', CASES)
 def test_the_plan_is_within_15_percent_of_the_targets_compiler(target_name, family, rule_set):
   target = targets.target(target_name)
   config = dataclasses.replace(HELD_OUT[family], rule_set=rule_set).config()
