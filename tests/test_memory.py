@@ -88,3 +88,11 @@ def test_the_kv_cache_of_a_family_without_formulas_is_measured_from_its_cache(mo
   config.model.family = f'plain_{family}'
   assert f'in float32: {memory.kv_cache_bytes(plain, 16, "float32"):,} bytes' in (
       describe.describe(config))
+
+
+def test_describe_says_where_the_plan_is_known_to_be_off():
+  config = held_out('decoder', '8 fsdp')
+  assert 'Caution' not in describe.describe(config)
+  config.model.remat_policy = 'dots'
+  assert ("Caution: with remat dots the plan was 1.44x what XLA:CPU needed in a measured case"
+          in describe.describe(config))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from train_helpers import small_config
-from transformer_jax import aot, data, run, targets
+from transformer_jax import aot, data, describe, run, targets
 from transformer_jax.errors import ConfigError
 
 
@@ -28,8 +28,27 @@ def test_more_gpus_than_one_host_holds_are_refused():
 def test_a_target_without_the_extra_names_the_install(monkeypatch, name, package):
   monkeypatch.setattr(importlib.util, 'find_spec', lambda module: None)
   targets._tpu_devices.cache_clear()
+  target = targets.target(name)  # its name, chip and size need nothing installed
+  assert target.num_devices == 4
   with pytest.raises(ConfigError, match=rf"needs .*{package}.*pip install -e '.\[compile\]'"):
-    targets.target(name)
+    assert target.devices
+
+
+@pytest.mark.parametrize('name, platform, devices, memory', [
+    ('v5e:2x2', 'tpu', 4, '15.75 GiB'), ('v4-8', 'tpu', 4, '30.75 GiB'),
+    ('h100x8', 'gpu', 8, '79.11 GiB')])
+def test_describe_plans_for_a_target_without_its_devices(monkeypatch, name, platform, devices,
+                                                          memory):
+  monkeypatch.setattr(importlib.util, 'find_spec', lambda module: None)  # no extra needed
+  config = small_config('decoder', **{'data.batch_size': 32})
+  config.compile.target = name
+  text = describe.describe(config)
+  assert f'Memory per device on {devices} devices (data={devices}' in text
+  assert f'as XLA:{platform.upper()} compiles it' in text
+  assert f'fits in {memory}' in text
+  assert f'Compute dtype: bfloat16 (auto on {platform}' in text
+  kernel = 'splash' if platform == 'tpu' else 'cudnn'
+  assert f'Attention kernel: {kernel} (auto on {platform}' in text
 
 
 def test_compile_mode_needs_a_target():

@@ -108,10 +108,10 @@ def compile_for(config: ml_collections.ConfigDict) -> CompileReport:
   xla = metrics.compiled_memory(train)
   cost = train.cost_analysis() or {}
   return CompileReport(
-      target=target.name, devices=len(target.devices), mesh=dict(run.mesh.shape),
+      target=target.name, devices=target.num_devices, mesh=dict(run.mesh.shape),
       memory_bytes=target.chip.memory_bytes,
       xla_bytes=xla, plan_bytes=_planned(config, run, target), flops_per_device=cost.get('flops'),
-      planned_flops_per_device=_train_flops(run, batch) / len(target.devices),
+      planned_flops_per_device=_train_flops(run, batch) / target.num_devices,
       compile_seconds=seconds)
 
 
@@ -132,7 +132,7 @@ def _without_compilation_cache():
 
 def _planned(config, run, target) -> dict:
   """memory.plan of the run on the target's mesh, in memory_analysis's fields."""
-  plan = memory.plan(config, dict(run.mesh.shape), run.model_config)
+  plan = memory.plan(config, dict(run.mesh.shape), run.model_config, target.platform)
   state = plan.params + plan.optimizer
   return {'argument': state + plan.batch, 'output': state, 'alias': state,
           'temporary': plan.gradients + plan.gathered + plan.activations, 'code': 0,

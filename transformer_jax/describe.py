@@ -2,7 +2,7 @@
 the memory plan per device on the run's mesh."""
 import jax
 
-from transformer_jax import accounting, memory, model_config, models
+from transformer_jax import accounting, memory, model_config, models, targets
 from transformer_jax.train import sharding
 from transformer_jax.settings import MeshSettings, TrainingSettings
 
@@ -28,7 +28,10 @@ def shape(cfg) -> str:
 
 
 def describe(config) -> str:
-  platform = jax.devices()[0].platform
+  """What --mode=describe prints: for this machine's devices, or with compile.target for that
+  target's (its platform's kernel, dtype and plan on its number of chips, of its memory)."""
+  target = targets.target(config.compile.target) if config.compile.target else None
+  platform = target.platform if target else jax.devices()[0].platform
   cfg = models.model_config(config.model)
   dtype_reason = model_config.compute_dtype_of(cfg.dtype, platform)[1]
   cfg = cfg.on(platform)
@@ -59,42 +62,49 @@ def describe(config) -> str:
                    f'({cfg.kv_heads} of {cfg.num_heads} heads cached)')
   else:
     lines.append('KV cache: none (no causal mask, nothing can be reused between steps)')
-  return '\n'.join(lines + memory_lines(config, cfg))
+  return '\n'.join(lines + memory_lines(config, cfg, platform, target))
 
 
 def _size(num_bytes: float) -> str:
   return f'{num_bytes / 2**30:.2f} GiB' if num_bytes >= 2**30 else f'{num_bytes / 2**20:.1f} MiB'
 
 
-def device_memory(config) -> float | None:
-  """Bytes of one device: training.device_memory_gb, else what JAX reports (GPUs, TPUs)."""
+def device_memory(config, target=None) -> float | None:
+  """Bytes of one device: training.device_memory_gb, else the target's, else what JAX reports
+  (GPUs, TPUs)."""
   memory_gb = TrainingSettings.of(config.training).device_memory_gb
   if memory_gb:
     return memory_gb * 1e9
+  if target is not None:
+    return target.chip.memory_bytes
   stats = jax.devices()[0].memory_stats() or {}
   return stats.get('bytes_limit')
 
 
-def memory_lines(config, cfg) -> list[str]:
-  """The per-device plan of the train step (and a decoding cache) on the run's mesh and rules."""
-  sizes = sharding.mesh_sizes(MeshSettings.of(config.mesh))
-  plan = memory.plan(config, sizes, cfg)
+def memory_lines(config, cfg, platform: str | None = None, target=None) -> list[str]:
+  """The per-device plan of the train step (and a decoding cache) on the run's mesh and rules,
+  as XLA compiles it for `platform` (default: this machine's devices'), over the devices of
+  `target` (a targets.Target) or of this machine."""
+  platform = platform or jax.devices()[0].platform
+  sizes = sharding.mesh_sizes(MeshSettings.of(config.mesh), target and target.num_devices)
+  plan = memory.plan(config, sizes, cfg, platform)
   tokens = models.registry.get(cfg.family).unit == 'token'
   mesh = ' x '.join(f'{axis}={size}' for axis, size in sizes.items())
   lines = [f'Memory per device on {plan.devices} devices ({mesh}, rule set '
            f'{config.rule_set!r}), batch {config.data.batch_size}'
            + (f' x {config.data.seq_len}' if tokens else '')
-           + f', remat {cfg.remat_policy}{", scanned" if cfg.scan_layers else ""}:']
+           + f', remat {cfg.remat_policy}{", scanned" if cfg.scan_layers else ""}, as '
+           f'XLA:{platform.upper()} compiles it:']
   parts = [('parameters', plan.params), ('optimizer state', plan.optimizer),
            ('gradients', plan.gradients), ('gathered weights (FSDP)', plan.gathered),
            ('batch', plan.batch), ('activations (estimate)', plan.activations)]
   lines += [f'  {name:<24} {_size(value):>12}' for name, value in parts if value or
             name.startswith(('parameters', 'activations'))]
-  total, limit = plan.train_total, device_memory(config)
+  total, limit = plan.train_total, device_memory(config, target)
   verdict = ('' if limit is None else f': {"fits" if total <= limit else "does NOT fit"} in '
              f'{_size(limit)} ({total / limit:.0%})')
   lines.append(f'  {"train step total":<24} {_size(total):>12}{verdict}')
   if plan.kv_cache is not None:
     lines.append(f'  {"KV cache per sequence":<24} {_size(plan.kv_cache):>12} (decoding '
                  f'{config.data.seq_len} tokens)')
-  return lines
+  return lines + [f'  Caution: {caveat}' for caveat in memory.caveats(cfg, platform)]

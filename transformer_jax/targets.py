@@ -78,11 +78,20 @@ class Target:
   name: str  # as given
   chip: Chip
   topology: str  # 'v5e:2x2', or '1x1x4' (hosts and GPUs) for GPUs
-  devices: tuple  # compile-only jax.Devices, one per chip
+  num_devices: int  # one per chip
 
   @property
   def platform(self) -> str:
     return self.chip.platform
+
+  @property
+  def devices(self) -> tuple:
+    """The compile-only jax.Devices, made when first asked for (they need the extra; a plan of
+    the target, --mode=describe's, needs only their number)."""
+    if self.platform == 'gpu':
+      _require('jax_plugins.xla_cuda12', 'the CUDA plugin (jax-cuda12-plugin)', self.name)
+      return _gpu_devices(self.name.rpartition('x')[0], self.topology)
+    return _tpu_devices(self.topology, self.topology.partition(':')[0])
 
 
 def chip_of(device) -> Chip | None:
@@ -97,12 +106,13 @@ def chip_of_kind(kind: str) -> Chip | None:
 
 
 def target(name: str) -> Target:
-  """The compile-only devices of a target name (see the module docstring)."""
+  """The target of a name (see the module docstring); its devices are made when first used."""
   gpu = re.fullmatch(r'([a-z]\d+)x(\d+)', name)
   if gpu and gpu.group(1) in GPU_TARGETS:
     return _gpu_target(name, gpu.group(1), int(gpu.group(2)))
   chip, topology = _tpu_topology(name)
-  return Target(name, CHIPS[chip], topology, _tpu_devices(topology, chip))
+  return Target(name, CHIPS[chip], topology, math.prod(int(side) for side in
+                                                       topology.partition(':')[2].split('x')))
 
 
 def _tpu_topology(name: str) -> tuple[str, str]:
@@ -154,9 +164,7 @@ def _tpu_devices(topology: str, chip: str) -> tuple:
 def _gpu_target(name: str, gpu: str, count: int) -> Target:
   if not 1 <= count <= 8:
     raise ConfigError(f'compile.target={name!r}: GPU targets are one host of 1 to 8 GPUs.')
-  _require('jax_plugins.xla_cuda12', 'the CUDA plugin (jax-cuda12-plugin)', name)
-  topology = f'1x1x{count}'
-  return Target(name, CHIPS[gpu], topology, _gpu_devices(gpu, topology))
+  return Target(name, CHIPS[gpu], f'1x1x{count}', count)
 
 
 @functools.cache
