@@ -10,14 +10,13 @@ time, in MiB.
 Needs the optional packages of pip install -e '.[compile]'.
 """
 import argparse
-import importlib.util
 import json
 import os
 import sys
 
 import fit_memory  # sets JAX_PLATFORMS=cpu before jax is imported
 import jax
-from transformer_jax import memory, targets
+from transformer_jax import aot, config_lib, memory, models, targets
 from transformer_jax.errors import ConfigError
 
 ROOT = os.path.join(os.path.dirname(__file__), '..')
@@ -27,24 +26,16 @@ TARGETS = ('v5e:2x2', 'v4-8', 'h100x4')
 
 
 def config_of(name: str, rule_set: str):
-  """The config file's run on synthetic data of its shapes, under `rule_set`."""
+  """The config file's run under `rule_set`, its data generated in the same shapes (what
+  --mode=compile compiles)."""
   module, overrides = MODELS[name]
-  spec = importlib.util.spec_from_file_location(module, os.path.join(ROOT, 'configs',
-                                                                     f'{module}.py'))
-  loaded = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(loaded)
-  config = loaded.get_config()
+  config = config_lib.from_file(os.path.join(ROOT, 'configs', f'{module}.py'))
   shape, mesh_axes = fit_memory.RULE_MESHES[rule_set]
   config.rule_set, config.mesh.shape, config.mesh.axes = rule_set, shape, mesh_axes
-  # Synthetic data of the same shapes (the train split is 9x the held-out one).
-  config.data.update(name='synthetic', eval_examples=16, eval_batch_size=16, eval_steps=1,
-                     packing=False)
-  if config.model.family == 'vit':
-    config.data.update(image_size=config.model.image_size, num_classes=config.model.num_classes)
   for key, value in overrides.items():
     section, _, field = key.partition('.')
     config[section][field] = value
-  return config
+  return aot.stand_in_config(config, models.model_config(config.model))
 
 
 def measure(name: str, rule_set: str, target: targets.Target, cache: dict,
@@ -56,8 +47,8 @@ def measure(name: str, rule_set: str, target: targets.Target, cache: dict,
     if not compile_:
       return None
     try:
-      stats, seconds = fit_memory.compile_train_step(config, target.devices)
-      cache[key] = {'xla': memory.xla_bytes(stats), 'seconds': seconds}
+      buffers, seconds = fit_memory.compile_train_step(config, target.devices)
+      cache[key] = {'xla': buffers, 'seconds': seconds}
     except ConfigError as error:  # the first dimension that does not divide
       cache[key] = {'error': 'does not divide: ' + str(error).splitlines()[1].strip()}
     except jax.errors.JaxRuntimeError as error:

@@ -14,7 +14,6 @@ import dataclasses
 import json
 import os
 import sys
-import time
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')  # jax runs on the CPU; the targets only compile
 # Four CPU devices, for the target 'cpu' (XLA:CPU, which the plan was first fitted to).
@@ -27,9 +26,9 @@ import scipy.optimize  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', 'tests'))
 from train_helpers import small_config  # noqa: E402
-from transformer_jax import memory, targets  # noqa: E402
+from transformer_jax import aot, memory, targets  # noqa: E402
 from transformer_jax.settings import MeshSettings  # noqa: E402
-from transformer_jax.train import setup, sharding  # noqa: E402
+from transformer_jax.train import metrics, setup, sharding  # noqa: E402
 
 RULE_MESHES = {'dp': ((-1,), ('data',)), 'fsdp': ((-1,), ('data',)),
                'tp': ((-1, 2), ('data', 'model'))}
@@ -93,6 +92,12 @@ GRID = [
     Model('encoder_decoder', 64, 2, 2, 128, vocab=512, rule_set='tp'),
     Model('vit', 128, 2, 4, 64, patch=4),
     Model('vit', 256, 2, 4, 128, dtype='bfloat16', rule_set='tp'),
+    # Sizes of real models (ViT-S's width at 224 / 16, GPT-2's width and context) and a small
+    # one whose arrays are not whole multiples of XLA:TPU's tiles.
+    Model('vit', 384, 2, 6, 224, patch=16),
+    Model('decoder', 768, 2, 12, 1024, vocab=8192, dtype='bfloat16'),
+    Model('encoder', 384, 2, 6, 512, vocab=1024, dtype='bfloat16', rule_set='tp'),
+    Model('decoder', 128, 3, 4, 64, vocab=65),
 ]
 
 
@@ -120,15 +125,10 @@ class Devices:
 
 
 def compile_train_step(config, devices):
-  """(memory_analysis(), seconds) of the run's train step compiled for `devices`, its batch
-  abstract."""
-  run = setup.build_run(config, devices=devices)
-  spec = sharding.batch_sharding(run.mesh)
-  batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=spec)
-           for k, v in run.data.train_batch(0).items()}
-  start = time.perf_counter()
-  compiled = run.train_step.lower(run.abstract_state, batch).compile()
-  return compiled.memory_analysis(), time.perf_counter() - start
+  """(XLA's buffers per device, seconds) of the run's train step compiled for `devices`, its
+  batch abstract."""
+  compiled, seconds = aot.compiled_train_step(setup.build_run(config, devices=devices))
+  return metrics.compiled_memory(compiled)['buffers'], seconds
 
 
 def mesh_of(config, devices) -> dict[str, int]:
@@ -143,8 +143,8 @@ def measure(model: Model, target: Devices, cache: dict) -> dict | None:
   key = f'{target.name} {model.label()}'
   if key not in cache:
     try:
-      stats, seconds = compile_train_step(config, target.devices)
-      cache[key] = {'xla': memory.xla_bytes(stats), 'seconds': seconds}
+      buffers, seconds = compile_train_step(config, target.devices)
+      cache[key] = {'xla': buffers, 'seconds': seconds}
     except jax.errors.JaxRuntimeError as error:  # XLA:GPU fails on some ViTs (see README)
       cache[key] = {'error': str(error).splitlines()[0][:200]}
     print(f'  {key}: {cache[key]}', file=sys.stderr, flush=True)

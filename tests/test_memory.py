@@ -8,7 +8,7 @@ import pytest
 
 from train_helpers import small_config
 from transformer_jax import accounting, describe, memory, models, train
-from transformer_jax.train import setup, sharding
+from transformer_jax.train import metrics, setup, sharding
 
 # Width 96, 3 blocks, 4 heads of 24, MLP 256, vocabulary 80, batch 32 of 48 tokens (or 16x16
 # images in patches of 4): none of the configurations memory.ACTIVATION_COPIES was fitted to.
@@ -30,11 +30,9 @@ def held_out(family, mesh):
 def xla_bytes(config) -> int:
   """Per device: arguments + outputs + temporaries, less the donated (aliased) state."""
   run = setup.build_run(config)
-  step = run.train_step
   batch = sharding.global_batch(run.data.train_batch(0), run.mesh)
-  stats = step.lower(run.abstract_state, batch).compile().memory_analysis()
-  return (stats.argument_size_in_bytes + stats.output_size_in_bytes
-          - stats.alias_size_in_bytes + stats.temp_size_in_bytes)
+  return metrics.compiled_memory(run.train_step.lower(run.abstract_state, batch).compile())[
+      'buffers']
 
 
 @pytest.mark.parametrize('mesh', MESHES)

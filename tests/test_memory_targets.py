@@ -4,12 +4,11 @@ encoder-decoder under data, fully-sharded and tensor parallelism, on two TPU top
 chips, and v4's megacore) and four H100s, for models memory.ACTIVATION_COPIES was not fitted to
 (experiments/fit_memory.py's GRID)."""
 import dataclasses
-import importlib.util
 
 import jax
 import pytest
 
-from helpers import ROOT
+from helpers import load_experiment
 from transformer_jax import memory
 
 pytest.importorskip('libtpu', reason="compile-only TPU devices need pip install -e '.[compile]'")
@@ -18,10 +17,7 @@ pytest.importorskip('jax_plugins.xla_cuda12',
 
 from transformer_jax import targets  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location('fit_memory',
-                                               ROOT / 'experiments' / 'fit_memory.py')
-fit_memory = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fit_memory)
+fit_memory = load_experiment('fit_memory')
 
 # Sizes none of the grid's models has; tokens per device a power of two, where XLA:GPU compiles
 # (below).
@@ -55,8 +51,7 @@ def test_the_plan_is_within_15_percent_of_the_targets_compiler(request, target_n
         strict=True, reason=f'measured {_MISSES[target_name, family, rule_set]}x XLA'))
   target = targets.target(target_name)
   config = dataclasses.replace(HELD_OUT[family], rule_set=rule_set).config()
-  stats, _ = fit_memory.compile_train_step(config, target.devices)
-  measured = memory.xla_bytes(stats)
+  measured, _ = fit_memory.compile_train_step(config, target.devices)
   planned = memory.plan(config, fit_memory.mesh_of(config, target.devices),
                         platform=target.platform).train_total
   assert abs(planned / measured - 1) <= 0.15, (planned, measured)

@@ -23,14 +23,14 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from transformer_jax import accounting, decode, models
+from transformer_jax import accounting, decode, kernels, models
 from transformer_jax.layers import axes
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.train import optim, setup, sharding
 from transformer_jax.settings import MeshSettings, TrainingSettings
 
 __all__ = ['kv_cache_bytes', 'activation_bytes', 'activation_terms', 'ACTIVATION_COPIES', 'Plan',
-           'plan', 'xla_bytes']
+           'plan']
 
 # Copies of each size that XLA keeps live at the step's peak, per block and token: of the width D
 # (the residual stream, the norms' inputs and outputs, the projections' inputs and their
@@ -130,7 +130,7 @@ def activation_terms(cfg: ModelConfig, family, config, split) -> dict[str, float
     terms['width'] += kept * cfg.width
     terms['heads'] += kept * (heads + kv) * cfg.head_dim / 2
     terms['mlp'] += kept * cfg.hidden_dim // split(axes.MLP) * cfg.use_mlp
-    attention = kept * heads * keys * cfg.use_attention
+    attention = kept * heads * keys * (cfg.use_attention and _keeps_weights(cfg, tokens, keys))
     terms['attention'] += attention
     if tokens * keys >= LONG_ATTENTION:  # float32: the softmax's dtype
       terms['long_attention'] += attention * 4 / itemsize
@@ -139,6 +139,14 @@ def activation_terms(cfg: ModelConfig, family, config, split) -> dict[str, float
   if family.unit == 'token':  # float32, whatever the compute dtype
     terms['logits'] = 4 * batch * config.data.seq_len * cfg.vocab_size // split(axes.VOCAB)
   return terms
+
+
+def _keeps_weights(cfg: ModelConfig, tokens: int, keys: int) -> bool:
+  """Whether the attention kernel `cfg` runs (resolved for its platform) keeps the attention
+  weights of `tokens` queries over `keys` keys; a fused kernel that takes the case does not."""
+  q = jax.ShapeDtypeStruct((1, tokens, cfg.num_heads, cfg.head_dim), cfg.compute_dtype)
+  k = jax.ShapeDtypeStruct((1, keys, cfg.kv_heads, cfg.head_dim), cfg.compute_dtype)
+  return kernels.keeps_weights(cfg.attention_kernel, q, k, k)
 
 
 def activation_bytes(terms: dict[str, float], platform: str) -> int:
@@ -169,6 +177,7 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int] | None = None,
   jax.devices()). No device memory is touched."""
   platform = platform or jax.devices()[0].platform
   cfg = (cfg or models.model_config(config.model)).on(platform)
+  cfg = dataclasses.replace(cfg, attention_kernel=models.attention_kernel(cfg, platform).name)
   family = models.registry.get(cfg.family)
   sizes = mesh or sharding.mesh_sizes(MeshSettings.of(config.mesh))
   abstract_mesh = jax.sharding.AbstractMesh(tuple(sizes.values()), tuple(sizes))
@@ -227,10 +236,3 @@ def caveats(cfg: ModelConfig, platform: str) -> list[str]:
   if cfg.remat_policy == 'dots_no_batch':
     found.append("remat 'dots_no_batch' is planned as no remat and was not measured")
   return found
-
-
-def xla_bytes(stats) -> int:
-  """What a compiled step's memory_analysis() says one device holds at its peak: arguments,
-  outputs and temporaries, less the outputs that reuse donated arguments (aliases)."""
-  return (stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
-          + stats.temp_size_in_bytes)

@@ -30,8 +30,8 @@ import jax
 
 from transformer_jax.kernels import cache, cpu, cudnn, masks, reference, xla
 
-__all__ = ['Choice', 'Kernel', 'cache', 'current_name', 'masks', 'names', 'reference', 'register',
-           'resolve']
+__all__ = ['Choice', 'Kernel', 'cache', 'current_name', 'keeps_weights', 'masks', 'names',
+           'reference', 'register', 'resolve']
 
 Kernel = Callable  # (q, k, v, mask=None, *, scale) -> out
 
@@ -87,6 +87,18 @@ def register(name: str, fn: Kernel, platform: str | None = None) -> None:
   _KERNELS[name] = fn
   if platform is not None:
     _AUTO[platform] = (name, f'registered as the kernel for {platform}')
+
+
+def keeps_weights(name: str, q, k, v) -> bool:
+  """Whether kernel `name` keeps the (T, S) attention weights of q (B, T, heads, head_dim) over
+  k, v (B, S, kv_heads, head_dim) (arrays or ShapeDtypeStructs) for the backward pass, as the
+  unfused kernels do; a fused one recomputes them where it takes the case."""
+  if name == 'splash':
+    from transformer_jax.kernels import splash  # pylint: disable=g-import-not-at-top
+    return splash.decide(q, k)[0] is None
+  if name == 'cudnn':
+    return cudnn.decide(q, k, v)[0] is None
+  return True
 
 
 def current_name(name: str) -> str:

@@ -48,18 +48,18 @@ def peak_flops_per_device(configured: float | None, device=None) -> tuple[float 
 
 def compiled_memory(compiled) -> dict[str, int] | None:
   """Bytes per device of a compiled step by XLA's memory analysis: arguments, outputs, aliases
-  (outputs written over donated arguments), temporaries, generated code, and the 'total' the
-  device holds while it runs (arguments + outputs - aliases + temporaries + code); None where
-  the backend reports none."""
+  (outputs written over donated arguments), temporaries and generated code; the 'buffers' the
+  step holds at its peak (arguments + outputs - aliases + temporaries), and the 'total' with the
+  code. None where the backend reports none."""
   stats = compiled.memory_analysis()
   if stats is None:
     return None
   fields = {'argument': stats.argument_size_in_bytes, 'output': stats.output_size_in_bytes,
             'alias': stats.alias_size_in_bytes, 'temporary': stats.temp_size_in_bytes,
             'code': stats.generated_code_size_in_bytes}
-  fields['total'] = (fields['argument'] + fields['output'] - fields['alias'] + fields['temporary']
-                     + fields['code'])
-  return fields
+  fields['buffers'] = (fields['argument'] + fields['output'] - fields['alias']
+                       + fields['temporary'])
+  return dict(fields, total=fields['buffers'] + fields['code'])
 
 
 def read_metrics(workdir) -> list[dict]:
