@@ -43,13 +43,14 @@ __all__ = ['kv_cache_bytes', 'activation_bytes', 'activation_terms', 'ACTIVATION
 # families, widths 64 to 256, sequences 32 to 128, 1 and 8 devices under DP, FSDP and TP.
 # XLA:TPU and XLA:GPU: fitted by experiments/fit_memory.py (least squares of the relative error,
 # non-negative, at most one gradient tree and one set of gathered weights) to the train steps of
-# its GRID compiled for v5e:2x2 and h100x4 (13 and 11 models: decoders, encoders,
-# encoder-decoders, ViTs (no ViT compiles for XLA:GPU), widths 64 to 512, sequences 128 to 1024,
-# float32 and bfloat16, DP, FSDP and TP on 4 devices), attention by the 'xla' kernel; the grid
-# within 0.68-1.30x (TPU) and 0.81-1.14x (GPU). XLA:TPU fuses the attention matrices away below
-# 1024 x 1024 and keeps one float32 copy from there, keeps no whole gradient tree and gathers
-# FSDP's weights a block at a time. The grid's models are all multi-head, whose heads' term
-# equals the width's: the split between the two counts is the fit's, not a measurement.
+# its GRID compiled for v5e:2x2 and h100x4 (17 models: decoders, encoders, encoder-decoders and
+# ViTs, widths 64 to 768, sequences 64 to 1024, vocabularies 64 to 16,384, float32 and bfloat16,
+# DP, FSDP and TP on 4 devices), attention by each platform's kernel (splash, cuDNN: no
+# attention weights where they take the case); the grid is within 0.73-1.15x on XLA:GPU but
+# only 0.50-1.47x on XLA:TPU, whose use these terms do not capture (it pads small arrays to its
+# tiles, and splash's backward keeps more than the terms say at long sequences under TP).
+# The grid's models are all multi-head, whose heads' term equals the width's: the split between
+# the two counts is the fit's, not a measurement.
 _CPU = {'gradients': 1, 'gathered': 1, 'width': 9, 'heads': 4.5, 'mlp': 2.7, 'attention': 4.4,
         'long_attention': 0, 'logits': 2, 'block_inputs': 1}
 ACTIVATION_TERMS = ('width', 'heads', 'mlp', 'attention', 'long_attention', 'logits',
@@ -58,10 +59,10 @@ LONG_ATTENTION = 1024 * 1024  # queries x keys from which XLA:TPU keeps the atte
 TERMS = ('gradients', 'gathered', *ACTIVATION_TERMS)
 ACTIVATION_COPIES = {
     'cpu': _CPU,
-    'tpu': {'gradients': 0, 'gathered': 0.13, 'width': 1.28, 'heads': 0, 'mlp': 0.25,
-            'attention': 0.13, 'long_attention': 1.16, 'logits': 1.05, 'block_inputs': 1},
-    'gpu': {'gradients': 1, 'gathered': 0.56, 'width': 0, 'heads': 29.31, 'mlp': 0,
-            'attention': 1.76, 'long_attention': 0.85, 'logits': 1.75, 'block_inputs': 1},
+    'tpu': {'gradients': 0, 'gathered': 0.3, 'width': 2.77, 'heads': 3.22, 'mlp': 0,
+            'attention': 0, 'long_attention': 0, 'logits': 1.42, 'block_inputs': 1},
+    'gpu': {'gradients': 1, 'gathered': 0.62, 'width': 5.92, 'heads': 7.79, 'mlp': 3.79,
+            'attention': 2.0, 'long_attention': 0.13, 'logits': 2.41, 'block_inputs': 1},
 }
 # With model.remat_policy='full' a block keeps only its input, and recomputes the rest during its
 # backward pass: one block's activations, at a time.
