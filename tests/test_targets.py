@@ -47,6 +47,7 @@ def test_describe_plans_for_a_target_without_its_devices(monkeypatch, name, plat
   assert f'as XLA:{platform.upper()} compiles it' in text
   assert f'fits in {memory}' in text
   assert f'Compute dtype: bfloat16 (auto on {platform}' in text
+  assert ('Caution: on XLA:TPU the plan was 0.19-1.01x' in text) == (platform == 'tpu')
   kernel = 'splash' if platform == 'tpu' else 'cudnn'
   assert f'Attention kernel: {kernel} (auto on {platform}' in text
 
