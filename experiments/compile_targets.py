@@ -10,7 +10,6 @@ time, in MiB.
 Needs the optional packages of pip install -e '.[compile]'.
 """
 import argparse
-import json
 import os
 import sys
 
@@ -73,10 +72,7 @@ def main():
   parser.add_argument('--rule-set', action='append', choices=list(fit_memory.RULE_MESHES),
                       help='compile only these rule sets (default: all)')
   args = parser.parse_args()
-  cache = {}
-  if args.cache and os.path.exists(args.cache):
-    with open(args.cache) as f:
-      cache = json.load(f)
+  cache = fit_memory.read_cache(args.cache)
   print('| model | target | rule set | XLA MiB | plan MiB | plan / XLA | compile s |')
   print('|---|---|---|---:|---:|---:|---:|')
   for rule_set in fit_memory.RULE_MESHES:
@@ -87,9 +83,7 @@ def main():
                   and target_name in (args.target or TARGETS)
                   and rule_set in (args.rule_set or fit_memory.RULE_MESHES))
         row = measure(name, rule_set, target, cache, chosen)
-        if args.cache:
-          with open(args.cache, 'w') as f:
-            json.dump(cache, f, indent=1)
+        fit_memory.write_cache(args.cache, cache)
         if row is None:
           print(f'| {name} | {target_name} | {rule_set} | not compiled | | | |')
           continue

@@ -154,6 +154,21 @@ def measure(model: Model, target: Devices, cache: dict) -> dict | None:
   return {**cache[key], 'state': plan.params + plan.optimizer + plan.batch, 'terms': plan.terms}
 
 
+def read_cache(path: str | None) -> dict:
+  """The compiles recorded in the JSON file `path` (none where it is unset or absent)."""
+  if not path or not os.path.exists(path):
+    return {}
+  with open(path) as f:
+    return json.load(f)
+
+
+def write_cache(path: str | None, cache: dict) -> None:
+  """Records `cache` in `path` (after each compile, so that a stopped run keeps its compiles)."""
+  if path:
+    with open(path, 'w') as f:
+      json.dump(cache, f, indent=1)
+
+
 def cache_error(cache: dict, name: str, model: Model) -> str:
   return cache[f'{name} {model.label()}']['error']
 
@@ -196,18 +211,13 @@ def main():
                       help='report the current counts on CASES (remat, scan, bfloat16)')
   parser.add_argument('--cache', help='a JSON file of earlier compiles, read and extended')
   args = parser.parse_args()
-  cache = {}
-  if args.cache and os.path.exists(args.cache):
-    with open(args.cache) as f:
-      cache = json.load(f)
+  cache = read_cache(args.cache)
   for name in args.target:
     target = Devices.of(name)
     grid, rows = [], []
     for model in CASES if args.cases else GRID:
       row = measure(model, target, cache)
-      if args.cache:
-        with open(args.cache, 'w') as f:
-          json.dump(cache, f, indent=1)
+      write_cache(args.cache, cache)
       if row is None:
         print(f'{name}: XLA fails to compile {model.label()}: {cache_error(cache, name, model)}')
         continue
