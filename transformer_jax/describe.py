@@ -77,7 +77,7 @@ def device_memory(config, target=None) -> float | None:
     return memory_gb * 1e9
   if target is not None:
     return target.chip.memory_bytes
-  stats = jax.devices()[0].memory_stats() or {}
+  stats = jax.local_devices()[0].memory_stats() or {}
   return stats.get('bytes_limit')
 
 

@@ -57,7 +57,8 @@ def train(config, workdir: str):
 
 
 def _step_memory(compiled, device) -> str:
-  """What XLA says the step needs per device, and of how much where the device says."""
+  """What XLA says the step needs per device, and of how much where the device says. The device
+  must be this process's own: other processes' devices have no memory stats here."""
   needs = metrics_lib.compiled_memory(compiled)
   if needs is None:
     return 'XLA reports no memory analysis here'
@@ -74,7 +75,7 @@ def _train_from(run: Run, state, eval_step, checkpoints, writer, workdir: str):
   compile_start = time.time()
   compiled = run.train_step.lower(state, first).compile()
   log.info('Compiled the train step in %.1f s; %s.', time.time() - compile_start,
-           _step_memory(compiled, run.mesh.devices.flat[0]))
+           _step_memory(compiled, run.mesh.local_devices[0]))
   preemption = checkpoint.PreemptionFlag()
   profile = _Profile(run.training, profile_dir(workdir))
   try:
