@@ -47,10 +47,11 @@ from transformer_jax.models.common import TextConfig
 from transformer_jax.ranges import Range
 
 __all__ = [
-    'cache_slots', 'check_inputs', 'check_positions', 'check_sampler', 'check_window',
-    'decoding_of', 'filter_logits', 'forced_logits', 'generate', 'Generation', 'greedy',
-    'init_cache', 'max_positions', 'probabilities', 'PROTOCOLS', 'sample', 'sample_settings',
-    'sample_text', 'SAMPLER_RANGES', 'TextVocab', 'top_k_mask', 'top_p_mask']
+    'beam_search', 'Beams', 'cache_slots', 'check_inputs', 'check_positions', 'check_sampler',
+    'check_window', 'decoding_of', 'filter_logits', 'forced_logits', 'generate', 'Generation',
+    'greedy', 'init_cache', 'length_penalty_of', 'max_positions', 'probabilities', 'PROTOCOLS',
+    'sample', 'sample_settings', 'sample_text', 'SAMPLER_RANGES', 'TextVocab', 'top_k_mask',
+    'top_p_mask']
 
 PROTOCOLS = ('decoder', 'encoder_decoder')
 
@@ -270,31 +271,39 @@ def generate(model, params, prompt_tokens, *, max_new_tokens: int, rng=None,
   padded past its tokenizer's ids, which have no text.
   """
   check_sampler(temperature, top_k, top_p)
+  if temperature > 0 and rng is None:
+    raise ValueError(f'Sampling at temperature={temperature} needs an rng (a jax.random.key).')
+  prompt_lengths = _checked_lengths(model, prompt_tokens, prompt_lengths, max_new_tokens, inputs,
+                                    window)
+  return _generate(
+      model, params, jnp.asarray(prompt_tokens, jnp.int32), prompt_lengths, inputs, input_valid,
+      jax.random.key(0) if rng is None else rng,  # greedy ignores the rng
+      jnp.int32(-1 if eos_id is None else eos_id),  # no token id is negative: never stops
+      jnp.int32(pad_id), max_new_tokens=max_new_tokens, temperature=float(temperature),
+      top_k=int(top_k), top_p=float(top_p), window=window, return_logits=return_logits,
+      token_limit=token_limit)
+
+
+def _checked_lengths(model, prompt_tokens, prompt_lengths, max_new_tokens, inputs, window):
+  """The prompt lengths (B,) int32 (default: every row full), after the checks that generate and
+  beam_search share: a window, the new tokens, the position table, the encoder input."""
   check_window(window)
   batch, prompt_len = np.shape(prompt_tokens)
   if max_new_tokens < 1:
     raise ValueError(f'max_new_tokens={max_new_tokens} must be at least 1.')
-  if temperature > 0 and rng is None:
-    raise ValueError(f'Sampling at temperature={temperature} needs an rng (a jax.random.key).')
   check_positions(model, prompt_len + max_new_tokens - 1,
                   f'A prompt of {prompt_len} slots and {max_new_tokens} new tokens',
                   'shorten the prompt or max_new_tokens')
   check_inputs(model, inputs)
   if prompt_lengths is None:
-    prompt_lengths = np.full((batch,), prompt_len, np.int32)
-  elif not isinstance(prompt_lengths, jax.core.Tracer):
+    return jnp.full((batch,), prompt_len, jnp.int32)
+  if not isinstance(prompt_lengths, jax.core.Tracer):
     lengths = np.asarray(prompt_lengths)
     if lengths.shape != (batch,) or lengths.min() < 1 or lengths.max() > prompt_len:
       raise ValueError(f'prompt_lengths {lengths} must give each of the {batch} rows between 1 '
                        f'and {prompt_len} tokens (an empty prompt has nothing to predict from: '
                        'start it with a BOS token).')
-  return _generate(
-      model, params, jnp.asarray(prompt_tokens, jnp.int32), jnp.asarray(prompt_lengths, jnp.int32),
-      inputs, input_valid, jax.random.key(0) if rng is None else rng,  # greedy ignores the rng
-      jnp.int32(-1 if eos_id is None else eos_id),  # no token id is negative: never stops
-      jnp.int32(pad_id), max_new_tokens=max_new_tokens, temperature=float(temperature),
-      top_k=int(top_k), top_p=float(top_p), window=window, return_logits=return_logits,
-      token_limit=token_limit)
+  return jnp.asarray(prompt_lengths, jnp.int32)
 
 
 def _cached_forward(model, params, window, input_valid=None):
@@ -346,6 +355,31 @@ def _ring_of(x, ring_shape, kept):
   return jnp.take(x, kept, axis=differs[0]) if differs else x
 
 
+def _end_aligned(prompt_tokens, prompt_lengths):
+  """The prompts shifted right so that each ends at slot P - 1, and each row's left padding."""
+  prompt_len = prompt_tokens.shape[1]
+  pad = prompt_len - prompt_lengths
+  slots = jnp.arange(prompt_len)
+  shifted = jnp.take_along_axis(prompt_tokens, (slots[None, :] - pad[:, None]) % prompt_len, 1)
+  # Padding slots hold token 0: never attended to, but their keys and values must be finite,
+  # since a masked weight of exactly 0 times NaN is still NaN.
+  return jnp.where(slots[None, :] >= pad[:, None], shifted, 0), pad
+
+
+def _limited(logits, token_limit):
+  """-inf at the ids from `token_limit` on (None: none)."""
+  if token_limit is None:
+    return logits
+  return jnp.where(jnp.arange(logits.shape[-1]) < token_limit, logits, -jnp.inf)
+
+
+def _encoded(model, params, inputs, input_valid):
+  """An encoder-decoder's encoder outputs; None for a decoder."""
+  if decoding_of(model) != 'encoder_decoder':
+    return None
+  return model.apply({'params': params}, inputs, input_valid, method='encode')
+
+
 @functools.partial(jax.jit, static_argnames=('model', 'max_new_tokens', 'temperature', 'top_k',
                                              'top_p', 'window', 'return_logits', 'token_limit'))
 def _generate(model, params, prompt_tokens, prompt_lengths, inputs, input_valid, rng, eos_id,
@@ -354,22 +388,13 @@ def _generate(model, params, prompt_tokens, prompt_lengths, inputs, input_valid,
   batch, prompt_len = prompt_tokens.shape
   # The last new token is never fed back.
   ring_slots = cache_slots(prompt_len + max_new_tokens - 1, window)
-  pad = prompt_len - prompt_lengths  # left padding of each row
-  slots = jnp.arange(prompt_len)
-  shifted = jnp.take_along_axis(prompt_tokens, (slots[None, :] - pad[:, None]) % prompt_len, 1)
-  # Padding slots hold token 0: never attended to, but their keys and values must be finite,
-  # since a masked weight of exactly 0 times NaN is still NaN.
-  prompt = jnp.where(slots[None, :] >= pad[:, None], shifted, 0)
+  prompt, pad = _end_aligned(prompt_tokens, prompt_lengths)
   def draw(logits, step):
-    if token_limit is not None:
-      logits = jnp.where(jnp.arange(logits.shape[-1]) < token_limit, logits, -jnp.inf)
-    return sample(logits, jax.random.fold_in(rng, step), temperature=temperature, top_k=top_k,
-                  top_p=top_p)
+    return sample(_limited(logits, token_limit), jax.random.fold_in(rng, step),
+                  temperature=temperature, top_k=top_k, top_p=top_p)
 
   forward = _cached_forward(model, params, window, input_valid)
-  encoded = None
-  if decoding_of(model) == 'encoder_decoder':
-    encoded = model.apply({'params': params}, inputs, input_valid, method='encode')
+  encoded = _encoded(model, params, inputs, input_valid)
 
   # Prefill: the whole prompt in one pass; its last slot predicts the first new token.
   logits, cache = _prefill(model, forward, prompt, pad, ring_slots, encoded)
@@ -404,6 +429,159 @@ def _generate(model, params, prompt_tokens, prompt_lengths, inputs, input_valid,
   return Generation(tokens=state.tokens, lengths=lengths.astype(jnp.int32), logits=state.logits)
 
 
+# Beam search.
+
+@flax.struct.dataclass
+class Beams:
+  """The `beam_size` best outputs of each prompt, best first. tokens (B, K, N): the new tokens,
+  `pad_id` after a beam's EOS; lengths (B, K): new tokens up to and including EOS (N without
+  one); log_probs (B, K): float32 log-probability of those tokens after the prompt; scores (B, K):
+  log_probs / length_penalty_of(lengths), what the beams are ranked by."""
+  tokens: jax.Array
+  lengths: jax.Array
+  log_probs: jax.Array
+  scores: jax.Array
+
+
+def length_penalty_of(lengths, alpha: float):
+  """Wu et al. (2016)'s length penalty ((5 + |Y|) / 6) ** alpha, which a beam's log-probability
+  is divided by: alpha 0 ranks by log-probability alone, larger alphas favour longer outputs."""
+  return ((5.0 + jnp.asarray(lengths, jnp.float32)) / 6.0) ** alpha
+
+
+@flax.struct.dataclass
+class _Search:
+  step: jax.Array  # index of the new token the next extension chooses
+  token: jax.Array  # (B * K,) each live beam's last token, fed at this iteration
+  live: Beams  # the K most likely beams without EOS; their scores unused
+  finished: Beams  # the K best ended beams (EOS, or N tokens), -inf scores where none yet
+  cache: Any  # B * K rows, row b * K + k the cache of live beam k of prompt b
+
+
+def beam_search(model, params, prompt_tokens, *, beam_size: int, max_new_tokens: int,
+                length_penalty: float = 0.6, eos_id: int | None = None, pad_id: int = 0,
+                prompt_lengths=None, inputs=None, input_valid=None, window: int | None = None,
+                token_limit: int | None = None) -> Beams:
+  """The `beam_size` best continuations of each prompt, by log-probability over Wu et al.
+  (2016)'s length penalty with exponent `length_penalty` (0.6, as T5 and Flax's WMT example).
+
+  One jitted loop over a KV cache of B * beam_size rows: at each step every live beam's 2K best
+  extensions are ranked, those ending in EOS (or at the N-th token) join the finished beams, the
+  K best others live on, and the cache rows are reordered to follow them. The loop stops early
+  once no live beam can overtake the K-th finished one. Beam 1 is greedy decoding. The arguments
+  are `generate`'s.
+  """
+  if int(beam_size) != beam_size or beam_size < 1:
+    raise ValueError(f'beam_size={beam_size} must be a whole number >= 1.')
+  if length_penalty < 0:
+    raise ValueError(f'length_penalty={length_penalty} must be >= 0 (0: none).')
+  prompt_lengths = _checked_lengths(model, prompt_tokens, prompt_lengths, max_new_tokens, inputs,
+                                    window)
+  return _beam_search(
+      model, params, jnp.asarray(prompt_tokens, jnp.int32), prompt_lengths, inputs, input_valid,
+      jnp.int32(-1 if eos_id is None else eos_id), jnp.int32(pad_id), beam_size=int(beam_size),
+      max_new_tokens=max_new_tokens, length_penalty=float(length_penalty), window=window,
+      token_limit=token_limit)
+
+
+def _rows_of(cache, rows, one_row, two_rows):
+  """The cache of the batch rows `rows`, whatever its layout: each leaf along its batch axis (the
+  one whose size grows with the batch, B or B * kv_heads folded), found by comparing the shapes
+  of a cache of one row and of two."""
+  def take(x, one, two):
+    axis = next(i for i, (m, n) in enumerate(zip(one.shape, two.shape)) if m != n)
+    per_row = one.shape[axis]
+    grouped = x.reshape(x.shape[:axis] + (-1, per_row) + x.shape[axis + 1:])
+    taken = jnp.take(grouped, rows, axis=axis)
+    return taken.reshape(x.shape[:axis] + (-1,) + x.shape[axis + 1:])
+  return jax.tree.map(take, cache, one_row, two_rows)
+
+
+def _extend(state: _Search, logits, rows_of, token_limit, eos_id, length_penalty: float):
+  """The beams after choosing the token at `state.step` from `logits` (B * K, V), the cache rows
+  reordered by rows_of(cache, rows) to follow the live ones (their tokens are fed next)."""
+  live, finished = state.live, state.finished
+  batch, k, n = live.tokens.shape
+  log_probs = jax.nn.log_softmax(_limited(logits.astype(jnp.float32), token_limit))
+  log_probs = log_probs.reshape(batch, k, -1) + live.log_probs[..., None]
+  vocab = log_probs.shape[-1]
+  # 2K candidates always hold K that do not end, however many of them end in EOS.
+  top, index = jax.lax.top_k(log_probs.reshape(batch, -1), 2 * k)
+  parent, token = index // vocab, index % vocab
+  at_step = (jnp.arange(n) == state.step)[None, None, :]
+  tokens = jnp.where(at_step, token[..., None],
+                     jnp.take_along_axis(live.tokens, parent[..., None], axis=1))
+  ends = (token == eos_id) | (state.step == n - 1)
+  lengths = jnp.full(top.shape, state.step + 1, jnp.int32)
+  scores = jnp.where(ends, top / length_penalty_of(state.step + 1, length_penalty), -jnp.inf)
+  candidates = Beams(tokens=tokens, lengths=lengths, log_probs=top, scores=scores)
+  best = lambda beams, order: jax.tree.map(
+      lambda x: jnp.take_along_axis(x, order.reshape(order.shape + (1,) * (x.ndim - 2)), axis=1),
+      beams)
+  merged = jax.tree.map(lambda a, b: jnp.concatenate([a, b], axis=1), finished, candidates)
+  finished = best(merged, jax.lax.top_k(merged.scores, k)[1])
+  live_log_probs, kept = jax.lax.top_k(jnp.where(ends, -jnp.inf, top), k)
+  live = best(candidates, kept).replace(log_probs=live_log_probs)
+  rows = (jnp.arange(batch)[:, None] * k + jnp.take_along_axis(parent, kept, axis=1)).reshape(-1)
+  return _Search(step=state.step + 1, token=jnp.take_along_axis(token, kept, axis=1).reshape(-1),
+                 live=live, finished=finished, cache=rows_of(state.cache, rows))
+
+
+def _search_over(state: _Search, max_new_tokens: int, length_penalty: float):
+  """Whether a live beam can still beat the K-th finished one: log-probabilities only fall as a
+  beam grows, so its best is its log-probability now over the largest penalty it can reach."""
+  reach = jnp.maximum(length_penalty_of(state.step + 1, length_penalty),
+                      length_penalty_of(max_new_tokens, length_penalty))
+  best_live = state.live.log_probs[:, 0] / reach
+  return jnp.all(state.finished.scores[:, -1] > best_live)
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'beam_size', 'max_new_tokens',
+                                             'length_penalty', 'window', 'token_limit'))
+def _beam_search(model, params, prompt_tokens, prompt_lengths, inputs, input_valid, eos_id,
+                 pad_id, *, beam_size, max_new_tokens, length_penalty, window, token_limit):
+  batch, prompt_len = prompt_tokens.shape
+  k = beam_size
+  ring_slots = cache_slots(prompt_len + max_new_tokens - 1, window)
+  prompt, pad = _end_aligned(prompt_tokens, prompt_lengths)
+  encoded = _encoded(model, params, inputs, input_valid)
+  logits, cache = _prefill(model, _cached_forward(model, params, window, input_valid), prompt,
+                           pad, ring_slots, encoded)
+  source_len = None if encoded is None else encoded.shape[1]
+  one_row, two_rows = (jax.eval_shape(lambda b=b: init_cache(model, b, ring_slots, source_len))
+                       for b in (1, 2))
+  rows_of = lambda cache, rows: _rows_of(cache, rows, one_row, two_rows)
+  # Every prompt's K rows start as copies of its prefill; only the first is live, so the first
+  # step's K beams are K different tokens.
+  beam_rows = jnp.repeat(jnp.arange(batch), k)
+  empty = jnp.full((batch, k, max_new_tokens), pad_id, jnp.int32)
+  nothing = jnp.full((batch, k), -jnp.inf)
+  zeros = jnp.zeros((batch, k), jnp.int32)
+  first_live = jnp.broadcast_to(jnp.where(jnp.arange(k) == 0, 0.0, -jnp.inf), (batch, k))
+  state = _Search(
+      step=jnp.int32(0), token=jnp.zeros((batch * k,), jnp.int32),
+      live=Beams(tokens=empty, lengths=zeros, log_probs=first_live, scores=nothing),
+      finished=Beams(tokens=empty, lengths=zeros, log_probs=nothing, scores=nothing),
+      cache=rows_of(cache, beam_rows))
+  state = _extend(state, logits[beam_rows, -1], rows_of, token_limit, eos_id, length_penalty)
+  beam_pad = pad[beam_rows]
+  forward = _cached_forward(model, params, window,
+                            None if input_valid is None else input_valid[beam_rows])
+
+  def not_finished(state):
+    return (state.step < max_new_tokens) & ~_search_over(state, max_new_tokens, length_penalty)
+
+  def step(state):
+    slot = prompt_len - 1 + state.step  # where the previous token goes
+    logits, cache = forward(state.cache, ring_slots, state.token[:, None],
+                            (slot - beam_pad)[:, None], slot[None])
+    return _extend(state.replace(cache=cache), logits[:, 0], rows_of, token_limit, eos_id,
+                   length_penalty)
+
+  state = jax.lax.while_loop(not_finished, step, state)
+  return state.finished
+
+
 @functools.partial(jax.jit, static_argnames=('model', 'prompt_len', 'window'))
 def forced_logits(model, params, tokens, *, prompt_len: int = 1, window: int | None = None,
                   inputs=None, input_valid=None) -> jax.Array:
@@ -422,9 +600,7 @@ def forced_logits(model, params, tokens, *, prompt_len: int = 1, window: int | N
   ring_slots = cache_slots(length, window)
   pad = jnp.zeros((batch,), jnp.int32)
   forward = _cached_forward(model, params, window, input_valid)
-  encoded = None
-  if decoding_of(model) == 'encoder_decoder':
-    encoded = model.apply({'params': params}, inputs, input_valid, method='encode')
+  encoded = _encoded(model, params, inputs, input_valid)
   logits, cache = _prefill(model, forward, tokens[:, :prompt_len], pad, ring_slots, encoded)
 
   def step(cache, slot):

@@ -1,0 +1,122 @@
+"""Beam search against greedy decoding, an exhaustive search, and the uncached forward pass."""
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from test_decode import CASES, build, prompts_of, uncached_greedy
+from transformer_jax import decode
+
+NEW_TOKENS = 5
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize('case', ['gpt2', pytest.param('llama-gqa-scanned', marks=SLOW),
+                                  pytest.param('seq2seq', marks=SLOW),
+                                  'seq2seq-llama-gqa-scanned'])
+def test_beam_one_is_greedy_decoding_with_its_log_probability(case):
+  model, params = build(case)
+  prompts, lengths, encoder = prompts_of(model)
+  beams = decode.beam_search(model, params, prompts, prompt_lengths=lengths, beam_size=1,
+                             max_new_tokens=NEW_TOKENS, **encoder)
+  for row in range(len(prompts)):
+    alone = {k: v[row:row + 1] for k, v in encoder.items()}
+    tokens, logits = uncached_greedy(model, params, prompts[row:row + 1], lengths[row],
+                                     NEW_TOKENS, **alone)
+    np.testing.assert_array_equal(beams.tokens[row, 0], tokens, err_msg=f'row {row}')
+    log_prob = jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, None], 1).sum()
+    np.testing.assert_allclose(beams.log_probs[row, 0], log_prob, atol=1e-5, rtol=0)
+  np.testing.assert_allclose(beams.scores, beams.log_probs / decode.length_penalty_of(
+      NEW_TOKENS, 0.6), rtol=1e-6)
+
+
+def test_beam_one_with_a_window_is_windowed_greedy_decoding():
+  model, params = build('llama-mqa')
+  prompts, lengths, _ = prompts_of(model)
+  greedy = decode.generate(model, params, prompts, prompt_lengths=lengths, max_new_tokens=8,
+                           window=3)
+  beams = decode.beam_search(model, params, prompts, prompt_lengths=lengths, beam_size=1,
+                             max_new_tokens=8, window=3)
+  np.testing.assert_array_equal(beams.tokens[:, 0], greedy.tokens)
+
+
+VOCAB, EOS, STEPS = 4, 1, 3
+
+
+def log_probs_of(model, params, prompt, outputs, encoder):
+  """log p(output | prompt) of each output, from one uncached forward pass over every prompt +
+  output (padded at the end, which the causal mask keeps out of the earlier logits)."""
+  tokens = jnp.asarray([list(prompt) + list(new) + [0] * (STEPS - len(new)) for new in outputs])
+  if encoder:
+    repeat = lambda x: jnp.repeat(x, len(outputs), axis=0)
+    logits = model.apply({'params': params}, repeat(encoder['inputs']), tokens,
+                         repeat(encoder['input_valid']))
+  else:
+    logits = model.apply({'params': params}, tokens)
+  log_probs = jax.nn.log_softmax(logits[:, len(prompt) - 1:-1].astype(jnp.float32))
+  chosen = jnp.take_along_axis(log_probs, tokens[:, len(prompt):, None], axis=2)[..., 0]
+  lengths = jnp.asarray([len(new) for new in outputs])
+  return np.asarray(jnp.where(jnp.arange(STEPS)[None, :] < lengths[:, None], chosen, 0).sum(1))
+
+
+def exhaustive(model, params, prompt, encoder, alpha):
+  """Every output of up to STEPS tokens (cut at its first EOS), by score, best first."""
+  outputs = sorted({draw[:draw.index(EOS) + 1] if EOS in draw else draw
+                    for draw in itertools.product(range(VOCAB), repeat=STEPS)})
+  log_probs = log_probs_of(model, params, prompt, outputs, encoder)
+  return sorted(((float(p / decode.length_penalty_of(len(new), alpha)), float(p), new)
+                 for p, new in zip(log_probs, outputs)), reverse=True)
+
+
+@pytest.mark.parametrize('case,alpha', [('gpt2', 0.0),
+                                        pytest.param('llama-gqa-scanned', 0.6, marks=SLOW),
+                                        ('seq2seq', 2.0)])
+def test_a_large_beam_finds_what_an_exhaustive_search_finds(case, alpha):
+  """With more beams than there are outputs of STEPS - 1 tokens, no beam that could win is ever
+  dropped: the K results are the exhaustive search's K best, with their log-probabilities as
+  the uncached forward pass computes them. Prompts of different lengths share the batch."""
+  model, params = build(case, vocab_size=VOCAB, seed=3)
+  prompts, lengths = jnp.array([[2, 3, 0], [3, 2, 2]]), jnp.array([1, 3])
+  encoder = {}
+  if CASES[case]['family'] == 'encoder_decoder':
+    prompts, lengths = jnp.array([[0, 0], [0, 2]]), jnp.array([1, 2])
+    encoder = dict(inputs=jnp.array([[2, 3, 3], [3, 2, 0]]),
+                   input_valid=jnp.array([[True, True, True], [True, True, False]]))
+  beam_size = VOCAB ** (STEPS - 1)
+  beams = decode.beam_search(model, params, prompts, prompt_lengths=lengths, beam_size=beam_size,
+                             max_new_tokens=STEPS, length_penalty=alpha, eos_id=EOS, **encoder)
+  for row in range(len(prompts)):
+    alone = {k: v[row:row + 1] for k, v in encoder.items()}
+    prompt = prompts[row, :lengths[row]].tolist()
+    best = exhaustive(model, params, prompt, alone, alpha)[:beam_size]
+    found = [tuple(beams.tokens[row, k, :beams.lengths[row, k]].tolist())
+             for k in range(beam_size)]
+    assert found == [new for _, _, new in best], f'row {row}'
+    np.testing.assert_allclose(beams.log_probs[row], [p for _, p, _ in best], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(beams.scores[row], [s for s, _, _ in best], atol=1e-5, rtol=0)
+    # After its EOS a beam holds padding.
+    for k in range(beam_size):
+      assert not beams.tokens[row, k, beams.lengths[row, k]:].any()
+
+
+def test_early_stopping_keeps_the_best_beams():
+  """With EOS likely the search ends before max_new_tokens; a longer limit changes nothing."""
+  model, params = build('gpt2', vocab_size=VOCAB, seed=3)
+  prompts = jnp.array([[2, 3, 2]])
+  short, long = (decode.beam_search(model, params, prompts, beam_size=2, max_new_tokens=n,
+                                    length_penalty=0.0, eos_id=EOS) for n in (6, 12))
+  assert int(short.lengths.max()) < 6, 'the test needs beams that end before the limit'
+  np.testing.assert_array_equal(short.tokens, long.tokens[..., :6])
+  np.testing.assert_allclose(short.scores, long.scores, rtol=1e-6)
+
+
+@pytest.mark.parametrize('settings,message', [
+    (dict(beam_size=0), 'beam_size=0 must be a whole number >= 1'),
+    (dict(beam_size=2, length_penalty=-1.0), 'length_penalty=-1.0 must be >= 0'),
+    (dict(beam_size=2, max_new_tokens=0), 'max_new_tokens=0 must be at least 1')])
+def test_meaningless_beam_settings_fail(settings, message):
+  model, params = build('gpt2')
+  with pytest.raises(ValueError, match=message):
+    decode.beam_search(model, params, jnp.array([[3, 4]]), **{'max_new_tokens': 3, **settings})
