@@ -6,8 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from test_decode import CASES, build, prompts_of, uncached_greedy
-from transformer_jax import decode
+from test_decode import CASES, CharVocab, build, prompts_of, uncached_greedy
+from train_helpers import small_config
+from transformer_jax import decode, train
+from transformer_jax.train import loop
 
 NEW_TOKENS = 5
 SLOW = pytest.mark.slow
@@ -120,3 +122,34 @@ def test_meaningless_beam_settings_fail(settings, message):
   model, params = build('gpt2')
   with pytest.raises(ValueError, match=message):
     decode.beam_search(model, params, jnp.array([[3, 4]]), **{'max_new_tokens': 3, **settings})
+
+
+def test_sample_text_with_beams_gives_the_best_beams_decoded():
+  model, params = build('llama-mqa')
+  vocab = CharVocab()
+  texts = decode.sample_text(model, params, vocab, 'to be', max_new_tokens=6, beam_size=3,
+                             num_samples=2, length_penalty=0.0)
+  beams = decode.beam_search(model, params, jnp.array([vocab.encode('to be')]), beam_size=3,
+                             max_new_tokens=6, length_penalty=0.0)
+  assert texts == [vocab.decode(beams.tokens[0, k].tolist()) for k in range(2)]
+  with pytest.raises(ValueError, match='num_samples=4 beams of beam_size=3'):
+    decode.sample_text(model, params, vocab, 'to be', beam_size=3, num_samples=4)
+
+
+@SLOW
+def test_the_evaluation_decodes_with_the_best_beam_and_reports_exact_match(tmp_path):
+  config = small_config('encoder_decoder', steps=4, **{
+      'data.name': 'seq2seq_reverse', 'data.exact_match_examples': 8, 'data.eval_batch_size': 8,
+      'eval.beam_size': 3})
+  train.train(config, str(tmp_path))
+  run, params, _ = train.restore_trained(config, str(tmp_path))
+  pairs, vocab = run.data.task.eval_examples(np.arange(8)), run.data.task.vocab
+  keywords = dict(prompt_tokens=np.full((8, 1), vocab.bos_id, np.int32), inputs=pairs['inputs'],
+                  input_valid=pairs['input_valid'], max_new_tokens=16, eos_id=vocab.eos_id)
+  beams = decode.beam_search(run.model, params, beam_size=3, length_penalty=0.6, **keywords)
+  np.testing.assert_array_equal(loop._decoded(run, params, **keywords), beams.tokens[:, 0])
+  right = [beams.tokens[row, 0, :beams.lengths[row, 0]].tolist() ==
+           pairs['targets'][row, :pairs['input_valid'][row].sum() + 1].tolist()
+           for row in range(8)]
+  results = train.evaluate(config, str(tmp_path))
+  assert results['eval_exact_match'] == pytest.approx(np.mean(right))

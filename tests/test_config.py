@@ -188,7 +188,7 @@ def keys_of(section) -> str:
 
 
 LLAMA_CONFIG = load_config(LLAMA)
-SECTIONS = 'compile, data, mesh, model, optimizer, sample, training'
+SECTIONS = 'compile, data, eval, mesh, model, optimizer, sample, training'
 # (flags, the line for the last one): each unknown key is named by its own flag, as typed.
 UNKNOWN = [
     (['--config.data.name=text_file', '--config.optimizer.name=muon'],

@@ -139,6 +139,31 @@ def test_seq2seq_targets_transform_the_inputs(name, transform):
     np.testing.assert_array_equal(batch['decoder_inputs'][:, 1:], batch['targets'][:, :-1])
 
 
+def test_seq2seq_exact_match_counts_the_outputs_that_are_exactly_the_target():
+  ds = make('encoder_decoder', name='seq2seq_reverse', exact_match_examples=6, eval_batch_size=4)
+  vocab, batch_sizes = ds.vocab, []
+
+  def generate(prompt_tokens, inputs, input_valid, max_new_tokens, eos_id, **keywords):
+    """The reversed source then EOS for rows whose source starts below the alphabet's middle,
+    a wrong last symbol for the others."""
+    batch_sizes.append(len(inputs))
+    assert (prompt_tokens == vocab.bos_id).all() and max_new_tokens == 16
+    out = np.zeros((len(inputs), max_new_tokens), np.int32)
+    for row, (ids, valid) in enumerate(zip(inputs, input_valid)):
+      target = list(ids[valid][::-1])
+      if ids[0] >= vocab.size // 2:
+        target[-1] = eos_id + 1 if target[-1] != eos_id + 1 else eos_id + 2
+      out[row, :len(target) + 1] = target + [eos_id]
+    return out
+
+  sources = ds.task.eval_examples(np.arange(6))['inputs']
+  right = float(np.mean(sources[:, 0] < vocab.size // 2))
+  assert 0 < right < 1, 'the test needs right and wrong rows'
+  assert ds.task.generation_metrics(generate, 4) == {'eval_exact_match': pytest.approx(right)}
+  assert batch_sizes == [4, 4]  # 6 pairs: the last batch filled up with repeats
+  assert make('encoder_decoder', name='seq2seq_reverse').task.generation_metrics(generate, 4) == {}
+
+
 def test_synthetic_data_is_learnable():
   """Synthetic text is a bigram cycle; a synthetic image's class is the nearest class mean."""
   batch = make('decoder').train_batch(0)

@@ -14,7 +14,7 @@ from train_helpers import small_config
 from transformer_jax import sweep, train
 
 # Each experiment's plots, by file name.
-FIGURES = {'ablations': ['ablations'], 'long_context': ['loss_vs_position'],
+FIGURES = {'ablations': ['ablations'], 'beam_search': [], 'long_context': ['loss_vs_position'],
            'norm_order': ['norm_order'],
            'patch_sweep': ['accuracy_vs_flops', 'accuracy_vs_patch', 'flops_vs_tokens', 'resize'],
            'scaling': ['isoflop', 'loss_vs_params', 'loss_vs_tokens', 'surface']}

@@ -349,6 +349,10 @@ def test_launch_trains_on_a_tfds_text_dataset_and_samples_with_its_saved_tokeniz
                      '--config.sample.max_new_tokens=6')
   assert "Tokenizer: the run's own" in out
   assert '--- sample 0 (step 3) ---\nab' in out and '[' not in out.split('--- sample 0')[1]
+  out = _mock_launch(tmp_path, f'--config={ROOT / "configs" / "gpt2_small.py"}',
+                     '--mode=sample', '--config.sample.prompt=ab', '--config.sample.beam_size=3',
+                     '--config.sample.num_samples=2', '--config.sample.max_new_tokens=6')
+  assert '--- sample 1 (step 3) ---\nab' in out and '--- sample 2' not in out
   out = _mock_launch(tmp_path, f'--config={ROOT / "configs" / "gpt2_small.py"}', '--mode=eval')
   assert 'eval_bits_per_byte' in out
   assert _files(tmp_path / 'run') == before  # eval and sample write nothing

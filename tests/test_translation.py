@@ -167,7 +167,7 @@ def test_a_mock_ted_hrlr_dataset_reads_its_direction_from_the_config_name():
       first['pt'])[:24]
 
 
-def test_bleu_of_the_greedy_translations_against_the_references(data_dir):
+def test_bleu_and_exact_match_of_the_translations_against_the_references(data_dir):
   made = make(data_dir, bleu_examples=7, eval_batch_size=4)
   tokenizer, shapes = made.vocab, []
   references = {tuple(source): target
@@ -188,10 +188,13 @@ def test_bleu_of_the_greedy_translations_against_the_references(data_dir):
       return out
     return generate
 
-  assert made.task.generation_metrics(translations(2), 4) == {'eval_bleu': pytest.approx(100)}
+  assert made.task.generation_metrics(translations(2), 4) == {'eval_bleu': pytest.approx(100),
+                                                              'eval_exact_match': 1.0}
   assert shapes == [(4, 32), (4, 32)]  # 7 pairs: the last batch filled up with a repeat
-  assert made.task.generation_metrics(translations(0), 4) == {'eval_bleu': 0.0}
-  assert 0 < made.task.generation_metrics(translations(1), 4)['eval_bleu'] < 100
+  assert made.task.generation_metrics(translations(0), 4) == {'eval_bleu': 0.0,
+                                                              'eval_exact_match': 0.0}
+  half = made.task.generation_metrics(translations(1), 4)
+  assert 0 < half['eval_bleu'] < 100 and half['eval_exact_match'] == pytest.approx(4 / 7)
   # By hand: n-gram precisions 7/8, 5/7, 3/6, 2/5, no brevity penalty: their geometric mean.
   assert translation.bleu(['the cat sat on the red mat today'],
                           ['the cat sat on the mat today']) == pytest.approx(100 * 8 ** -0.25)

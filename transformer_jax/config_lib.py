@@ -104,9 +104,16 @@ def base_config(family: str = 'decoder') -> ml_collections.ConfigDict:
   config.init_from_checkpoint = ''
   # --mode=sample: the keyword arguments of decode.sample_text. window: each new token attends
   # to its last `window` tokens; unset: data.seq_len, the context the run trained on; 0: all.
+  # beam_size > 0: the num_samples best outputs of a beam search (decode.beam_search) ranked by
+  # log-probability over Wu et al. (2016)'s length penalty ((5 + length) / 6) ** length_penalty,
+  # instead of samples (temperature, top_k and top_p then unused).
+  # An encoder-decoder's held-out outputs, decoded at each evaluation for eval_exact_match (and
+  # a translation's eval_bleu): greedily, or with beam_size > 0 the best beam of decode
+  # .beam_search under its length penalty.
+  config.eval = ml_collections.ConfigDict(dict(beam_size=0, length_penalty=0.6))
   config.sample = ml_collections.ConfigDict(dict(
       prompt='ROMEO:', max_new_tokens=256, temperature=0.8, top_k=0, top_p=1.0, seed=0,
-      num_samples=1, window=config_dict.placeholder(int)))
+      num_samples=1, window=config_dict.placeholder(int), beam_size=0, length_penalty=0.6))
   return config
 
 
@@ -120,11 +127,14 @@ def section_of(settings: type[Settings]) -> ml_collections.ConfigDict:
 
 
 def smoke(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Shrinks a run to seconds: 2 blocks, 3 steps of batch 8, one eval batch."""
+  """Shrinks a run to seconds: 2 blocks, 3 steps of batch 8, one eval batch (of which an
+  encoder-decoder decodes 8 pairs at most)."""
   config.model.num_layers = min(config.model.num_layers, 2)
   if config.model.get('num_decoder_layers'):
     config.model.num_decoder_layers = min(config.model.num_decoder_layers, 2)
-  config.data.update(batch_size=8, eval_batch_size=8, eval_steps=1)
+  config.data.update(batch_size=8, eval_batch_size=8, eval_steps=1,
+                     bleu_examples=min(config.data.bleu_examples, 8),
+                     exact_match_examples=min(config.data.exact_match_examples, 8))
   config.training.update(steps=3, log_every=1, eval_every=3, checkpoint_every=3)
   return config
 
@@ -226,6 +236,7 @@ RANGES = {
     'data.seq2seq_max_len': Range(1, integer=True, optional=True),
     'data.vocab_size': Range(1, integer=True, optional=True),
     'data.bleu_examples': Range(0, integer=True),  # 0: no BLEU
+    'data.exact_match_examples': Range(0, integer=True),  # 0: none
     'data.image_size': COUNT,
     'data.num_classes': Range(2, integer=True),
     'data.num_threads': Range(0, integer=True),
@@ -257,6 +268,10 @@ RANGES = {
     'sample.seed': Range(0, integer=True),
     'sample.num_samples': COUNT,
     'sample.window': Range(0, integer=True, optional=True),  # 0: the whole context
+    'sample.beam_size': Range(0, integer=True),  # 0: sample
+    'sample.length_penalty': Range(0),
+    'eval.beam_size': Range(0, integer=True),  # 0: greedy
+    'eval.length_penalty': Range(0),
 }
 CHOICES = {'parallelism': ('jit', 'shard_map'), 'optimizer.schedule': ('cosine', 'constant')}
 

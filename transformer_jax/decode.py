@@ -628,32 +628,43 @@ class TextVocab(Protocol):
 def sample_text(model, params, vocab: TextVocab, prompt: str = 'ROMEO:', *,
                 max_new_tokens: int = 256, temperature: float = 0.8, top_k: int = 0,
                 top_p: float = 1.0, seed: int = 0, num_samples: int = 1,
-                window: int | None = None) -> list[str]:
-  """`num_samples` continuations of `prompt` (decoded, cut before EOS), drawn in one batch.
+                window: int | None = None, beam_size: int = 0,
+                length_penalty: float = 0.6) -> list[str]:
+  """`num_samples` continuations of `prompt` (decoded, cut before EOS), drawn in one batch, or
+  with beam_size > 0 the `num_samples` best of beam_search's beams (the sampler settings unused).
 
   The keyword arguments are the keys of config.sample, so the sample mode calls
   sample_text(model, params, vocab, **sample_settings(config)). A decoder-only model continues
   the prompt; an encoder-decoder reads it as its encoder input and writes from `vocab.bos_id`.
   window: as in `generate` (0 or None: the whole context).
   """
+  if beam_size and num_samples > beam_size:
+    raise ValueError(f'num_samples={num_samples} beams of beam_size={beam_size}: a beam search '
+                     'returns at most beam_size outputs; raise beam_size or lower num_samples.')
   encoder_decoder = decoding_of(model) == 'encoder_decoder'
   ids = list(vocab.encode(prompt))
   if not ids:
     raise ValueError('The prompt encodes to no tokens: give at least one character.')
   eos_id = getattr(vocab, 'eos_id', None)
+  rows = 1 if beam_size else num_samples
   extra = {}
   if encoder_decoder:
     bos_id = getattr(vocab, 'bos_id', None)
     if bos_id is None:
       raise ValueError('An encoder-decoder starts its output from a BOS token: the vocabulary '
                        'needs a bos_id.')
-    extra['inputs'] = jnp.asarray([ids] * num_samples, jnp.int32)
+    extra['inputs'] = jnp.asarray([ids] * rows, jnp.int32)
     ids = [bos_id]
-  out = generate(model, params, jnp.asarray([ids] * num_samples, jnp.int32),
-                 max_new_tokens=max_new_tokens, rng=jax.random.key(seed), temperature=temperature,
-                 top_k=top_k, top_p=top_p, eos_id=eos_id, window=window or None,
-                 token_limit=getattr(vocab, 'size', None), **extra)
-  tokens, lengths = jax.device_get((out.tokens, out.lengths))
+  common = dict(max_new_tokens=max_new_tokens, eos_id=eos_id, window=window or None,
+                token_limit=getattr(vocab, 'size', None), **extra)
+  if beam_size:
+    out = beam_search(model, params, jnp.asarray([ids], jnp.int32), beam_size=beam_size,
+                      length_penalty=length_penalty, **common)
+    tokens, lengths = jax.device_get((out.tokens[0, :num_samples], out.lengths[0, :num_samples]))
+  else:
+    out = generate(model, params, jnp.asarray([ids] * rows, jnp.int32), rng=jax.random.key(seed),
+                   temperature=temperature, top_k=top_k, top_p=top_p, **common)
+    tokens, lengths = jax.device_get((out.tokens, out.lengths))
   texts = []
   for row, length in zip(tokens, lengths):
     row = row[:length].tolist()

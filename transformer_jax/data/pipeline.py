@@ -148,7 +148,7 @@ def _make_task(settings: DataSettings, task: str, seed: int, image_size: int | N
   return seq2seq.Seq2SeqTask(
       name, alphabet=settings.alphabet, seq_len=seq_len, min_len=settings.seq2seq_min_len,
       max_len=settings.seq2seq_max_len or seq_len - 1, seed=seed,
-      num_eval=settings.eval_examples)
+      num_eval=settings.eval_examples, exact_match_examples=settings.exact_match_examples)
 
 
 def _image_task(settings: DataSettings, name: str, seed: int, image_size: int) -> images.ImageTask:

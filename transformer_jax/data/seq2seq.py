@@ -5,7 +5,7 @@ from transformer_jax.data import rng
 from transformer_jax.data.vocab import Vocab
 from transformer_jax.errors import ConfigError
 
-__all__ = ['copy', 'reverse', 'Seq2SeqTask', 'sort', 'TASKS']
+__all__ = ['copy', 'decode_held_out', 'exact_match', 'reverse', 'Seq2SeqTask', 'sort', 'TASKS']
 
 
 def reverse(sources: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -28,6 +28,28 @@ def copy(sources: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 TASKS = {'seq2seq_reverse': reverse, 'seq2seq_sort': sort, 'synthetic': copy}
 
 
+def decode_held_out(generate, pairs, count: int, batch_size: int, vocab, max_new_tokens: int):
+  """The outputs (token lists, cut before EOS) of held-out pairs 0..count-1, whose encoder inputs
+  pairs(rows) gives, decoded from BOS by generate(**keywords) -> (B, N) tokens (decode.generate's
+  keywords) on batches of `batch_size`, the last filled up with repeats so that every batch has
+  one shape."""
+  outputs = []
+  for start in range(0, count, batch_size):
+    batch = pairs([min(row, count - 1) for row in range(start, start + batch_size)])
+    tokens = generate(prompt_tokens=np.full((batch_size, 1), vocab.bos_id, np.int32),
+                      inputs=batch['inputs'], input_valid=batch['input_valid'],
+                      max_new_tokens=max_new_tokens, eos_id=vocab.eos_id,
+                      pad_id=vocab.pad_id or 0, token_limit=vocab.size)
+    for row in np.asarray(tokens)[:count - start].tolist():
+      outputs.append(row[:row.index(vocab.eos_id)] if vocab.eos_id in row else row)
+  return outputs
+
+
+def exact_match(outputs: list, references: list) -> float:
+  """The share of outputs equal to their reference."""
+  return float(np.mean([output == reference for output, reference in zip(outputs, references)]))
+
+
 class Seq2SeqTask:
   """{'inputs': (b, S) source ids padded, 'input_valid': bool (b, S), 'decoder_inputs': (b, T)
   = [BOS] + targets[:-1], 'targets': (b, T) = target + [EOS] padded, 'weights': float32 (b, T)
@@ -39,7 +61,7 @@ class Seq2SeqTask:
   """
 
   def __init__(self, name: str, *, alphabet: str, seq_len: int, min_len: int, max_len: int,
-               seed: int, num_eval: int):
+               seed: int, num_eval: int, exact_match_examples: int = 0):
     if not 1 <= min_len <= max_len < seq_len:
       raise ConfigError(f'Sources of data.seq2seq_min_len={min_len} to data.seq2seq_max_len='
                         f'{max_len} symbols need 1 <= min_len <= max_len < data.seq_len={seq_len} '
@@ -50,6 +72,7 @@ class Seq2SeqTask:
     self.seq_len, self.min_len, self.max_len, self.seed = seq_len, min_len, max_len, seed
     self.num_eval_examples = num_eval
     self._held_out = self._pairs(rng.generator(rng.HELD_OUT), num_eval, slice(None))
+    self.exact_match_examples = min(exact_match_examples, num_eval)
     self.info = {'vocab_size': self.vocab.size, 'seq_len': seq_len}
 
   def train_batch(self, step: int, batch_size: int, rows: slice) -> dict:
@@ -57,6 +80,19 @@ class Seq2SeqTask:
 
   def eval_examples(self, indices: np.ndarray) -> dict:
     return {key: value[indices] for key, value in self._held_out.items()}
+
+  def generation_metrics(self, generate, batch_size: int) -> dict:
+    """{'eval_exact_match': the share of the first data.exact_match_examples held-out pairs
+    whose decoded output is exactly the target} ({} for none); generate as decode_held_out's."""
+    count = self.exact_match_examples
+    if not count:
+      return {}
+    outputs = decode_held_out(generate, self.eval_examples, count, batch_size, self.vocab,
+                              self.seq_len)
+    held_out = self._held_out
+    targets = [row[:length].tolist() for row, length in
+               zip(held_out['targets'], held_out['input_valid'].sum(axis=1))]
+    return {'eval_exact_match': exact_match(outputs, targets[:count])}
 
   def _pairs(self, generator: np.random.Generator, count: int, rows: slice) -> dict:
     """Draws `count` pairs' numbers and builds the `rows` of them."""

@@ -24,7 +24,10 @@ class DataSettings(Settings):
   # ('de-en': de to en, 'pt_to_en': pt to en).
   source_language: str | None = None
   target_language: str | None = None
-  bleu_examples: int = 256  # translation: held-out pairs translated greedily for eval_bleu; 0: none
+  # Held-out pairs decoded at each evaluation (config.eval says how): a translation's for
+  # eval_bleu and eval_exact_match, a seq2seq task's for eval_exact_match; 0: none.
+  bleu_examples: int = 256
+  exact_match_examples: int = 0
   # Text: 'chars'; 'bpe', a byte-level BPE of data.vocab_size ids trained on the training
   # documents; or the path of a tokenizer.json (or of a Hugging Face checkpoint holding one).
   tokenizer: str = 'chars'

@@ -19,9 +19,9 @@ gives way to 'input_segment_ids', 'input_positions', 'target_segment_ids' and
 padding, which carries no weight.
 
 Training example k is row permutation(seed, k // R)[k % R] of the R training rows (pairs, or
-packed rows); held-out rows are read in order. `generation_metrics` scores the greedy
-translations of the first data.bleu_examples held-out pairs with sacrebleu's corpus BLEU against
-their reference texts.
+packed rows); held-out rows are read in order. `generation_metrics` scores the translations
+(greedy, or beam search as config.eval says) of the first data.bleu_examples held-out pairs with
+sacrebleu's corpus BLEU against their reference texts, and by exact match.
 """
 import dataclasses
 import itertools
@@ -145,7 +145,7 @@ def _split(files, seq_len: int, packed: bool) -> _Split:
 
 class TranslationTask:
   """The batches of the module docstring, from the token files (source, target) of the
-  training and held-out splits, and BLEU from greedy decoding."""
+  training and held-out splits, and BLEU and exact match of decoded translations."""
 
   def __init__(self, train, held_out, tokenizer, *, seq_len: int, seed: int, packed: bool,
                bleu_examples: int, references: corpus_lib.Corpus, languages: tuple[str, str]):
@@ -186,20 +186,14 @@ class TranslationTask:
             'target_positions': target['positions']}
 
   def generation_metrics(self, generate, batch_size: int) -> dict:
-    """{'eval_bleu': ...} of the greedy translations of the first held-out pairs (data.
-    bleu_examples of them; {} for none). generate(**keywords) -> (B, N) tokens is
-    decode.generate with the model and its parameters; it runs on batches of `batch_size`
-    pairs, the last one filled up with repeats so that every batch has one shape."""
+    """{'eval_bleu', 'eval_exact_match'} of the translations of the first held-out pairs (data.
+    bleu_examples of them; {} for none); generate as seq2seq.decode_held_out's."""
     count = len(self.references)
     if not count:
       return {}
-    hypotheses = []
-    for start in range(0, count, batch_size):
-      rows = [min(row, count - 1) for row in range(start, start + batch_size)]
-      batch = self._batch(self.eval_pairs, rows, packed=False)
-      tokens = generate(prompt_tokens=np.full((batch_size, 1), self.vocab.bos_id, np.int32),
-                        inputs=batch['inputs'], input_valid=batch['input_valid'],
-                        max_new_tokens=self.seq_len, temperature=0.0, eos_id=self.vocab.eos_id,
-                        pad_id=self.pad_id, token_limit=self.vocab.size)
-      hypotheses += [self.vocab.decode(row) for row in np.asarray(tokens)[:count - start]]
-    return {'eval_bleu': bleu(hypotheses, self.references)}
+    pairs = lambda rows: self._batch(self.eval_pairs, rows, packed=False)
+    outputs = seq2seq.decode_held_out(generate, pairs, count, batch_size, self.vocab,
+                                      self.seq_len)
+    hypotheses = [self.vocab.decode(output) for output in outputs]
+    return {'eval_bleu': bleu(hypotheses, self.references),
+            'eval_exact_match': seq2seq.exact_match(hypotheses, self.references)}

@@ -260,8 +260,9 @@ def _log_once(message: str) -> None:
 def evaluate_params(run: Run, eval_step, params) -> dict:
   """eval_loss and eval_accuracy over the held-out batches; for a classifier
   eval_top5_accuracy, for text eval_bits_per_byte (the summed loss in bits over the UTF-8 bytes
-  of the target tokens it scored); what a task measures of the model's greedy decoding (its
-  generation_metrics: a translation's eval_bleu)."""
+  of the target tokens it scored); what a task measures of the model's decoding (its
+  generation_metrics: an encoder-decoder's eval_exact_match and a translation's eval_bleu, from
+  greedy decoding or config.eval's beam search)."""
   sums = {}
   for batch in run.data.eval_batches():
     out = jax.device_get(eval_step(params, sharding.global_batch(batch, run.mesh)))
@@ -275,17 +276,26 @@ def evaluate_params(run: Run, eval_step, params) -> dict:
     results['eval_bits_per_byte'] = sums['loss'] / math.log(2) / sums['bytes']
   measure = getattr(run.data.task, 'generation_metrics', None)
   if measure is not None:
-    generate = lambda **keywords: jax.device_get(
-        decode.generate(run.model, params, **keywords).tokens)
-    results.update(measure(generate, run.data.eval_batch_size))
+    results.update(measure(functools.partial(_decoded, run, params), run.data.eval_batch_size))
   return results
+
+
+def _decoded(run: Run, params, **keywords) -> np.ndarray:
+  """decode.generate's tokens (B, N) with `keywords`, greedy or, with config.eval.beam_size,
+  the best beam of decode.beam_search."""
+  settings = run.config.eval
+  if not settings.beam_size:
+    return jax.device_get(decode.generate(run.model, params, **keywords).tokens)
+  beams = decode.beam_search(run.model, params, beam_size=settings.beam_size,
+                             length_penalty=settings.length_penalty, **keywords)
+  return jax.device_get(beams.tokens[:, 0])
 
 
 def _evaluate(run: Run, eval_step, params, step: int, writer) -> None:
   results = evaluate_params(run, eval_step, params)
   writer.write(step, results)
   shown = {'eval_top5_accuracy': 'top-5 {:.4f}', 'eval_bits_per_byte': '{:.4f} bits per byte',
-           'eval_bleu': 'BLEU {:.2f}'}
+           'eval_exact_match': 'exact match {:.4f}', 'eval_bleu': 'BLEU {:.2f}'}
   extra = ''.join(f' | {form.format(results[key])}' for key, form in shown.items()
                   if key in results)
   log.info('step %d | held-out loss %.4f | accuracy %.4f%s', step, results['eval_loss'],
