@@ -153,7 +153,7 @@ def from_file(path, arg: str | None = None) -> ml_collections.ConfigDict:
 class CheckedConfigFile(flags.ArgumentParser):
   """The parser of a config_flags config file flag, wrapped: loads the file as config_flags does,
   then checks each --config.KEY flag of the command line against it, where ml_collections'
-  own error names only the key's last part (which data.name and optimizer.name share)."""
+  own error names only the key's last part (which data.name and a mistyped training.name share)."""
 
   def __init__(self, flag: flags.Flag):
     self.name, self._load = flag.name, flag.parser
