@@ -181,6 +181,18 @@ def test_a_muon_step_changes_every_parameter_and_twenty_lower_the_loss(tmp_path)
   assert len(run_losses) == 20 and np.mean(run_losses[-5:]) < np.mean(run_losses[:5]) - 0.5
 
 
+def test_muon_on_weights_sharded_over_8_devices_equals_one_device(tmp_path):
+  """FSDP shards the matrices Muon orthogonalizes: the step still orthogonalizes each whole."""
+  results = {}
+  for devices in (1, 8):
+    config = small_config(steps=4, sharding_rules=(('embed', 'data'),),
+                          **{'mesh.shape': (devices,), 'optimizer.name': 'muon'})
+    train.train(config, str(tmp_path / str(devices)))
+    results[devices] = list(losses(tmp_path / str(devices)).values())
+  assert len(results[1]) == 4
+  np.testing.assert_allclose(results[8], results[1], atol=1e-5)
+
+
 @pytest.mark.parametrize('key,value,message', [
     ('optimizer.name', 'sgd', "optimizer.name='sgd' must be one of ['adamw', 'muon']."),
     ('optimizer.muon_learning_rate', 0.0, 'optimizer.muon_learning_rate=0.0 must be a finite '
