@@ -191,9 +191,9 @@ LLAMA_CONFIG = load_config(LLAMA)
 SECTIONS = 'compile, data, eval, mesh, model, optimizer, sample, training'
 # (flags, the line for the last one): each unknown key is named by its own flag, as typed.
 UNKNOWN = [
-    (['--config.data.name=text_file', '--config.optimizer.name=muon'],
-     "Unknown config key 'name' in --config.optimizer.name. The keys of optimizer are "
-     f'{keys_of(LLAMA_CONFIG.optimizer)}.'),
+    (['--config.data.name=text_file', '--config.training.name=muon'],
+     "Unknown config key 'name' in --config.training.name. The keys of training are "
+     f'{keys_of(LLAMA_CONFIG.training)}.'),
     (['--config.training.num_steps=abc'],
      'Unknown config key \'num_steps\' in --config.training.num_steps. Did you mean "steps" or '
      '"grad_accum_steps"?'),
@@ -226,8 +226,8 @@ def test_keys_the_config_has_pass_with_any_flag_syntax():
 
 
 @pytest.mark.parametrize('flags', [
-    ['--config.data.name=text_file', '--config.optimizer.name=muon'],
-    ['--config.optimizer.name=muon', '--config.data.name=text_file'],
+    ['--config.data.name=text_file', '--config.training.name=muon'],
+    ['--config.training.name=muon', '--config.data.name=text_file'],
 ], ids=['after', 'before'])
 def test_launch_names_the_flag_of_an_unknown_key_whichever_flag_shares_its_name(flags):
   result = launch(f'--config={LLAMA}', '--mode=describe', *flags, '--config.lora.rank=4')

@@ -78,10 +78,11 @@ def test_gradient_accumulation_matches_one_batch(tmp_path):
                              list(losses(tmp_path / 'whole').values()), atol=1e-5)
 
 
-def test_resume_continues_exactly(tmp_path):
-  full = small_config(steps=6, **{'training.checkpoint_every': 3})
+@pytest.mark.parametrize('optimizer', ['adamw', 'muon'])
+def test_resume_continues_exactly(tmp_path, optimizer):
+  full = small_config(steps=6, **{'training.checkpoint_every': 3, 'optimizer.name': optimizer})
   train.train(full, str(tmp_path / 'full'))
-  half = small_config(steps=3, **{'training.checkpoint_every': 3})
+  half = small_config(steps=3, **{'training.checkpoint_every': 3, 'optimizer.name': optimizer})
   train.train(half, str(tmp_path / 'resumed'))
   train.train(full, str(tmp_path / 'resumed'))  # the same command again: resumes from step 3
   assert losses(tmp_path / 'resumed') == losses(tmp_path / 'full')

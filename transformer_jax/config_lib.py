@@ -71,6 +71,9 @@ def base_config(family: str = 'decoder') -> ml_collections.ConfigDict:
   config.model = model_defaults(family)
   config.data = section_of(DataSettings)
   config.optimizer = ml_collections.ConfigDict(dict(
+      # 'adamw'; 'muon': Muon on the blocks' projection matrices (train.optim
+      # .muon_dimension_numbers), this AdamW on the embeddings, norms, biases and heads.
+      name='adamw',
       learning_rate=1e-3,
       warmup_steps=0,
       schedule='cosine',  # 'cosine' decays to min_lr_ratio * learning_rate; 'constant'
@@ -80,7 +83,15 @@ def base_config(family: str = 'decoder') -> ml_collections.ConfigDict:
       # Decay only the matmul kernels by default: norms, biases and embeddings are not decayed.
       decay_norms_and_biases=False,
       decay_embeddings=False,
-      grad_clip_norm=1.0,  # 0: no clipping
+      grad_clip_norm=1.0,  # 0: no clipping (of all the gradients, Muon's too)
+      # Muon's settings: its peak learning rate (larger than AdamW's; the warmup and schedule
+      # above apply to it too), momentum (beta) and whether it is Nesterov's, the Newton-Schulz
+      # iterations that orthogonalize the momentum, and decoupled weight decay (times its rate).
+      muon_learning_rate=0.02,
+      muon_momentum=0.95,
+      muon_nesterov=True,
+      muon_ns_steps=5,
+      muon_weight_decay=0.0,
   ))
   config.training = section_of(TrainingSettings)
   # 'jit': GSPMD shards from in/out shardings; 'shard_map': the same step per device with an
@@ -152,7 +163,7 @@ def from_file(path, arg: str | None = None) -> ml_collections.ConfigDict:
 class CheckedConfigFile(flags.ArgumentParser):
   """The parser of a config_flags config file flag, wrapped: loads the file as config_flags does,
   then checks each --config.KEY flag of the command line against it, where ml_collections'
-  own error names only the key's last part (which data.name and optimizer.name share)."""
+  own error names only the key's last part (which data.name and a mistyped training.name share)."""
 
   def __init__(self, flag: flags.Flag):
     self.name, self._load = flag.name, flag.parser
@@ -252,6 +263,10 @@ RANGES = {
     'optimizer.eps': Range(0, open_low=True),  # 0 divides 0 by 0 for a never-used embedding row
     'optimizer.weight_decay': Range(0),
     'optimizer.grad_clip_norm': Range(0),  # 0: no clipping
+    'optimizer.muon_learning_rate': Range(0, open_low=True),
+    'optimizer.muon_momentum': FRACTION,
+    'optimizer.muon_ns_steps': COUNT,
+    'optimizer.muon_weight_decay': Range(0),
     'training.steps': COUNT,
     'training.grad_accum_steps': COUNT,
     'training.label_smoothing': FRACTION,
@@ -273,7 +288,8 @@ RANGES = {
     'eval.beam_size': Range(0, integer=True),  # 0: greedy
     'eval.length_penalty': Range(0),
 }
-CHOICES = {'parallelism': ('jit', 'shard_map'), 'optimizer.schedule': ('cosine', 'constant')}
+CHOICES = {'parallelism': ('jit', 'shard_map'), 'optimizer.name': ('adamw', 'muon'),
+           'optimizer.schedule': ('cosine', 'constant')}
 
 def _get(config, key: str):
   section, _, name = key.rpartition('.')

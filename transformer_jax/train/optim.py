@@ -1,23 +1,31 @@
-"""The optimizer: AdamW with warmup and cosine decay, clipping, and a weight-decay mask."""
+"""The optimizers: AdamW with warmup and cosine decay, clipping and a weight-decay mask; or Muon
+on the transformer blocks' projection matrices with that AdamW on every other parameter."""
+import re
+
 import jax
 import optax
+from optax.contrib import MuonDimensionNumbers
+from optax.contrib._muon import scale_by_shape  # optax.contrib.muon's own; not exported
 
+from transformer_jax.config_lib import CHOICES
 from transformer_jax.errors import ConfigError
+from transformer_jax.layers.block import LAYERS
 from transformer_jax.models.registry import EMBEDDING_NAMES
 
-__all__ = ['decay_mask', 'learning_rate_schedule', 'make_optimizer']
+__all__ = ['decay_mask', 'learning_rate_schedule', 'make_optimizer', 'muon_dimension_numbers']
 
 
-def learning_rate_schedule(opt, total_steps: int) -> optax.Schedule:
-  """Linear warmup, learning_rate * (step + 1) / warmup_steps at steps 0 .. warmup_steps - 1, so
-  that the first update is a real one (a warmup from 0 would waste it), then cosine decay to
-  min_lr_ratio * learning_rate (or constant) from step warmup_steps."""
-  warmup = lambda step: opt.learning_rate * (step + 1) / opt.warmup_steps
+def learning_rate_schedule(opt, total_steps: int, peak: float | None = None) -> optax.Schedule:
+  """Linear warmup, peak * (step + 1) / warmup_steps at steps 0 .. warmup_steps - 1, so that the
+  first update is a real one (a warmup from 0 would waste it), then cosine decay to
+  min_lr_ratio * peak (or constant) from step warmup_steps. peak: default opt.learning_rate."""
+  peak = opt.learning_rate if peak is None else peak
+  warmup = lambda step: peak * (step + 1) / opt.warmup_steps
   if opt.schedule == 'constant':
-    after = optax.constant_schedule(opt.learning_rate)
+    after = optax.constant_schedule(peak)
   elif opt.schedule == 'cosine':
-    after = optax.cosine_decay_schedule(opt.learning_rate,
-                                        max(total_steps - opt.warmup_steps, 1), opt.min_lr_ratio)
+    after = optax.cosine_decay_schedule(peak, max(total_steps - opt.warmup_steps, 1),
+                                        opt.min_lr_ratio)
   else:
     raise ConfigError(f'Unknown optimizer.schedule {opt.schedule!r}: use "cosine" or "constant".')
   if not opt.warmup_steps:
@@ -25,21 +33,85 @@ def learning_rate_schedule(opt, total_steps: int) -> optax.Schedule:
   return optax.join_schedules([warmup, after], [opt.warmup_steps])
 
 
+def _names(path) -> list[str]:
+  """The dict keys of a parameter's path (a box's attribute in it left out)."""
+  return [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+
+
 def decay_mask(params, opt):
   """True for parameters that weight decay applies to: matmul kernels always; norms, biases and
   embeddings only where the config asks."""
   def decays(path, _):
-    names = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+    names = _names(path)
     if names[0] in EMBEDDING_NAMES:
       return opt.decay_embeddings
     return names[-1] == 'kernel' or opt.decay_norms_and_biases
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
+def _is_muon_matrix(names: list[str]) -> bool:
+  """A kernel inside a transformer block (unrolled block_<i>, or the nn.scan stack)."""
+  return names[-1] == 'kernel' and any(n == LAYERS or re.fullmatch(r'block_\d+', n)
+                                       for n in names)
+
+
+def muon_dimension_numbers(params):
+  """For each leaf of `params`, the matrix Muon sees in it (optax's MuonDimensionNumbers: its
+  reduction and output axes; any other axis is a batch of matrices), or None where AdamW trains
+  the leaf.
+
+  Muon takes the kernels inside the transformer blocks: the attention's query, key, value and
+  output projections (self- and cross-attention) and the MLP's. A projection's head axes fold
+  into the matrix: a query (embed, heads, head_dim) is the (embed, heads * head_dim) matrix, the
+  output (heads, head_dim, embed) the (heads * head_dim, embed) one; blocks stacked by nn.scan
+  add a leading layer axis, one matrix per block. AdamW takes the rest, as Keller Jordan's recipe
+  does: embeddings (tokens, positions, patches, the class token), norms, biases, and the heads
+  (the unembedding, the classifier, the MLM head's transform), which lie outside the blocks.
+  """
+  def matrix(path, leaf):
+    names = _names(path)
+    if not _is_muon_matrix(names):
+      return None
+    first = 1 if LAYERS in names else 0  # a scanned stack's layer axis
+    contracted = 2 if names[-2] == 'out' else 1  # the attention's output contracts (heads, hd)
+    return MuonDimensionNumbers(tuple(range(first, first + contracted)),
+                                tuple(range(first + contracted, leaf.ndim)))
+  return jax.tree_util.tree_map_with_path(matrix, params)
+
+
+def _labels(params):
+  """'muon' or 'adamw' for each parameter, taken whole (a box with its array too, as
+  setup.boxed_abstract_state has them), so that the optimizer state of the other part holds an
+  empty node in its place, not a box around one (which would get a sharding)."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: 'muon' if _is_muon_matrix(_names(path)) else 'adamw', params,
+      is_leaf=lambda x: not isinstance(x, dict))
+
+
+def _muon(opt, schedule: optax.Schedule, adamw: optax.GradientTransformation):
+  """Muon (momentum, orthogonalized by Newton-Schulz, scaled by sqrt(max(1, fan_out / fan_in))
+  as Keller Jordan's is) on the leaves muon_dimension_numbers picks, `adamw` on the others."""
+  muon = optax.chain(
+      optax.contrib.scale_by_muon(ns_steps=opt.muon_ns_steps, beta=opt.muon_momentum,
+                                  nesterov=opt.muon_nesterov,
+                                  weight_dimension_numbers=muon_dimension_numbers),
+      scale_by_shape(weight_dimension_numbers=muon_dimension_numbers),
+      optax.add_decayed_weights(opt.muon_weight_decay),
+      optax.scale_by_learning_rate(schedule))
+  return optax.partition({'muon': muon, 'adamw': adamw}, _labels)
+
+
 def make_optimizer(opt, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """The optimizer of config.optimizer `opt` and its (AdamW's) learning-rate schedule; Muon's
+  follows the same schedule from its own peak, muon_learning_rate."""
+  if opt.name not in CHOICES['optimizer.name']:
+    raise ConfigError(f'Unknown optimizer.name {opt.name!r}: use one of '
+                      f'{list(CHOICES["optimizer.name"])}.')
   schedule = learning_rate_schedule(opt, total_steps)
-  adamw = optax.adamw(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps,
-                      weight_decay=opt.weight_decay, mask=lambda p: decay_mask(p, opt))
+  tx = optax.adamw(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps,
+                   weight_decay=opt.weight_decay, mask=lambda p: decay_mask(p, opt))
+  if opt.name == 'muon':
+    tx = _muon(opt, learning_rate_schedule(opt, total_steps, opt.muon_learning_rate), tx)
   if opt.grad_clip_norm:
-    return optax.chain(optax.clip_by_global_norm(opt.grad_clip_norm), adamw), schedule
-  return adamw, schedule
+    return optax.chain(optax.clip_by_global_norm(opt.grad_clip_norm), tx), schedule
+  return tx, schedule
