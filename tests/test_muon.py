@@ -181,6 +181,7 @@ def test_a_muon_step_changes_every_parameter_and_twenty_lower_the_loss(tmp_path)
   assert len(run_losses) == 20 and np.mean(run_losses[-5:]) < np.mean(run_losses[:5]) - 0.5
 
 
+@pytest.mark.slow
 def test_muon_on_weights_sharded_over_8_devices_equals_one_device(tmp_path):
   """FSDP shards the matrices Muon orthogonalizes: the step still orthogonalizes each whole."""
   results = {}
@@ -215,6 +216,7 @@ def test_make_optimizer_names_the_optimizers_there_are():
     optim.make_optimizer(small_config(**{'optimizer.name': 'sgd'}).optimizer, 10)
 
 
+@pytest.mark.slow
 def test_the_launch_flag_trains_with_muon(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='')
   result = subprocess.run(
