@@ -11,7 +11,7 @@ from flax import traverse_util
 
 from helpers import init, tiny
 from train_helpers import losses, small_config
-from transformer_jax import config_lib, lora, memory, models, train
+from transformer_jax import config_lib, convert, lora, memory, models, train
 from transformer_jax.errors import ConfigError
 from transformer_jax.layers.linear import Linear
 from transformer_jax.train import checkpoint, setup
@@ -155,6 +155,17 @@ def test_init_from_checkpoint_is_the_frozen_base_and_eval_runs_the_merged_model(
   query = ('decoder', 'block_0', 'attn', 'query', 'kernel')
   get = lambda tree: traverse_util.flatten_dict(tree)[query]
   assert not np.allclose(get(params), get(trained.params))
+
+
+def test_init_from_hf_is_the_frozen_base(tmp_path):
+  config = lora_config()
+  params = init(models.model_config(config.model), jax.random.key(3))
+  convert.save(str(tmp_path / 'hf'), config.model, params)
+  config.init_from_hf = str(tmp_path / 'hf')
+  _, state = started(config, tmp_path / 'run')
+  jax.tree.map(np.testing.assert_array_equal, state.base, params)
+  assert all(not np.any(b) for path, b in traverse_util.flatten_dict(state.params).items()
+             if 'lora_b' in path)
 
 
 def test_targets_that_match_nothing_or_do_not_compile_fail_clearly():

@@ -38,7 +38,7 @@ class LoraSettings(Settings):
   """The keys of config.lora."""
   SECTION = 'lora'
   rank: int = 0  # 0: no adapters, every parameter trains
-  alpha: float = 8.0  # the update is scaled by alpha / rank (8 with rank 8: by 1, as peft's default)
+  alpha: float = 8.0  # the update is scaled by alpha / rank (rank 8: by 1, as peft's default)
   # A regular expression searched in each parameter's '/'-joined path (decoder/block_0/attn/query
   # /kernel); every matrix it matches gets an adapter.
   targets: str = DEFAULT_TARGETS

@@ -121,12 +121,12 @@ def state_of(tx: optax.GradientTransformation, params) -> TrainState:
 
 
 def initial_state(model: nn.Module, tx, inputs: tuple, rng, unbox: bool = True,
-                  adapters: lora.LoraSettings = lora.LoraSettings()) -> TrainState:
+                  adapters: lora.LoraSettings | None = None) -> TrainState:
   """A freshly initialized state (boxed with logical axis names unless `unbox`); with
-  `adapters.rank`, a LoraState: fresh adapters (of the key fold_in(rng, 1)) trained over the
+  `adapters` of a rank, a LoraState: fresh adapters (of the key fold_in(rng, 1)) trained over the
   initialized parameters, frozen."""
   params = model.init(rng, *inputs)['params']
-  if adapters.rank:
+  if adapters and adapters.rank:
     trained = lora.init_adapters(params, adapters, jax.random.fold_in(rng, 1))
     state = LoraState(step=jnp.zeros((), jnp.int32), params=trained, opt_state=tx.init(trained),
                       base=params, lora=adapters)
@@ -136,7 +136,7 @@ def initial_state(model: nn.Module, tx, inputs: tuple, rng, unbox: bool = True,
 
 
 def boxed_abstract_state(model: nn.Module, tx, inputs: tuple,
-                         adapters: lora.LoraSettings = lora.LoraSettings()) -> TrainState:
+                         adapters: lora.LoraSettings | None = None) -> TrainState:
   """The initial state's shapes and dtypes, boxed with their logical axis names; nothing is
   computed or allocated."""
   return jax.eval_shape(functools.partial(initial_state, model, tx, inputs, unbox=False,
