@@ -11,7 +11,7 @@ from flax import traverse_util
 
 from helpers import init, tiny
 from train_helpers import losses, small_config
-from transformer_jax import config_lib, convert, lora, memory, models, train
+from transformer_jax import config_lib, convert, lora, memory, models, run, train
 from transformer_jax.errors import ConfigError
 from transformer_jax.layers.linear import Linear
 from transformer_jax.train import checkpoint, setup
@@ -210,3 +210,12 @@ def test_a_scanned_stack_merges_each_blocks_adapters_as_the_unrolled_stack():
   scanned_cfg = family_config('scanned decoder')
   scanned = lora.merged(stacked(base, cfg.num_layers), stacked(adapters, cfg.num_layers), settings)
   np.testing.assert_allclose(logits(scanned_cfg, scanned), unrolled, atol=1e-5, rtol=1e-5)
+
+
+def test_export_writes_the_merged_model_as_a_hugging_face_checkpoint(tmp_path):
+  config = lora_config(steps=2)
+  train.train(config, str(tmp_path))
+  _, merged, _ = setup.restore_trained(config, str(tmp_path))
+  path = run.run(config, str(tmp_path), 'export')
+  jax.tree.map(np.testing.assert_array_equal, convert.load_params(path, config.model),
+               jax.device_get(merged))
