@@ -1,4 +1,4 @@
-"""Train, evaluate, sample from, describe or compile a model: python launch.py --config X.py."""
+"""Train, evaluate, sample from, export, describe or compile a model: launch.py --config X.py."""
 from absl import app, flags
 import jax
 from ml_collections import config_flags
@@ -12,8 +12,9 @@ _CONFIG = config_flags.DEFINE_config_file(
 # Checks every --config.KEY flag against the file, naming the flag of a key that is not there.
 flags.FLAGS[_CONFIG.name].parser = config_lib.CheckedConfigFile(flags.FLAGS[_CONFIG.name])
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Checkpoints, metrics and the resolved config.')
-_MODE = flags.DEFINE_enum('mode', 'train', ['train', 'eval', 'sample', 'describe', 'compile'],
-                            'What to do.')
+_MODE = flags.DEFINE_enum('mode', 'train',
+                          ['train', 'eval', 'sample', 'export', 'describe', 'compile'],
+                          'What to do.')
 _COORDINATOR = flags.DEFINE_string('coordinator_address', None,
                                    'host:port of process 0, for a multi-process run.')
 _NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Processes of a multi-process run.')

@@ -188,7 +188,7 @@ def keys_of(section) -> str:
 
 
 LLAMA_CONFIG = load_config(LLAMA)
-SECTIONS = 'compile, data, eval, mesh, model, optimizer, sample, training'
+SECTIONS = 'compile, data, eval, lora, mesh, model, optimizer, sample, training'
 # (flags, the line for the last one): each unknown key is named by its own flag, as typed.
 UNKNOWN = [
     (['--config.data.name=text_file', '--config.training.name=muon'],
@@ -199,8 +199,8 @@ UNKNOWN = [
      '"grad_accum_steps"?'),
     (['--config.training.steps=5', '--noconfig.data.downlod'],
      'Unknown config key \'downlod\' in --noconfig.data.downlod. Did you mean "download"?'),
-    (['--config.lora.rank=4'],
-     f"Unknown config section 'lora' in --config.lora.rank. The sections are {SECTIONS}."),
+    (['--config.adapter.rank=4'],
+     f"Unknown config section 'adapter' in --config.adapter.rank. The sections are {SECTIONS}."),
     (['--config.optimzer.learning_rate=1e-3'],
      'Unknown config section \'optimzer\' in --config.optimzer.learning_rate. Did you mean '
      f'"optimizer"? The sections are {SECTIONS}.'),
@@ -230,7 +230,7 @@ def test_keys_the_config_has_pass_with_any_flag_syntax():
     ['--config.training.name=muon', '--config.data.name=text_file'],
 ], ids=['after', 'before'])
 def test_launch_names_the_flag_of_an_unknown_key_whichever_flag_shares_its_name(flags):
-  result = launch(f'--config={LLAMA}', '--mode=describe', *flags, '--config.lora.rank=4')
+  result = launch(f'--config={LLAMA}', '--mode=describe', *flags, '--config.adapter.rank=4')
   assert result.returncode == 1
   assert result.stderr.splitlines() == [UNKNOWN[0][1], UNKNOWN[3][1]]  # one line each, no traceback
 

@@ -13,7 +13,7 @@ from helpers import ROOT
 LAYERING = (
     ('errors', 'kernels'),
     ('ranges', 'layers', 'settings', 'targets'),
-    ('model_config',),
+    ('model_config', 'lora'),
     ('models',),
     ('accounting', 'decode', 'convert', 'data'),
     ('config_lib',),

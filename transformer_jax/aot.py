@@ -105,7 +105,7 @@ def compile_for(config: ml_collections.ConfigDict) -> CompileReport:
     train, seconds = compiled_train_step(run, batch)
     start = time.perf_counter()
     with _without_compilation_cache():
-      run.eval_step.lower(run.abstract_state.params, eval_batch).compile(_options(run))
+      run.eval_step.lower(run.abstract_params, eval_batch).compile(_options(run))
   except jax.errors.JaxRuntimeError as error:
     if 'RESOURCE_EXHAUSTED' not in str(error):
       raise

@@ -15,7 +15,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from transformer_jax.errors import ConfigError
-from transformer_jax import decode, models
+from transformer_jax import decode, lora, models
 from transformer_jax.data.settings import DataSettings
 from transformer_jax.model_config import ModelConfig, names
 from transformer_jax.ranges import COUNT, FRACTION, Range
@@ -94,6 +94,14 @@ def base_config(family: str = 'decoder') -> ml_collections.ConfigDict:
       muon_weight_decay=0.0,
   ))
   config.training = section_of(TrainingSettings)
+  # Low-rank adaptation (Hu et al. 2021; transformer_jax.lora): with rank > 0 the model's
+  # parameters are frozen (no gradient, no optimizer state) and only adapters train beside the
+  # kernels whose '/'-joined paths the regular expression `targets` matches (re.search; default:
+  # every attention's query and value kernels), the update of a kernel W being
+  # (alpha / rank) * A @ B with B = 0 at the start. The base comes from init_from_hf,
+  # init_from_checkpoint (a run without adapters) or a random init; checkpoints hold the base once
+  # and the adapters; eval and sample run the merged model.
+  config.lora = section_of(lora.LoraSettings)
   # 'jit': GSPMD shards from in/out shardings; 'shard_map': the same step per device with an
   # explicit pmean of the gradients over the data axis.
   config.parallelism = 'jit'
@@ -278,6 +286,8 @@ RANGES = {
     'training.device_memory_gb': Range(0, open_low=True, optional=True, example=16),
     'training.profile_start': Range(1, integer=True, optional=True, example=10),
     'training.profile_steps': COUNT,
+    'lora.rank': Range(0, integer=True),  # 0: no adapters
+    'lora.alpha': Range(0, open_low=True, example=8),
     'sample.max_new_tokens': COUNT,
     **{f'sample.{name}': valid for name, (valid, _) in decode.SAMPLER_RANGES.items()},
     'sample.seed': Range(0, integer=True),
@@ -311,6 +321,7 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _validate_mesh(config)
   _validate_profile(TrainingSettings.of(config.training))
   _validate_lengths(config, cfg)
+  lora.check_targets(lora.LoraSettings.of(config.lora))
   if config.init_from_hf and config.init_from_checkpoint:
     raise ConfigError('Set one of init_from_hf and init_from_checkpoint, not both: a run starts '
                       'from one set of parameters.')

@@ -23,11 +23,12 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from transformer_jax import accounting, decode, kernels, models
+from transformer_jax import accounting, decode, kernels, lora, models
 from transformer_jax.layers import axes
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.train import optim, setup, sharding
 from transformer_jax.settings import MeshSettings, TrainingSettings
+from transformer_jax.train.step import LoraState
 
 __all__ = ['kv_cache_bytes', 'activation_bytes', 'activation_terms', 'ACTIVATION_COPIES', 'Plan',
            'plan']
@@ -186,10 +187,17 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int] | None = None,
   rules = sharding.rules_of(config)
   model = models.build(cfg)  # the kernel changes no shape of the state
   tx, _ = optim.make_optimizer(config.optimizer, TrainingSettings.of(config.training).steps)
-  boxed = setup.boxed_abstract_state(model, tx, family.example_inputs(cfg))
+  boxed = setup.boxed_abstract_state(model, tx, family.example_inputs(cfg),
+                                     lora.LoraSettings.of(config.lora))
   shardings = sharding.state_shardings(boxed, abstract_mesh, rules)
   state = nn.meta.unbox(boxed)
-  params = _sharded_bytes(state.params, shardings.params)
+  # With LoRA the state's params are the adapters, which alone have gradients and optimizer
+  # state, beside the model's parameters: the frozen base.
+  trained = params = _sharded_bytes(state.params, shardings.params)
+  model_params, model_shardings = state.params, shardings.params
+  if isinstance(state, LoraState):
+    model_params, model_shardings = state.base, shardings.base
+    params += _sharded_bytes(state.base, shardings.base)
   split = lambda name: math.prod(sizes[a] for a in sharding.mesh_axes_of(name, rules))
   batch_bytes = sum(np.prod(shape) * itemsize for shape, itemsize in
                     _batch_shapes(cfg, family, config)) // split(axes.BATCH)
@@ -197,8 +205,8 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int] | None = None,
   if family.decoding:
     kv = kv_cache_bytes(cfg, config.data.seq_len, cfg.compute_dtype.name) // split(axes.KV_HEADS)
   batch_axes = {a for name, a in rules if name == axes.BATCH and a}
-  terms = {'gradients': params,
-           'gathered': _gathered_bytes(state.params, shardings.params, batch_axes),
+  terms = {'gradients': trained,
+           'gathered': _gathered_bytes(model_params, model_shardings, batch_axes),
            **activation_terms(cfg, family, config, split)}
   copies = ACTIVATION_COPIES[platform]
   return Plan(params=params, optimizer=_sharded_bytes(state.opt_state, shardings.opt_state),

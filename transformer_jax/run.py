@@ -2,17 +2,19 @@
 user can fix printed as their message alone."""
 import contextlib
 import logging
+import os
 import sys
 from typing import Any, Mapping
 
 from absl import logging as absl_logging
+import jax
 import ml_collections
 
 from transformer_jax import aot, config_lib, convert, data, decode, describe, errors, models, train
 from transformer_jax.train import checkpoint
 
 __all__ = [
-    'configure_logging', 'errors_as_messages', 'exit_with', 'flag_error_message',
+    'configure_logging', 'errors_as_messages', 'exit_with', 'export', 'flag_error_message',
     'resolve_config', 'run', 'sample']
 
 log = logging.getLogger(__name__)
@@ -93,7 +95,22 @@ def run(config, workdir: str | None, mode: str):
     return train.evaluate(config, workdir)
   if mode == 'sample':
     return sample(config, workdir)
-  raise errors.ConfigError(f'Unknown --mode={mode}: use train, eval, sample, describe or compile.')
+  if mode == 'export':
+    return export(config, workdir)
+  raise errors.ConfigError(f'Unknown --mode={mode}: use train, eval, sample, export, describe or '
+                           'compile.')
+
+
+def export(config, workdir: str) -> str:
+  """--mode=export: the parameters of the workdir's latest checkpoint (with LoRA, the base with
+  the adapters merged in) as a Hugging Face checkpoint in WORKDIR/hf (convert.save), for a model
+  that a Hugging Face class expresses; returns its path."""
+  _, params, step = train.restore_trained(config, workdir)
+  path = os.path.join(workdir, 'hf')
+  if jax.process_index() == 0:
+    convert.save(path, config.model, jax.device_get(params))
+  log.info('Wrote the parameters of step %d as a Hugging Face checkpoint in %s.', step, path)
+  return path
 
 
 def compile_for_target(config) -> aot.CompileReport:

@@ -67,10 +67,14 @@ class Checkpoints:
     """(tree, step) of the newest readable checkpoint (or of `step`); (None, None) if none.
 
     abstract_state: the TrainState of ShapeDtypeStructs with shardings that the config builds.
-    params_only: restore abstract_state.params alone (the optimizer's settings do not matter).
+    params_only: restore the parameters the model runs with alone (the optimizer's settings do
+    not matter): abstract_state.params, or a LoraState's base with its adapters merged in.
     A checkpoint whose tree, shapes or dtypes differ raises CheckpointMismatchError.
     """
-    target = {'params': abstract_state.params} if params_only else abstract_state
+    target = abstract_state
+    if params_only:
+      target = {name: getattr(abstract_state, name) for name in ('params', 'base')
+                if hasattr(abstract_state, name)}
     for candidate in ([step] if step is not None else reversed(self.all_steps())):
       try:
         saved = self._stored_shapes(candidate)
@@ -79,7 +83,7 @@ class Checkpoints:
         continue
       wanted = _shapes(target)
       if params_only:
-        saved = {path: leaf for path, leaf in saved.items() if path[0] == 'params'}
+        saved = {path: leaf for path, leaf in saved.items() if path[0] in target}
       differences = describe_differences(saved, wanted)
       if differences:
         params_differ = any(saved.get(p) != wanted.get(p) for p in saved.keys() | wanted.keys()
@@ -90,7 +94,9 @@ class Checkpoints:
       except Exception as error:  # pylint: disable=broad-except
         self._skip_unreadable(candidate, error)
         continue
-      return (restored['params'] if params_only else restored), candidate
+      if params_only:
+        return abstract_state.replace(**restored).model_params(), candidate
+      return restored, candidate
     return None, None
 
   def _restore(self, step: int, target, partial: bool):

@@ -39,13 +39,16 @@ def train(config, workdir: str):
     setup.save_tokenizer(run, workdir)
     writer = metrics_lib.MetricWriter(workdir, run.training.steps)
     log.info('%s model, %s parameters, %d devices, mesh %s.', run.family.name,
-             f'{accounting.count_params(state.params)["total"]:,}', jax.device_count(),
+             f'{accounting.count_params(run.abstract_params)["total"]:,}', jax.device_count(),
              dict(run.mesh.shape))
+    if run.lora.rank:
+      log.info('LoRA: %s adapter parameters train, the rest is frozen.',
+               f'{accounting.count_params(state.params)["total"]:,}')
     eval_step = run.eval_step
     start = int(state.step)
     if _evaluation_missing(run.training, start, workdir):
       log.info('The evaluation at step %d is missing from metrics.jsonl: running it first.', start)
-      _evaluate(run, eval_step, state.params, start, writer)
+      _evaluate(run, eval_step, run.model_params(state), start, writer)
     if start >= run.training.steps:
       log.info('Nothing to do: the checkpoint is at step %d of %d.', start, run.training.steps)
       return state
@@ -131,7 +134,7 @@ def _loop(run, train_step, eval_step, state, batch, batches, checkpoints, writer
     if saved:
       checkpoints.save(done, state)
     if evaluated:
-      _evaluate(run, eval_step, state.params, done, writer)
+      _evaluate(run, eval_step, run.model_params(state), done, writer)
     if stop:
       checkpoints.wait()
       log.warning('SIGTERM: saved the checkpoint at step %d and stopped.', done)

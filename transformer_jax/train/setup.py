@@ -12,13 +12,14 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from transformer_jax import config_lib, convert, data, models
+from transformer_jax import config_lib, convert, data, lora, models
 from transformer_jax.errors import CheckpointMismatchError, ConfigError, UserError
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.models.registry import Family
 from transformer_jax.train import checkpoint, optim, sharding
 from transformer_jax.settings import MeshSettings, TrainingSettings
-from transformer_jax.train.step import StepSettings, TrainState, make_eval_step, make_train_step
+from transformer_jax.train.step import (LoraState, StepSettings, TrainState, make_eval_step,
+                                        make_train_step)
 
 __all__ = [
     'boxed_abstract_state', 'build_run', 'checkpoint_dir', 'initial_state', 'restore_or_init',
@@ -55,8 +56,29 @@ class Run:
   def eval_step(self):
     """The jitted eval(params, batch) -> summed loss terms (make_eval_step), on the run's
     mesh, parameter shardings and rules."""
-    return make_eval_step(self.model, self.family, self.mesh, self.state_sharding.params,
+    return make_eval_step(self.model, self.family, self.mesh, self.param_sharding,
                           self.step_settings.rules, self.data.token_bytes)
+
+  @property
+  def lora(self) -> 'lora.LoraSettings':
+    return lora.LoraSettings.of(self.config.lora)
+
+  @property
+  def param_sharding(self):
+    """The shardings of the model's parameters (with LoRA, of the frozen base's)."""
+    return getattr(self.state_sharding, 'base', self.state_sharding.params)
+
+  @property
+  def abstract_params(self):
+    """The model's parameters as ShapeDtypeStructs (with LoRA, the frozen base's)."""
+    return getattr(self.abstract_state, 'base', self.abstract_state.params)
+
+  def model_params(self, state: TrainState):
+    """The parameters the model runs with, laid out as param_sharding: with LoRA, the base
+    with the adapters merged in (a new tree), else the state's own."""
+    if not isinstance(state, LoraState):
+      return state.params
+    return jax.jit(LoraState.model_params, out_shardings=self.param_sharding)(state)
 
 
 def build_run(config: ml_collections.ConfigDict, workdir: str | None = None,
@@ -84,7 +106,8 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None,
   log.info('Attention kernel: %s (%s).', kernel.name, kernel.reason)
   model = models.build(cfg, platform)
   tx, schedule = optim.make_optimizer(config.optimizer, training.steps)
-  boxed = boxed_abstract_state(model, tx, family.example_inputs(cfg))
+  boxed = boxed_abstract_state(model, tx, family.example_inputs(cfg),
+                               lora.LoraSettings.of(config.lora))
   state_sharding = sharding.state_shardings(boxed, mesh, rules)
   abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                           nn.meta.unbox(boxed), state_sharding)
@@ -97,17 +120,27 @@ def state_of(tx: optax.GradientTransformation, params) -> TrainState:
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
 
-def initial_state(model: nn.Module, tx, inputs: tuple, rng, unbox: bool = True) -> TrainState:
-  """A freshly initialized state (boxed with logical axis names unless `unbox`)."""
-  state = state_of(tx, model.init(rng, *inputs)['params'])
+def initial_state(model: nn.Module, tx, inputs: tuple, rng, unbox: bool = True,
+                  adapters: lora.LoraSettings | None = None) -> TrainState:
+  """A freshly initialized state (boxed with logical axis names unless `unbox`); with
+  `adapters` of a rank, a LoraState: fresh adapters (of the key fold_in(rng, 1)) trained over the
+  initialized parameters, frozen."""
+  params = model.init(rng, *inputs)['params']
+  if adapters and adapters.rank:
+    trained = lora.init_adapters(params, adapters, jax.random.fold_in(rng, 1))
+    state = LoraState(step=jnp.zeros((), jnp.int32), params=trained, opt_state=tx.init(trained),
+                      base=params, lora=adapters)
+  else:
+    state = state_of(tx, params)
   return nn.meta.unbox(state) if unbox else state
 
 
-def boxed_abstract_state(model: nn.Module, tx, inputs: tuple) -> TrainState:
+def boxed_abstract_state(model: nn.Module, tx, inputs: tuple,
+                         adapters: lora.LoraSettings | None = None) -> TrainState:
   """The initial state's shapes and dtypes, boxed with their logical axis names; nothing is
   computed or allocated."""
-  return jax.eval_shape(functools.partial(initial_state, model, tx, inputs, unbox=False),
-                        jax.random.key(0))
+  return jax.eval_shape(functools.partial(initial_state, model, tx, inputs, unbox=False,
+                                          adapters=adapters), jax.random.key(0))
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -139,12 +172,17 @@ def restore_or_init(run: Run, checkpoints: checkpoint.Checkpoints, workdir: str)
     log.info('Resumed from the checkpoint at step %d.', step)
     return state
   params = starting_params(run)
-  if params is not None:
-    return jax.jit(functools.partial(state_of, run.tx), out_shardings=run.state_sharding)(params)
   init_rng = jax.random.fold_in(jax.random.key(run.config.seed), 0)
   init = functools.partial(initial_state, run.model, run.tx,
-                           run.family.example_inputs(run.model_config))
-  return jax.jit(init, out_shardings=run.state_sharding)(init_rng)
+                           run.family.example_inputs(run.model_config), adapters=run.lora)
+  if params is None:
+    return jax.jit(init, out_shardings=run.state_sharding)(init_rng)
+  if not run.lora.rank:
+    return jax.jit(functools.partial(state_of, run.tx), out_shardings=run.state_sharding)(params)
+  # The adapters of a random init of the same seed over the starting params (XLA drops the
+  # unused initialization of the base).
+  start = lambda params, rng: init(rng).replace(base=params)
+  return jax.jit(start, out_shardings=run.state_sharding)(params, init_rng)
 
 
 def starting_params(run: Run):
@@ -171,8 +209,10 @@ def _params_of_run(run: Run, workdir: str, step: int | None):
                       'checkpoints/ folder; give the workdir of a trained run, optionally with '
                       ':STEP.')
   source = checkpoint.Checkpoints(checkpoint_dir(workdir), read_only=True)
+  # With LoRA, the other run's parameters are the base: the state of a run without adapters.
+  wanted = TrainState(step=run.abstract_state.step, params=run.abstract_params, opt_state=None)
   try:
-    params, found = source.restore_latest(run.abstract_state, params_only=True, step=step)
+    params, found = source.restore_latest(wanted, params_only=True, step=step)
     steps = source.all_steps()
   except CheckpointMismatchError as error:
     advice = _start_advice(run.config, workdir)
@@ -203,12 +243,12 @@ def restore_trained(config, workdir: str | None) -> tuple[Run, dict, int]:
     finally:
       checkpoints.close()
     if params is not None:
-      return run, params, step
+      return run, jax.device_put(params, run.param_sharding), step
   params = starting_params(run)
   if params is None:
     raise UserError(f'No readable checkpoint in {checkpoint_dir(workdir or "WORKDIR")}: train '
                     f'first (python launch.py --config ... --workdir {workdir}).')
-  return run, jax.device_put(params, run.state_sharding.params), 0
+  return run, jax.device_put(params, run.param_sharding), 0
 
 
 def _saved_differences(config, workdir: str) -> str:

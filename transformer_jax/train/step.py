@@ -11,19 +11,35 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec as P
 
+from transformer_jax import lora
+from transformer_jax.lora import LoraSettings
 from transformer_jax.errors import ConfigError
 from transformer_jax.models.registry import Family
 from transformer_jax.train import losses, sharding
 from transformer_jax.settings import TrainingSettings
 from transformer_jax.train.sharding import DATA_AXIS
 
-__all__ = ['make_eval_step', 'make_train_step', 'StepSettings', 'TrainState']
+__all__ = ['LoraState', 'make_eval_step', 'make_train_step', 'StepSettings', 'TrainState']
 
 
 class TrainState(flax.struct.PyTreeNode):
   step: jax.Array
-  params: dict
+  params: dict  # what the optimizer trains
   opt_state: optax.OptState
+
+  def model_params(self, params=None):
+    """The parameters the model runs with, of the trained `params` (default: the state's)."""
+    return self.params if params is None else params
+
+
+class LoraState(TrainState):
+  """A state whose params are low-rank adapters (transformer_jax.lora) of a frozen base, which
+  has no gradient and no optimizer state."""
+  base: dict
+  lora: LoraSettings = flax.struct.field(pytree_node=False)
+
+  def model_params(self, params=None):
+    return lora.merged(self.base, self.params if params is None else params, self.lora)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,10 +67,11 @@ def _microbatches(batch, num: int):
   return jax.tree.map(lambda x: jnp.moveaxis(x.reshape((-1, num) + x.shape[1:]), 1, 0), batch)
 
 
-def _grads_and_sums(model, family, settings, params, batch, rng, total_weight):
-  """Gradient of sum(loss) / total_weight over the batch, and the summed metrics."""
+def _grads_and_sums(model, family, settings, state, params, batch, rng, total_weight):
+  """Gradient with respect to the trained `params` of sum(loss) / total_weight over the batch,
+  and the summed metrics."""
   def loss_fn(p, micro, micro_rng):
-    out = losses.logits_targets_weights(model, family, p, micro,
+    out = losses.logits_targets_weights(model, family, state.model_params(p), micro,
                                         deterministic=not settings.dropout,
                                         rngs={'dropout': micro_rng})
     sums = losses.loss_sums(*out, label_smoothing=settings.label_smoothing,
@@ -101,7 +118,8 @@ def make_train_step(model, family: Family, tx, schedule, mesh, state_sharding,
     rng = jax.random.fold_in(rng_root, state.step)
     total = jnp.sum(family.weights(batch))
     with sharding.activation_rules(mesh, settings.rules):
-      grads, sums = _grads_and_sums(model, family, settings, state.params, batch, rng, total)
+      grads, sums = _grads_and_sums(model, family, settings, state, state.params, batch, rng,
+                                    total)
     return _apply_update(tx, schedule, state, grads, sums)
 
   if settings.parallelism == 'jit':
@@ -130,7 +148,8 @@ def _shard_map_step(model, family, tx, schedule, settings, mesh, state_sharding,
     # Marked as varying across devices, the parameters get per-device gradients (otherwise
     # shard_map's autodiff would already sum them); the pmean below is then the only reduction.
     local_params = jax.lax.pcast(state.params, DATA_AXIS, to='varying')
-    grads, sums = _grads_and_sums(model, family, settings, local_params, batch, rng, mean_total)
+    grads, sums = _grads_and_sums(model, family, settings, state, local_params, batch, rng,
+                                  mean_total)
     grads = jax.lax.pmean(grads, DATA_AXIS)
     sums = jax.lax.psum(sums, DATA_AXIS)
     return _apply_update(tx, schedule, state, grads, sums)
