@@ -3,8 +3,8 @@
 The original transformer layout of configs/seq2seq_transformer.py (post-LN, ReLU, sinusoidal
 positions, 3 + 3 blocks of width 128) learns to reverse strings of 1 to 31 letters. One run
 keeps a checkpoint at each of CHECKPOINTS; each checkpoint's 1024 held-out pairs are then
-decoded greedily and with beams of BEAMS, and scored by exact match (the whole reversed string
-and its EOS) and held-out loss.
+decoded greedily and by beam search (DECODINGS: beams and length penalties), and scored by exact
+match (the whole reversed string and its EOS) and held-out loss.
 
   python experiments/beam_search.py --quick
   nice -n 19 python experiments/beam_search.py
@@ -18,11 +18,12 @@ from transformer_jax import sweep, train
 NAME = 'beam_search'
 TITLE = 'Greedy decoding against beam search on string reversal'
 CONFIG = pathlib.Path(__file__).resolve().parent.parent / 'configs' / 'seq2seq_transformer.py'
-CHECKPOINTS = (250, 500, 1000)
-BEAMS = (4,)
-LENGTH_PENALTY = 0.6
+CHECKPOINTS = (250, 500, 750, 1000)
+# (beams, length penalty): 0 beams is greedy decoding.
+DECODINGS = ((0, 0.0), (4, 0.6), (4, 0.0))
 FULL = {'training.steps': CHECKPOINTS[-1], 'training.checkpoint_every': CHECKPOINTS[0],
-        'training.keep_checkpoints': len(CHECKPOINTS) * 4, 'training.eval_every': CHECKPOINTS[-1],
+        'training.keep_checkpoints': 12,  # more than the run writes: each one is decoded
+        'training.eval_every': CHECKPOINTS[-1],
         'data.exact_match_examples': 1024, 'data.eval_batch_size': 256}
 QUICK = {'model.width': 32, 'model.num_layers': 1, 'model.num_decoder_layers': 1,
          'data.seq_len': 8, 'data.batch_size': 16, 'data.eval_examples': 32,
@@ -34,15 +35,15 @@ QUICK_CHECKPOINTS = (2, 4)
 FINDINGS = ''
 
 
-def decoded(config, workdir: str, step: int, beam_size: int) -> dict:
+def decoded(config, workdir: str, step: int, beam_size: int, length_penalty: float) -> dict:
   """Held-out loss and exact match of the run's checkpoint at `step`, decoded greedily (beam 0)
-  or with `beam_size` beams."""
+  or with `beam_size` beams under `length_penalty`."""
   config = config.copy_and_resolve_references()
   config.init_from_checkpoint = f'{workdir}:{step}'
-  config.eval.update(beam_size=beam_size, length_penalty=LENGTH_PENALTY)
+  config.eval.update(beam_size=beam_size, length_penalty=length_penalty)
   results = train.evaluate(config, None)
-  return {'step': step, 'beam_size': beam_size, 'eval_loss': results['eval_loss'],
-          'eval_exact_match': results['eval_exact_match']}
+  return {'step': step, 'beam_size': beam_size, 'length_penalty': length_penalty,
+          'eval_loss': results['eval_loss'], 'eval_exact_match': results['eval_exact_match']}
 
 
 def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{NAME}',
@@ -53,8 +54,8 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
   make_config = lambda r: sweep.config_for(r, CONFIG, FULL, QUICK if quick else {}, data or {})
   results = sweep.run_all(runs, make_config, workdir)
   run_dir = f'{workdir}/{runs[0].dirname}'
-  table = [decoded(make_config(runs[0]), run_dir, step, beam)
-           for step in (QUICK_CHECKPOINTS if quick else CHECKPOINTS) for beam in (0, *BEAMS)]
+  table = [decoded(make_config(runs[0]), run_dir, step, *decoding)
+           for step in (QUICK_CHECKPOINTS if quick else CHECKPOINTS) for decoding in DECODINGS]
   return sweep.finish(TITLE, command, results, lambda: report(results, table, command), {},
                       results_dir or f'{workdir}/results', quick, decoding=table)
 
@@ -64,13 +65,14 @@ def report(results: list[dict], table: list[dict], command: str) -> str:
            'configs/seq2seq_transformer.py (the original transformer layout, post-LN, ReLU, '
            'sinusoidal positions, 3 + 3 blocks of width 128, 4 heads) reversing strings of 1 to '
            f'31 letters, {CHECKPOINTS[-1]} steps of batch 64. Each checkpoint decodes the 1024 '
-           'held-out pairs greedily and with beam search (length penalty '
-           f'{LENGTH_PENALTY}, Wu et al. 2016); exact match: the whole reversed string and its '
-           'EOS.', '', f'Command: `{command}`', '',
+           'held-out pairs greedily and by beam search (length penalty alpha: Wu et al. 2016\'s '
+           '((5 + length) / 6) ** alpha); exact match: the whole reversed string and its EOS.',
+           '', f'Command: `{command}`', '',
            f'Machine time of training: {sweep.machine_seconds(results) / 60:.1f} min.', '',
            '| step | decoding | exact match | held-out loss |', '|---|---|---|---|']
   for row in table:
-    decoding = f'beam {row["beam_size"]}' if row['beam_size'] else 'greedy'
+    decoding = (f'beam {row["beam_size"]}, alpha {row["length_penalty"]:g}' if row['beam_size']
+                else 'greedy')
     lines.append(f'| {row["step"]} | {decoding} | {row["eval_exact_match"]:.4f} | '
                  f'{row["eval_loss"]:.4f} |')
   lines += ['', '## What it shows', '', FINDINGS]

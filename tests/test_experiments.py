@@ -59,6 +59,16 @@ def test_finished_runs_are_read_back_not_repeated(tmp_path, monkeypatch):
   with pytest.raises(ValueError, match=r"another config \(differing keys: \['training.steps'\]"):
     sweep.run_all(runs, lambda r: sweep.override(make_config(r), {'training.steps': 3}),
                   str(tmp_path))
+  # A key added to the project since the runs were saved is theirs at its default value alone.
+  for run in runs:
+    path = tmp_path / run.dirname / 'config.json'
+    saved = json.loads(path.read_text())
+    del saved['optimizer']['muon_momentum']
+    path.write_text(json.dumps(saved))
+  sweep.run_all(runs, make_config, str(tmp_path))
+  with pytest.raises(ValueError, match=r"differing keys: \['optimizer.muon_momentum'\]"):
+    sweep.run_all(runs, lambda r: sweep.override(make_config(r), {'optimizer.muon_momentum': 0.9}),
+                  str(tmp_path))
 
 
 def test_a_run_whose_loss_turns_non_finite_is_recorded_as_diverged(tmp_path):

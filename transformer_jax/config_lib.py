@@ -395,8 +395,12 @@ def flatten(tree: dict, prefix: str = '') -> dict:
 
 def differing_keys(saved: dict, config: ml_collections.ConfigDict) -> list[str]:
   """The keys whose values differ between a saved config (as JSON) and `config`, model keys
-  first; the keys that say where the data lies are left out."""
+  first; the keys that say where the data lies are left out. A key the saved config lacks (one
+  added to the project after it was saved) differs only where `config` moves it off its default:
+  the saved run ran as that default does."""
   old, new = flatten(saved), flatten(json.loads(config.to_json_best_effort()))
+  defaults = flatten(json.loads(base_config(config.model.family).to_json_best_effort()))
+  old.update({k: defaults[k] for k in new.keys() - old.keys() if k in defaults})
   return sorted((k for k in old.keys() | new.keys()
                  if k not in LOCATION_KEYS and old.get(k) != new.get(k)),
                 key=lambda k: (not k.startswith('model.'), k))
