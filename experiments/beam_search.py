@@ -32,7 +32,14 @@ QUICK = {'model.width': 32, 'model.num_layers': 1, 'model.num_decoder_layers': 1
 QUICK_CHECKPOINTS = (2, 4)
 # What the committed run shows: written by hand for the figures below; a rerun that changes them
 # should change this too.
-FINDINGS = ''
+FINDINGS = (
+    'Beam search buys nothing on this task: from step 500 on every decoding scores the same '
+    '(0.001 at 500, 0.991 at 750, 1.000 at 1000), and at step 250 the beams score lower than '
+    'greedy decoding (0.039 with length penalty 0.6 and 0.034 without, against 0.050). Reversal '
+    'has one right answer per input, so a model that has not learned it yet makes confident '
+    'mistakes, and finding a likelier output does not fix them; once it has learned the task, '
+    'the greedy output already is the likeliest one. Beam search pays where several outputs '
+    'compete, as in translation.')
 
 
 def decoded(config, workdir: str, step: int, beam_size: int, length_penalty: float) -> dict:
