@@ -92,6 +92,7 @@ def test_a_saved_config_of_an_earlier_run_keeps_its_dtype(tmp_path):
   assert models.model_config(saved['model']).on('tpu').dtype == 'float32'
 
 
+@pytest.mark.slow
 def test_a_profiled_run_writes_a_trace_of_its_steps_and_an_unprofiled_one_none(tmp_path):
   workdir = str(tmp_path)
   train.train(small_config(steps=3), workdir)

@@ -74,7 +74,7 @@ def exhaustive(model, params, prompt, encoder, alpha):
 
 @pytest.mark.parametrize('case,alpha', [('gpt2', 0.0),
                                         pytest.param('llama-gqa-scanned', 0.6, marks=SLOW),
-                                        ('seq2seq', 2.0)])
+                                        pytest.param('seq2seq', 2.0, marks=SLOW)])
 def test_a_large_beam_finds_what_an_exhaustive_search_finds(case, alpha):
   """With more beams than there are outputs of STEPS - 1 tokens, no beam that could win is ever
   dropped: the K results are the exhaustive search's K best, with their log-probabilities as

@@ -241,6 +241,7 @@ def test_launch_names_a_config_file_that_is_not_there(tmp_path):
   assert result.stderr == f'--config={tmp_path / "gpt.py"}: there is no such file.\n'
 
 
+@pytest.mark.slow
 def test_eval_on_a_workdir_reads_its_saved_data_location(tmp_path):
   text = tmp_path / 'text.txt'
   text.write_text('to be or not to be, that is the question. ' * 400)

@@ -186,6 +186,7 @@ def train_on(ids, context: int, steps: int):
   return model, params
 
 
+@pytest.mark.slow
 def test_a_window_keeps_the_loss_far_past_the_training_context_at_its_trained_level():
   context = 16
   model, params = train_on(word_text(50_000, seed=1), context, steps=200)

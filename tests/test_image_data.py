@@ -140,7 +140,9 @@ def test_a_model_with_another_class_count_is_refused_before_compiling():
 
 @pytest.mark.parametrize('config, flags', [
     ('vit_i1k.py:smoke', []),
-    ('vit_cifar.py:smoke', ['--config.data.name=cifar100', '--config.model.num_classes=100']),
+    pytest.param('vit_cifar.py:smoke',
+                 ['--config.data.name=cifar100', '--config.model.num_classes=100'],
+                 marks=pytest.mark.slow),
     pytest.param('vit_i1k.py:smoke', [
         '--config.data.name=oxford_flowers102', '--config.model.num_classes=102',
         '--config.data.train_split=train', '--config.data.eval_split=test',

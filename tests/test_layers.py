@@ -210,6 +210,7 @@ def test_cpu_kernel_gives_a_decoders_loss_and_gradients(rng):
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), cpu_grads, grads)
 
 
+@pytest.mark.slow
 def test_rope_rotates_by_constant_positions_as_by_traced_ones(rng):
   """Positions known when tracing (NumPy, the default) and the same positions as a traced array
   rotate alike, and a decoder without positions gives the loss and gradients it gives with its

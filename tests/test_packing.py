@@ -96,7 +96,8 @@ def _model(name, kernel='auto'):
   return cfg, models.build(cfg), models.family_of(cfg)
 
 
-@pytest.mark.parametrize('name', list(MODELS))
+@pytest.mark.parametrize('name', [pytest.param(name, marks=pytest.mark.slow)
+                                  if name == 'decoder_gpt2' else name for name in MODELS])
 def test_packed_loss_is_the_sum_of_the_documents_losses(rng, name):
   cfg, model, family = _model(name)
   params = init(cfg, rng)

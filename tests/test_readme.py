@@ -1,6 +1,8 @@
 """The README's examples of using the modules in a model of your own run as they are written."""
 import re
 
+import pytest
+
 from helpers import ROOT
 
 SECTION = '## Use the modules in your own model'
@@ -12,6 +14,7 @@ def readme_examples() -> list[str]:
   return re.findall(r'```python\n(.*?)```', section, flags=re.S)
 
 
+@pytest.mark.slow
 def test_the_readme_examples_run_in_order():
   examples = readme_examples()
   assert len(examples) >= 5

@@ -38,8 +38,8 @@ def one_device_losses(tmp_path_factory):
   return of
 
 
-# The decoder on the meshes but 2x4 in the default suite; the rest in the slow step.
-CASES = [pytest.param(family, mesh, marks=() if family == 'decoder' and mesh != '2x4 tp'
+# The decoder by DP and by TP in the default suite; the rest in the slow step.
+CASES = [pytest.param(family, mesh, marks=() if family == 'decoder' and mesh in ('8x1 dp', '4x2 tp')
                       else pytest.mark.slow)
          for family in ('decoder', 'encoder', 'encoder_decoder', 'vit') for mesh in MESHES]
 

@@ -331,6 +331,7 @@ def _files(directory):
   return sorted((str(p), p.stat().st_mtime_ns) for p in directory.rglob('*'))
 
 
+@pytest.mark.slow
 def test_launch_trains_on_a_tfds_text_dataset_and_samples_with_its_saved_tokenizer(tmp_path):
   """GPT-2 small's config on (mock) lm1b with a trained BPE, packed, shrunk to seconds."""
   _mock_launch(tmp_path, f'--config={ROOT / "configs" / "gpt2_small.py"}:smoke,corpus=lm1b',

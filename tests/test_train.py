@@ -19,9 +19,10 @@ from transformer_jax import train
 from transformer_jax.train import checkpoint, loop, metrics, optim, step as step_lib
 
 
-# The text encoders in the slow step: the fixtures' tests resume and train them in the default.
-@pytest.mark.parametrize('family', ['decoder', 'vit'] + [
-    pytest.param(f, marks=pytest.mark.slow) for f in ('encoder', 'encoder_decoder')])
+# The ViT and the text encoders in the slow step: the fixtures' tests resume and train them in
+# the default.
+@pytest.mark.parametrize('family', ['decoder'] + [
+    pytest.param(f, marks=pytest.mark.slow) for f in ('vit', 'encoder', 'encoder_decoder')])
 def test_a_few_steps_lower_the_loss(tmp_path, family):
   config = small_config(family, steps=30, **{'optimizer.learning_rate': 1e-2})
   train.train(config, str(tmp_path))
@@ -29,9 +30,10 @@ def test_a_few_steps_lower_the_loss(tmp_path, family):
   assert np.mean(run[-5:]) < np.mean(run[:5]) - 0.1
 
 
-@pytest.mark.parametrize('parallelism,rules,accum', [('jit', (), 1), ('shard_map', (), 1),
-                                                     ('jit', (('embed', 'data'),), 1),
-                                                     ('shard_map', (), 2)],
+@pytest.mark.parametrize('parallelism,rules,accum', [
+    ('jit', (), 1), ('shard_map', (), 1),
+    pytest.param('jit', (('embed', 'data'),), 1, marks=pytest.mark.slow),
+    pytest.param('shard_map', (), 2, marks=pytest.mark.slow)],
                          ids=['jit', 'shard_map', 'fsdp', 'shard_map_accumulated'])
 def test_one_device_equals_eight(tmp_path, parallelism, rules, accum):
   results = {}
@@ -44,6 +46,7 @@ def test_one_device_equals_eight(tmp_path, parallelism, rules, accum):
   np.testing.assert_allclose(list(results[8].values()), list(results[1].values()), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_the_cpu_runtime_settings_keep_the_losses(tmp_path):
   """cpu_runtime.configure() (inline execution, freed memory kept mapped) in a fresh process, as
   launch.py runs, gives the losses of the same run here without it."""
@@ -78,7 +81,7 @@ def test_gradient_accumulation_matches_one_batch(tmp_path):
                              list(losses(tmp_path / 'whole').values()), atol=1e-5)
 
 
-@pytest.mark.parametrize('optimizer', ['adamw', 'muon'])
+@pytest.mark.parametrize('optimizer', ['adamw', pytest.param('muon', marks=pytest.mark.slow)])
 def test_resume_continues_exactly(tmp_path, optimizer):
   full = small_config(steps=6, **{'training.checkpoint_every': 3, 'optimizer.name': optimizer})
   train.train(full, str(tmp_path / 'full'))
