@@ -67,9 +67,10 @@ def run_config(spec: sweep.SweepRun, quick: bool = False, data: dict | None = No
 
 def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{NAME}',
         results_dir: str | None = None, data: dict | None = None,
-        command: str = 'ablations.run()') -> dict:
+        command: str = 'ablations.run()', vmap: bool = False) -> dict:
   """Trains (or reads back) every run, writes the results folder, returns table and figures."""
-  results = sweep.run_all(sweep_runs(quick), lambda r: run_config(r, quick, data), workdir)
+  results = sweep.run_all(sweep_runs(quick), lambda r: run_config(r, quick, data), workdir,
+                          vmap=vmap)
   table = variant_table(results)
   figures = {NAME: bar_chart(table)}
   return sweep.finish(TITLE, command, results, lambda: report(table, results, command), figures,

@@ -55,11 +55,11 @@ def decoded(config, workdir: str, step: int, beam_size: int, length_penalty: flo
 
 def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{NAME}',
         results_dir: str | None = None, data: dict | None = None,
-        command: str = 'beam_search.run()') -> dict:
+        command: str = 'beam_search.run()', vmap: bool = False) -> dict:
   """Trains (or reads back) the run, decodes each checkpoint, writes the results folder."""
   runs = [sweep.SweepRun(name='reverse', arg='task=reverse')]
   make_config = lambda r: sweep.config_for(r, CONFIG, FULL, QUICK if quick else {}, data or {})
-  results = sweep.run_all(runs, make_config, workdir)
+  results = sweep.run_all(runs, make_config, workdir, vmap=vmap)
   run_dir = f'{workdir}/{runs[0].dirname}'
   table = [decoded(make_config(runs[0]), run_dir, step, *decoding)
            for step in (QUICK_CHECKPOINTS if quick else CHECKPOINTS) for decoding in DECODINGS]

@@ -65,11 +65,11 @@ def sweep_runs() -> list[sweep.SweepRun]:
 
 def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{NAME}',
         results_dir: str | None = None, data: dict | None = None,
-        command: str = 'long_context.run()') -> dict:
+        command: str = 'long_context.run()', vmap: bool = False) -> dict:
   """Trains (or reads back) each model, measures it, writes the results folder."""
   base = [QUICK if quick else {}, data or {}]
   make_config = lambda r: sweep.config_for(r, CONFIG, *base)
-  results = sweep.run_all(sweep_runs(), make_config, workdir)
+  results = sweep.run_all(sweep_runs(), make_config, workdir, vmap=vmap)
   for run_spec, result in zip(sweep_runs(), results):
     result.update(measure(make_config(run_spec), f'{workdir}/{run_spec.dirname}',
                           QUICK_ROWS if quick else None, QUICK_SAMPLE if quick else SAMPLE))

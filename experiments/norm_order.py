@@ -60,10 +60,11 @@ def sweep_runs(quick: bool, warmup: int = WARMUP) -> list[sweep.SweepRun]:
 
 def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{NAME}',
         results_dir: str | None = None, data: dict | None = None,
-        command: str = 'norm_order.run()') -> dict:
+        command: str = 'norm_order.run()', vmap: bool = False) -> dict:
   """Trains (or reads back) every run, writes the results folder, returns table and figures."""
   base = [FULL, QUICK if quick else {}, data or {}]
-  results = sweep.run_all(sweep_runs(quick), lambda r: sweep.config_for(r, CONFIG, *base), workdir)
+  results = sweep.run_all(sweep_runs(quick), lambda r: sweep.config_for(r, CONFIG, *base), workdir,
+                          vmap=vmap)
   figures = {NAME: curves(results)}
   return sweep.finish(TITLE, command, results, lambda: report(results, command), figures,
                       results_dir or f'{workdir}/results', quick)

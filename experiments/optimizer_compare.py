@@ -55,10 +55,11 @@ def sweep_runs() -> list[sweep.SweepRun]:
 
 def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{NAME}',
         results_dir: str | None = None, data: dict | None = None,
-        command: str = 'optimizer_compare.run()') -> dict:
+        command: str = 'optimizer_compare.run()', vmap: bool = False) -> dict:
   """Trains (or reads back) every run, writes the results folder, returns table and figures."""
   base = [FULL, QUICK if quick else {}, data or {}]
-  results = sweep.run_all(sweep_runs(), lambda r: sweep.config_for(r, CONFIG, *base), workdir)
+  results = sweep.run_all(sweep_runs(), lambda r: sweep.config_for(r, CONFIG, *base), workdir,
+                          vmap=vmap)
   figures = {NAME: curves(results)}
   return sweep.finish(TITLE, command, results, lambda: report(results, command), figures,
                       results_dir or f'{workdir}/results', quick, best=best_runs(results))

@@ -82,11 +82,11 @@ def run_config(spec: sweep.SweepRun, quick: bool = False, data: dict | None = No
 
 def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{NAME}',
         results_dir: str | None = None, data: dict | None = None,
-        command: str = 'patch_sweep.run()') -> dict:
+        command: str = 'patch_sweep.run()', vmap: bool = False) -> dict:
   """Trains (or reads back) every run, measures, resizes, writes the results folder."""
   make_config = lambda r: run_config(r, quick, data)
   runs = sweep_runs(quick)
-  results = sweep.run_all(runs, make_config, workdir)
+  results = sweep.run_all(runs, make_config, workdir, vmap=vmap)
   for r, spec in zip(results, runs):
     config = make_config(spec)
     r.update(costs(config), step_memory_bytes=step_memory(config))

@@ -87,12 +87,12 @@ def sweep_runs(quick: bool) -> list[sweep.SweepRun]:
 
 def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{NAME}',
         results_dir: str | None = None, data: dict | None = None,
-        command: str = 'scaling.run()', bootstrap: int = 200) -> dict:
+        command: str = 'scaling.run()', vmap: bool = False, bootstrap: int = 200) -> dict:
   """Trains (or reads back) the grid, fits, writes the results folder."""
   base = [FULL, QUICK if quick else {}, data or {}]
   make_config = lambda r: sweep.config_for(r, CONFIG, *base)
   runs = sweep_runs(quick)
-  results = sweep.run_all(runs, make_config, workdir)
+  results = sweep.run_all(runs, make_config, workdir, vmap=vmap)
   for r, spec in zip(results, runs):
     r.update(sizes(make_config(spec)))
   fits = (fit_all(results, bootstrap=10, num_starts=QUICK_FIT_STARTS) if quick

@@ -92,7 +92,7 @@ def measured(result: dict, config) -> dict:
 
 
 def run(quick: bool, workdir: str, results_dir: str, data: dict, command: str, *, text: str,
-        steps: int, vocab_sizes) -> dict:
+        steps: int, vocab_sizes, vmap: bool = False) -> dict:
   """Trains (or reads back) the character run and the FLOP-matched BPE runs, writes the results."""
   base = {**data, **(QUICK if quick else {}), 'data.name': 'text_file', 'data.path': text}
   runs = tokenizer_runs(Vocab.of_text(pathlib.Path(text).read_text('utf-8')).size, vocab_sizes)
@@ -103,7 +103,7 @@ def run(quick: bool, workdir: str, results_dir: str, data: dict, command: str, *
     return with_steps(config, matched_steps(config, budget))
   chars = with_steps(sweep.config_for(runs[0], CONFIG, base), QUICK_STEPS if quick else steps)
   budget = chars.training.steps * train_flops_per_step(chars)
-  results = sweep.run_all(runs, config_of, workdir)
+  results = sweep.run_all(runs, config_of, workdir, vmap=vmap)
   for result, spec in zip(results, runs):
     result.update(measured(result, config_of(spec)))
   return sweep.finish(TITLE, command, results, lambda: report(results, command), {},
@@ -130,13 +130,13 @@ def report(results: list[dict], command: str) -> str:
 
 
 def main(argv=None):
-  def run_flags(*args):
+  def run_flags(*args, **keywords):
     if not _TEXT.value:
       raise app.UsageError('--text=FILE: the UTF-8 text file to train and evaluate on.')
     words = f' --text TEXT_FILE --steps {_STEPS.value} --vocab_sizes {",".join(_VOCAB_SIZES.value)}'
     *rest, command = args
     return run(*rest, command + words, text=_TEXT.value, steps=_STEPS.value,
-               vocab_sizes=[int(size) for size in _VOCAB_SIZES.value])
+               vocab_sizes=[int(size) for size in _VOCAB_SIZES.value], **keywords)
   sweep.main(NAME, run_flags, argv)
 
 

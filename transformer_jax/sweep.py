@@ -25,7 +25,8 @@ from typing import Any, Callable, Iterable, Mapping
 from absl import app, flags
 import ml_collections
 
-from transformer_jax import config_lib, run as run_lib
+from transformer_jax import config_lib, errors, run as run_lib
+from transformer_jax.train import checkpoint, vmapped
 from transformer_jax.train.metrics import read_metrics
 
 __all__ = [
@@ -103,17 +104,21 @@ def config_for(run: SweepRun, config_file, *base: Mapping[str, Any]) -> ml_colle
 
 
 def run_all(runs: list[SweepRun], make_config: Callable[[SweepRun], ml_collections.ConfigDict],
-            workdir: str) -> list[dict]:
-  """Trains the runs one after another, each in workdir/<run.dirname>, skipping finished ones;
-  returns each run's name, argument, overrides and `summary`."""
-  results = []
-  for number, run in enumerate(runs, 1):
-    log.info('Run %d of %d: %s', number, len(runs), run.name)
-    run_dir = os.path.join(workdir, run.dirname)
-    train_once(make_config(run), run_dir)
-    results.append({'name': run.name, 'arg': run.arg, 'overrides': dict(run.overrides),
-                    **summary(run_dir)})
-  return results
+            workdir: str, vmap: bool = False) -> list[dict]:
+  """Trains the runs, each in workdir/<run.dirname>, skipping finished ones; returns each run's
+  name, argument, overrides and `summary`. One after another, or with `vmap` the runs that
+  differ only in numbers the program does not depend on (train.vmapped.VMAPPED_KEYS: seeds,
+  learning rates, ...) as one jitted program per such group."""
+  configs = [make_config(run) for run in runs]
+  run_dirs = [os.path.join(workdir, run.dirname) for run in runs]
+  if vmap:
+    _train_grouped(runs, configs, run_dirs)
+  for number, (run, config, run_dir) in enumerate(zip(runs, configs, run_dirs), 1):
+    if not vmap:
+      log.info('Run %d of %d: %s', number, len(runs), run.name)
+      train_once(config, run_dir)
+  return [{'name': run.name, 'arg': run.arg, 'overrides': dict(run.overrides),
+           **summary(run_dir)} for run, run_dir in zip(runs, run_dirs)]
 
 
 def train_once(config: ml_collections.ConfigDict, run_dir: str) -> None:
@@ -123,21 +128,61 @@ def train_once(config: ml_collections.ConfigDict, run_dir: str) -> None:
   The status, the wall time of the call that finished it and the load average go to
   run_dir/sweep.json.
   """
+  if _finished(config, run_dir):
+    return
+  start, load = time.time(), os.getloadavg()
+  error = None
+  try:
+    run_lib.run(config, run_dir, 'train')
+  except FloatingPointError as exception:
+    error = str(exception)
+    log.warning('%s diverged: %s', run_dir, error)
+  _write_status(config, run_dir, error, time.time() - start, load)
+
+
+def _train_grouped(runs: list[SweepRun], configs, run_dirs: list[str]) -> None:
+  """The runs not yet finished, trained as vmapped.groups of them (a group of one alone)."""
+  pending = [i for i, (c, d) in enumerate(zip(configs, run_dirs)) if not _finished(c, d)]
+  for group in vmapped.groups([configs[i] for i in pending]):
+    members = [pending[i] for i in group]
+    if len(members) == 1:
+      log.info('Training %s alone (no other run differs from it in vmapped numbers only).',
+               runs[members[0]].name)
+      train_once(configs[members[0]], run_dirs[members[0]])
+      continue
+    log.info('Training %d runs as one program: %s.', len(members),
+             ', '.join(runs[i].name for i in members))
+    start, load = time.time(), os.getloadavg()
+    outcomes = vmapped.train_group([configs[i] for i in members],
+                                   [run_dirs[i] for i in members])
+    seconds = time.time() - start
+    for i, error in zip(members, outcomes):
+      _write_status(configs[i], run_dirs[i], error, seconds / len(members), load,
+                    group_size=len(members), group_seconds=seconds)
+
+
+def _finished(config, run_dir: str) -> bool:
+  """Whether run_dir holds this config's finished (or diverged) run; a run of another config
+  there is refused."""
   _check_same_config(config, run_dir)
   status_path = os.path.join(run_dir, STATUS_FILE)
   if os.path.exists(status_path):
     log.info('%s already %s; reading it back.', run_dir, _read_json(status_path)['status'])
-    return
-  start, load = time.time(), os.getloadavg()
-  status, error = 'finished', None
-  try:
-    run_lib.run(config, run_dir, 'train')
-  except FloatingPointError as exception:
-    status, error = 'diverged', str(exception)
-    log.warning('%s diverged: %s', run_dir, error)
-  with open(status_path, 'w') as f:
-    json.dump({'status': status, 'error': error, 'train_seconds': time.time() - start,
-               'load_average_start': load[0], 'load_average_end': os.getloadavg()[0]}, f)
+    return True
+  return False
+
+
+def _write_status(config, run_dir: str, error: str | None, seconds: float, load, **extra):
+  """run_dir/sweep.json of a run that ended: finished, or diverged with `error`. A run that a
+  SIGTERM stopped before its last step has ended nothing: the sweep stops, to be rerun."""
+  if error is None and (checkpoint.latest_step(run_dir) or 0) < config.training.steps:
+    raise errors.UserError(f'The sweep was stopped (SIGTERM) with {run_dir} at step '
+                           f'{checkpoint.latest_step(run_dir)}: run the same command again to '
+                           'resume it from its checkpoints.')
+  with open(os.path.join(run_dir, STATUS_FILE), 'w') as f:
+    json.dump({'status': 'diverged' if error else 'finished', 'error': error,
+               'train_seconds': seconds, 'load_average_start': load[0],
+               'load_average_end': os.getloadavg()[0], **extra}, f)
 
 
 def _check_same_config(config, run_dir: str) -> None:
@@ -231,6 +276,9 @@ def machine_seconds(results: list[dict]) -> float:
 
 _QUICK = flags.DEFINE_bool('quick', False, 'The whole pipeline on tiny settings and synthetic '
                            'data, in seconds.')
+_VMAP = flags.DEFINE_bool('vmap', False, 'Train the runs that differ only in numbers the '
+                          'program does not depend on (seeds, learning rates, ...) as one '
+                          'vmapped program per group (train.vmapped).')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Where the runs (checkpoints, metrics) go. '
                                'Default: /tmp/transformer_jax_experiments/NAME[-quick].')
 _RESULTS = flags.DEFINE_string('results', None, 'The results folder. Default: '
@@ -246,7 +294,7 @@ DATA_FLAGS = {'manual_dir': 'DIR', 'tfds_data_dir': 'TFDS_DIR'}
 
 def parse_flags(name: str, argv=None) -> dict:
   """The flags every experiment script takes, from `argv` (default: the command line): quick,
-  workdir, results, data (the data-location overrides) and command (the command line as
+  vmap, workdir, results, data (the data-location overrides) and command (the command line as
   written into the results)."""
   argv = sys.argv[1:] if argv is None else list(argv)
   app.define_help_flags()
@@ -257,12 +305,12 @@ def parse_flags(name: str, argv=None) -> dict:
              or f'/tmp/transformer_jax_experiments/{name}' + '-quick' * _QUICK.value)
   results = _RESULTS.value or (os.path.join(workdir, 'results') if _QUICK.value
                                else str(root / 'experiments' / 'results' / name))
-  words = ['--quick'] if _QUICK.value else []
+  words = ['--quick'] * _QUICK.value + ['--vmap'] * _VMAP.value
   for flag in (_WORKDIR, _RESULTS, _MANUAL_DIR, _TFDS_DATA_DIR):
     if flag.present:
       words += [f'--{flag.name}', DATA_FLAGS.get(flag.name, flag.value)]
   nice = 'nice -n 19 ' if os.nice(0) >= 19 else ''
-  return {'quick': _QUICK.value, 'workdir': workdir, 'results': results,
+  return {'quick': _QUICK.value, 'vmap': _VMAP.value, 'workdir': workdir, 'results': results,
           'data': {f'data.{flag.name}': flag.value for flag in (_MANUAL_DIR, _TFDS_DATA_DIR)
                    if flag.value},
           'command': f'{nice}python experiments/{name}.py {shlex.join(words)}'.strip()}
@@ -270,8 +318,9 @@ def parse_flags(name: str, argv=None) -> dict:
 
 def main(name: str, run: Callable, argv=None) -> None:
   """An experiment script's entry point: its flags, logging, then run(quick, workdir, results,
-  data, command)."""
+  data, command, vmap=vmap)."""
   parsed = parse_flags(name, argv)
   run_lib.configure_logging()
   logging.basicConfig(level=logging.INFO, format='%(asctime)s %(message)s')
-  run(parsed['quick'], parsed['workdir'], parsed['results'], parsed['data'], parsed['command'])
+  run(parsed['quick'], parsed['workdir'], parsed['results'], parsed['data'], parsed['command'],
+      vmap=parsed['vmap'])

@@ -14,7 +14,9 @@ from transformer_jax.train import checkpoint, metrics as metrics_lib, setup, sha
 from transformer_jax.settings import TrainingSettings
 from transformer_jax.train.setup import Run, build_run, restore_trained
 
-__all__ = ['evaluate', 'evaluate_params', 'itstime', 'profile_dir', 'PROGRESS_SECONDS', 'train']
+__all__ = ['check_finite', 'evaluate', 'evaluate_and_log', 'evaluate_params', 'evaluation_missing',
+           'itstime', 'profile_dir', 'PROGRESS_SECONDS', 'start_run', 'step_memory', 'Throughput',
+           'train', 'Window']
 
 log = logging.getLogger(__name__)
 
@@ -34,32 +36,44 @@ def train(config, workdir: str):
                                        run.training.keep_checkpoints)
   writer = None
   try:
-    state = setup.restore_or_init(run, checkpoints, workdir)
-    setup.save_config(config, workdir)
-    setup.save_tokenizer(run, workdir)
-    writer = metrics_lib.MetricWriter(workdir, run.training.steps)
-    log.info('%s model, %s parameters, %d devices, mesh %s.', run.family.name,
-             f'{accounting.count_params(run.abstract_params)["total"]:,}', jax.device_count(),
-             dict(run.mesh.shape))
-    if run.lora.rank:
-      log.info('LoRA: %s adapter parameters train, the rest is frozen.',
-               f'{accounting.count_params(state.params)["total"]:,}')
-    eval_step = run.eval_step
-    start = int(state.step)
-    if _evaluation_missing(run.training, start, workdir):
-      log.info('The evaluation at step %d is missing from metrics.jsonl: running it first.', start)
-      _evaluate(run, eval_step, run.model_params(state), start, writer)
-    if start >= run.training.steps:
-      log.info('Nothing to do: the checkpoint is at step %d of %d.', start, run.training.steps)
+    state, writer = start_run(run, checkpoints, workdir, run.eval_step)
+    if int(state.step) >= run.training.steps:
+      log.info('Nothing to do: the checkpoint is at step %d of %d.', int(state.step),
+               run.training.steps)
       return state
-    return _train_from(run, state, eval_step, checkpoints, writer, workdir)
+    return _train_from(run, state, run.eval_step, checkpoints, writer, workdir)
   finally:
     checkpoints.close()
     if writer is not None:
       writer.close()
 
 
-def _step_memory(compiled, device) -> str:
+def start_run(run: Run, checkpoints, workdir: str, eval_step):
+  """(state, metric writer) of a run about to train: its checkpoint or initial state, its config
+  and tokenizer saved, and the evaluation a stopped run still owes made up. The caller closes
+  the writer."""
+  state = setup.restore_or_init(run, checkpoints, workdir)
+  setup.save_config(run.config, workdir)
+  setup.save_tokenizer(run, workdir)
+  writer = metrics_lib.MetricWriter(workdir, run.training.steps)
+  try:
+    log.info('%s model, %s parameters, %d devices, mesh %s.', run.family.name,
+             f'{accounting.count_params(run.abstract_params)["total"]:,}', jax.device_count(),
+             dict(run.mesh.shape))
+    if run.lora.rank:
+      log.info('LoRA: %s adapter parameters train, the rest is frozen.',
+               f'{accounting.count_params(state.params)["total"]:,}')
+    start = int(state.step)
+    if evaluation_missing(run.training, start, workdir):
+      log.info('The evaluation at step %d is missing from metrics.jsonl: running it first.', start)
+      evaluate_and_log(run, eval_step, run.model_params(state), start, writer)
+  except BaseException:
+    writer.close()
+    raise
+  return state, writer
+
+
+def step_memory(compiled, device) -> str:
   """What XLA says the step needs per device, and of how much where the device says. The device
   must be this process's own: other processes' devices have no memory stats here."""
   needs = metrics_lib.compiled_memory(compiled)
@@ -78,18 +92,18 @@ def _train_from(run: Run, state, eval_step, checkpoints, writer, workdir: str):
   compile_start = time.time()
   compiled = run.train_step.lower(state, first).compile()
   log.info('Compiled the train step in %.1f s; %s.', time.time() - compile_start,
-           _step_memory(compiled, run.mesh.local_devices[0]))
+           step_memory(compiled, run.mesh.local_devices[0]))
   preemption = checkpoint.PreemptionFlag()
   profile = _Profile(run.training, profile_dir(workdir))
   try:
     return _loop(run, compiled, eval_step, state, first, batches, checkpoints, writer,
-                 _Throughput(run, first), preemption, profile)
+                 Throughput(run, first), preemption, profile)
   finally:
     preemption.restore()
     profile.stop()
 
 
-def _evaluation_missing(training: TrainingSettings, step: int, workdir: str) -> bool:
+def evaluation_missing(training: TrainingSettings, step: int, workdir: str) -> bool:
   """Whether an evaluation was due at `step` (a resumed run's first step) and metrics.jsonl lacks
   it: the run was stopped between saving that checkpoint and finishing the evaluation. Process 0
   decides, for every process."""
@@ -108,7 +122,7 @@ def _loop(run, train_step, eval_step, state, batch, batches, checkpoints, writer
   that log, save, evaluate or stop."""
   every = run.training
   start, total = int(state.step), run.training.steps
-  window, pending = _Window(), None
+  window, pending = Window(), None
   last_progress = 0.0  # the first step prints at once
   for step in range(start, total):
     profile.before(step)
@@ -134,13 +148,13 @@ def _loop(run, train_step, eval_step, state, batch, batches, checkpoints, writer
     if saved:
       checkpoints.save(done, state)
     if evaluated:
-      _evaluate(run, eval_step, run.model_params(state), done, writer)
+      evaluate_and_log(run, eval_step, run.model_params(state), done, writer)
     if stop:
       checkpoints.wait()
       log.warning('SIGTERM: saved the checkpoint at step %d and stopped.', done)
       break
     if logged:  # after evaluation and saving, so that the next window times steps only
-      window = _Window()
+      window = Window()
     if done < total:
       batch = sharding.global_batch(next(batches), run.mesh)
   return state
@@ -188,7 +202,7 @@ class _Profile:
              self.last, self.directory, self.directory)
 
 
-class _Window:
+class Window:
   """Host-side sums of the metrics of the steps since the last log line."""
 
   def __init__(self):
@@ -199,7 +213,7 @@ class _Window:
 
   def add(self, step, device_metrics, checkpoints):
     values = jax.device_get(device_metrics)
-    _check_finite(step, values, checkpoints)
+    check_finite(step, values, checkpoints)
     for key in self.sums:
       self.sums[key] += float(values[key])
     self.last = {'grad_norm': float(values['grad_norm']),
@@ -212,7 +226,7 @@ class _Window:
             **self.last}
 
 
-def _check_finite(step: int, values: dict, checkpoints) -> None:
+def check_finite(step: int, values: dict, checkpoints) -> None:
   """Raises FloatingPointError when a step's loss, gradient or updated parameters are not all
   finite. The loop checks every step before it saves, so the checkpoint it names holds finite
   parameters."""
@@ -231,7 +245,7 @@ def _check_finite(step: int, values: dict, checkpoints) -> None:
                            f'{where}.')
 
 
-class _Throughput:
+class Throughput:
   """Examples (and tokens) per second and MFU of a window of steps."""
 
   def __init__(self, run: Run, batch: dict):
@@ -294,7 +308,7 @@ def _decoded(run: Run, params, **keywords) -> np.ndarray:
   return jax.device_get(beams.tokens[:, 0])
 
 
-def _evaluate(run: Run, eval_step, params, step: int, writer) -> None:
+def evaluate_and_log(run: Run, eval_step, params, step: int, writer) -> None:
   results = evaluate_params(run, eval_step, params)
   writer.write(step, results)
   shown = {'eval_top5_accuracy': 'top-5 {:.4f}', 'eval_bits_per_byte': '{:.4f} bits per byte',

@@ -3,6 +3,7 @@ on the transformer blocks' projection matrices with that AdamW on every other pa
 import re
 
 import jax
+import jax.numpy as jnp
 import optax
 from optax.contrib import MuonDimensionNumbers
 from optax.contrib._muon import scale_by_shape  # optax.contrib.muon's own; not exported
@@ -15,22 +16,30 @@ from transformer_jax.models.registry import EMBEDDING_NAMES
 __all__ = ['decay_mask', 'learning_rate_schedule', 'make_optimizer', 'muon_dimension_numbers']
 
 
-def learning_rate_schedule(opt, total_steps: int, peak: float | None = None) -> optax.Schedule:
+def learning_rate_schedule(opt, total_steps: int, peak=None) -> optax.Schedule:
   """Linear warmup, peak * (step + 1) / warmup_steps at steps 0 .. warmup_steps - 1, so that the
   first update is a real one (a warmup from 0 would waste it), then cosine decay to
-  min_lr_ratio * peak (or constant) from step warmup_steps. peak: default opt.learning_rate."""
+  min_lr_ratio * peak (or constant) from step warmup_steps. peak: default opt.learning_rate.
+
+  Written with jnp rather than optax's join and cosine schedules, whose Python checks of the
+  step counts reject the traced numbers of a vmapped sweep (train.vmapped): any of peak,
+  warmup_steps and min_lr_ratio may be a traced scalar.
+  """
   peak = opt.learning_rate if peak is None else peak
-  warmup = lambda step: peak * (step + 1) / opt.warmup_steps
-  if opt.schedule == 'constant':
-    after = optax.constant_schedule(peak)
-  elif opt.schedule == 'cosine':
-    after = optax.cosine_decay_schedule(peak, max(total_steps - opt.warmup_steps, 1),
-                                        opt.min_lr_ratio)
-  else:
+  if opt.schedule not in ('cosine', 'constant'):
     raise ConfigError(f'Unknown optimizer.schedule {opt.schedule!r}: use "cosine" or "constant".')
-  if not opt.warmup_steps:
-    return after
-  return optax.join_schedules([warmup, after], [opt.warmup_steps])
+  warmup_steps, floor = opt.warmup_steps, opt.min_lr_ratio
+
+  def schedule(step):
+    if opt.schedule == 'constant':
+      after = peak
+    else:  # optax.cosine_decay_schedule(peak, decay_steps, floor) at step - warmup_steps
+      decay_steps = jnp.maximum(total_steps - warmup_steps, 1)
+      count = jnp.minimum(step - warmup_steps, decay_steps)
+      after = peak * ((1 - floor) * (0.5 * (1 + jnp.cos(jnp.pi * count / decay_steps))) + floor)
+    warmup = peak * (step + 1) / jnp.maximum(warmup_steps, 1)
+    return jnp.where(step < warmup_steps, warmup, after)
+  return schedule
 
 
 def _names(path) -> list[str]:
@@ -101,6 +110,12 @@ def _muon(opt, schedule: optax.Schedule, adamw: optax.GradientTransformation):
   return optax.partition({'muon': muon, 'adamw': adamw}, _labels)
 
 
+def _is_set(number) -> bool:
+  """Whether a config number turns its transformation on: a traced one does (a vmapped sweep
+  groups the runs that have it off apart from those that have it on)."""
+  return isinstance(number, jax.Array) or bool(number)
+
+
 def make_optimizer(opt, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """The optimizer of config.optimizer `opt` and its (AdamW's) learning-rate schedule; Muon's
   follows the same schedule from its own peak, muon_learning_rate."""
@@ -112,6 +127,6 @@ def make_optimizer(opt, total_steps: int) -> tuple[optax.GradientTransformation,
                    weight_decay=opt.weight_decay, mask=lambda p: decay_mask(p, opt))
   if opt.name == 'muon':
     tx = _muon(opt, learning_rate_schedule(opt, total_steps, opt.muon_learning_rate), tx)
-  if opt.grad_clip_norm:
+  if _is_set(opt.grad_clip_norm):
     return optax.chain(optax.clip_by_global_norm(opt.grad_clip_norm), tx), schedule
   return tx, schedule

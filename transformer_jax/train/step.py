@@ -4,6 +4,7 @@ Both compute the same thing: gradients of (sum of per-position losses over the g
 (its total weight), accumulated over `grad_accum_steps` microbatches, then one optax update.
 """
 import dataclasses
+import functools
 
 import flax.struct
 import jax
@@ -19,7 +20,8 @@ from transformer_jax.train import losses, sharding
 from transformer_jax.settings import TrainingSettings
 from transformer_jax.train.sharding import DATA_AXIS
 
-__all__ = ['LoraState', 'make_eval_step', 'make_train_step', 'StepSettings', 'TrainState']
+__all__ = ['dropout_root', 'LoraState', 'make_eval_step', 'make_stacked_train_step',
+           'make_train_step', 'StepSettings', 'TrainState']
 
 
 class TrainState(flax.struct.PyTreeNode):
@@ -107,29 +109,59 @@ def _apply_update(tx, schedule, state, grads, sums):
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
+def _jit_step(model, family, settings, mesh, tx, schedule, rng_root, state, batch):
+  """One step of the whole batch under jit's shardings: the dropout key of step t is
+  fold_in(rng_root, t)."""
+  rng = jax.random.fold_in(rng_root, state.step)
+  total = jnp.sum(family.weights(batch))
+  with sharding.activation_rules(mesh, settings.rules):
+    grads, sums = _grads_and_sums(model, family, settings, state, state.params, batch, rng, total)
+  return _apply_update(tx, schedule, state, grads, sums)
+
+
+def dropout_root(seed):
+  """The key that every step's dropout key is folded from (key 0 of the seed initializes)."""
+  return jax.random.fold_in(jax.random.key(seed), 1)
+
+
 def make_train_step(model, family: Family, tx, schedule, mesh, state_sharding,
                     settings: StepSettings = StepSettings()):
   """A jitted step(state, batch) -> (state, metrics) with the state donated."""
-  rng_root = jax.random.fold_in(jax.random.key(settings.seed), 1)  # 0 initializes the params
+  rng_root = dropout_root(settings.seed)
   batch_sharding = jax.sharding.NamedSharding(mesh, P(DATA_AXIS))
   replicated = jax.sharding.NamedSharding(mesh, P())
-
-  def jit_step(state, batch):
-    rng = jax.random.fold_in(rng_root, state.step)
-    total = jnp.sum(family.weights(batch))
-    with sharding.activation_rules(mesh, settings.rules):
-      grads, sums = _grads_and_sums(model, family, settings, state, state.params, batch, rng,
-                                    total)
-    return _apply_update(tx, schedule, state, grads, sums)
-
   if settings.parallelism == 'jit':
-    step = jit_step
+    step = functools.partial(_jit_step, model, family, settings, mesh, tx, schedule, rng_root)
   elif settings.parallelism == 'shard_map':
     step = _shard_map_step(model, family, tx, schedule, settings, mesh, state_sharding, rng_root)
   else:
     raise ConfigError(f'Unknown parallelism {settings.parallelism!r}: use "jit" or "shard_map".')
   return jax.jit(step, in_shardings=(state_sharding, batch_sharding),
                  out_shardings=(state_sharding, replicated), donate_argnums=0)
+
+
+def make_stacked_train_step(model, family: Family, make_optimizer, mesh, stacked_sharding,
+                            settings: StepSettings):
+  """A jitted step(states, batches, numbers, active) -> (states, metrics) over runs stacked on
+  a leading axis (jax.vmap): run i takes batches[i] and its own numbers[i], the dict that
+  `make_optimizer(numbers) -> (tx, schedule)` builds its optimizer of, with its dropout key
+  data under 'dropout_root'. A run whose `active[i]` is False keeps its state (a run that
+  finished or diverged while the others go on). The states are donated."""
+  if settings.parallelism != 'jit':
+    raise ConfigError('A vmapped sweep trains with parallelism="jit": set it, or train the runs '
+                      'one after another (vmap=False).')
+
+  def run_step(state, batch, numbers, active):
+    tx, schedule = make_optimizer(numbers)
+    rng_root = jax.random.wrap_key_data(numbers['dropout_root'])
+    new, metrics = _jit_step(model, family, settings, mesh, tx, schedule, rng_root, state, batch)
+    return jax.tree.map(lambda n, o: jnp.where(active, n, o), new, state), metrics
+
+  stacked = lambda spec: jax.sharding.NamedSharding(mesh, P(None, *spec))
+  replicated = jax.sharding.NamedSharding(mesh, P())
+  return jax.jit(jax.vmap(run_step),
+                 in_shardings=(stacked_sharding, stacked(P(DATA_AXIS)), replicated, replicated),
+                 out_shardings=(stacked_sharding, replicated), donate_argnums=0)
 
 
 def _shard_map_step(model, family, tx, schedule, settings, mesh, state_sharding, rng_root):

@@ -1,0 +1,129 @@
+"""A sweep trained as one vmapped program (train.vmapped, sweep.run_all(vmap=True)) against the
+same runs trained alone: every run's training and held-out losses, its checkpoints, a stop
+and resume, runs resumed at different steps, a diverging run, and how runs are grouped."""
+import json
+
+import numpy as np
+import pytest
+
+from train_helpers import losses, small_config
+from transformer_jax import errors, sweep, train
+from transformer_jax.train import checkpoint, metrics, vmapped
+
+# Five runs that differ in every kind of vmapped number, the seed first: each its own
+# initialization, data order and dropout key.
+VARIANTS = {
+    'base': {},
+    'seed=1,lr=1e-2': {'seed': 1, 'optimizer.learning_rate': 1e-2},
+    'seed=2,no warmup,wd': {'seed': 2, 'optimizer.warmup_steps': 0,
+                            'optimizer.weight_decay': 0.3},
+    'seed=3,init,betas': {'seed': 3, 'model.init_std': 0.05, 'model.embed_init_std': 0.1,
+                          'optimizer.b1': 0.8, 'optimizer.b2': 0.9},
+    'seed=4,clip,cosine floor': {'seed': 4, 'optimizer.grad_clip_norm': 0.5,
+                                 'optimizer.min_lr_ratio': 0.5},
+}
+STEPS = {'training.checkpoint_every': 3, 'training.eval_every': 3, 'optimizer.schedule': 'cosine'}
+
+
+def make_config(run, steps=6, **extra):
+  return small_config(steps=steps, **{**STEPS, 'model.dropout_rate': 0.1, **extra,
+                                      **dict(run.overrides)})
+
+
+def eval_losses(workdir):
+  return {r['step']: r['eval_loss'] for r in metrics.read_metrics(workdir) if 'eval_loss' in r}
+
+
+def assert_as_alone(tmp_path, runs, vmapped_dir, **extra):
+  """Each run's training and held-out losses equal those of the same run trained alone."""
+  for run in runs:
+    alone = tmp_path / 'alone' / run.dirname
+    train.train(make_config(run, **extra), str(alone))
+    together = vmapped_dir / run.dirname
+    assert list(losses(together)) == list(losses(alone))
+    np.testing.assert_allclose(list(losses(together).values()), list(losses(alone).values()),
+                               atol=1e-5)
+    np.testing.assert_allclose(list(eval_losses(together).values()),
+                               list(eval_losses(alone).values()), atol=1e-5)
+
+
+def test_every_run_of_a_vmapped_sweep_trains_as_it_would_alone(tmp_path):
+  runs = sweep.named(VARIANTS)
+  assert vmapped.groups([make_config(r) for r in runs]) == [[0, 1, 2, 3, 4]]
+  results = sweep.run_all(runs, make_config, str(tmp_path / 'sweep'), vmap=True)
+  assert [r['status'] for r in results] == ['finished'] * 5
+  assert all(r['group_size'] == 5 for r in results)
+  assert sweep.machine_seconds(results) == pytest.approx(results[0]['group_seconds'])
+  assert_as_alone(tmp_path, runs, tmp_path / 'sweep')
+  # Each run's checkpoints are its own, readable as a run trained alone reads them.
+  for run in runs:
+    saved = checkpoint.Checkpoints(str(tmp_path / 'sweep' / run.dirname / 'checkpoints'),
+                                   read_only=True)
+    assert saved.all_steps() == [3, 6]
+    saved.close()
+    assert train.evaluate(make_config(run), str(tmp_path / 'sweep' / run.dirname))[
+        'eval_loss'] == pytest.approx(eval_losses(tmp_path / 'sweep' / run.dirname)[6], abs=1e-6)
+
+
+def stop_after(monkeypatch, calls: int):
+  """SIGTERM, as checkpoint.PreemptionFlag sees it, from the `calls`-th step on."""
+  seen = []
+
+  def reached(self):
+    seen.append(None)
+    return len(seen) >= calls
+  monkeypatch.setattr(checkpoint.PreemptionFlag, 'reached', reached)
+
+
+def test_a_stopped_vmapped_sweep_resumes_exactly(tmp_path, monkeypatch):
+  runs = sweep.named(dict(list(VARIANTS.items())[:3]))
+  with monkeypatch.context() as patch:
+    stop_after(patch, 2)
+    with pytest.raises(errors.UserError, match='stopped .* run the same command again'):
+      sweep.run_all(runs, make_config, str(tmp_path / 'sweep'), vmap=True)
+  for run in runs:
+    assert checkpoint.latest_step(str(tmp_path / 'sweep' / run.dirname)) == 2
+    assert not (tmp_path / 'sweep' / run.dirname / sweep.STATUS_FILE).exists()
+  results = sweep.run_all(runs, make_config, str(tmp_path / 'sweep'), vmap=True)
+  assert [r['steps'] for r in results] == [6, 6, 6]
+  assert_as_alone(tmp_path, runs, tmp_path / 'sweep')
+
+
+def test_runs_at_different_steps_train_together_and_each_ends_at_its_last(tmp_path, monkeypatch):
+  """A sweep killed between two runs' saves: one run resumes at step 4, another from scratch;
+  a third had finished and is read back."""
+  runs = sweep.named(dict(list(VARIANTS.items())[:3]))
+  ahead, finished = (tmp_path / 'sweep' / runs[0].dirname), runs[2]
+  with monkeypatch.context() as patch:
+    stop_after(patch, 4)
+    train.train(make_config(runs[0]), str(ahead))
+  assert checkpoint.latest_step(str(ahead)) == 4
+  sweep.run_all([finished], make_config, str(tmp_path / 'sweep'))
+  results = sweep.run_all(runs, make_config, str(tmp_path / 'sweep'), vmap=True)
+  assert [r['status'] for r in results] == ['finished'] * 3
+  assert 'group_size' not in results[2] and results[0]['group_size'] == 2
+  assert_as_alone(tmp_path, runs, tmp_path / 'sweep')
+
+
+def test_a_diverging_run_stops_alone_while_the_others_finish(tmp_path):
+  runs = sweep.named({'fine': {}, 'huge lr': {'optimizer.learning_rate': 1e30},
+                      'fine too': {'seed': 1}})
+  settings = {'optimizer.grad_clip_norm': 0.0, 'optimizer.warmup_steps': 0}
+  results = sweep.run_all(runs, lambda r: make_config(r, **settings), str(tmp_path / 'sweep'),
+                          vmap=True)
+  assert [r['status'] for r in results] == ['finished', 'diverged', 'finished']
+  assert 'Non-finite' in results[1]['error'] and results[1]['eval_loss'] is None
+  status = json.loads((tmp_path / 'sweep' / runs[1].dirname / sweep.STATUS_FILE).read_text())
+  assert status['status'] == 'diverged'
+  assert_as_alone(tmp_path, [runs[0], runs[2]], tmp_path / 'sweep', **settings)
+
+
+def test_runs_whose_program_differs_train_in_separate_groups():
+  configs = [make_config(r) for r in sweep.named({
+      'a': {}, 'b': {'seed': 1, 'optimizer.learning_rate': 1e-2},
+      'wider': {'model.width': 64}, 'more dropout': {'model.dropout_rate': 0.2},
+      'no clip': {'optimizer.grad_clip_norm': 0.0}, 'clip 2': {'optimizer.grad_clip_norm': 2.0},
+      'default init': {'model.init_std': None}, 'longer': {'training.steps': 7}})]
+  assert vmapped.groups(configs) == [[0, 1, 5], [2], [3], [4], [6], [7]]
+  with pytest.raises(ValueError, match='differ in more than the vmapped numbers'):
+    vmapped.train_group(configs[:3], ['unused'] * 3)
