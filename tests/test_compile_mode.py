@@ -132,3 +132,18 @@ def test_launch_compiles_writes_nothing_and_ends_with_one_json_line(tmp_path):
   assert done.returncode == 1
   assert done.stderr.strip().splitlines()[-1].startswith('does not fit: needs ')
   assert 'Traceback' not in done.stderr
+
+
+def test_a_vmapped_sweeps_step_compiles_for_one_tpu_chip_holding_every_runs_state():
+  """Three runs of one group stacked: XLA's arguments (the states, batches and numbers) are
+  three times one run's alone."""
+  from transformer_jax.train import metrics, setup, vmapped  # pylint: disable=g-import-not-at-top
+  configs = [small_config(**{**TILED, 'seed': seed, 'optimizer.learning_rate': rate})
+             for seed, rate in ((0, 1e-3), (1, 3e-3), (2, 1e-2))]
+  assert vmapped.groups(configs) == [[0, 1, 2]]
+  devices = targets.target('v5e:1x1').devices
+  runs = [setup.build_run(c, devices=devices) for c in configs]
+  stacked, _ = vmapped.compiled_step(runs)
+  alone, _ = aot.compiled_train_step(runs[0])
+  ratio = metrics.compiled_memory(stacked)['argument'] / metrics.compiled_memory(alone)['argument']
+  assert 2.9 < ratio < 3.2

@@ -17,7 +17,8 @@ from transformer_jax import sweep, train
 FIGURES = {'ablations': ['ablations'], 'beam_search': [], 'long_context': ['loss_vs_position'],
            'norm_order': ['norm_order'], 'optimizer_compare': ['optimizer_compare'],
            'patch_sweep': ['accuracy_vs_flops', 'accuracy_vs_patch', 'flops_vs_tokens', 'resize'],
-           'scaling': ['isoflop', 'loss_vs_params', 'loss_vs_tokens', 'surface']}
+           'scaling': ['isoflop', 'loss_vs_params', 'loss_vs_tokens', 'surface'],
+           'vmapped_sweep': ['vmapped_sweep']}
 
 
 def test_product_crosses_named_runs_values_and_argument_strings():

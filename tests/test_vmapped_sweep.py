@@ -22,7 +22,9 @@ VARIANTS = {
     'seed=4,clip,cosine floor': {'seed': 4, 'optimizer.grad_clip_norm': 0.5,
                                  'optimizer.min_lr_ratio': 0.5},
 }
-STEPS = {'training.checkpoint_every': 3, 'training.eval_every': 3, 'optimizer.schedule': 'cosine'}
+# Logging every 2 steps, the host checks the odd steps' metrics after dispatching the next step.
+STEPS = {'training.checkpoint_every': 3, 'training.eval_every': 3, 'training.log_every': 2,
+         'optimizer.schedule': 'cosine'}
 
 
 def make_config(run, steps=6, **extra):
@@ -106,13 +108,20 @@ def test_runs_at_different_steps_train_together_and_each_ends_at_its_last(tmp_pa
 
 
 def test_a_diverging_run_stops_alone_while_the_others_finish(tmp_path):
+  """The diverging run's first non-finite step (step 2, checked after step 3 was dispatched)
+  ends it with the message it would end with alone."""
   runs = sweep.named({'fine': {}, 'huge lr': {'optimizer.learning_rate': 1e30},
                       'fine too': {'seed': 1}})
-  settings = {'optimizer.grad_clip_norm': 0.0, 'optimizer.warmup_steps': 0}
+  settings = {'optimizer.grad_clip_norm': 0.0, 'optimizer.warmup_steps': 0,
+              'training.log_every': 3}
   results = sweep.run_all(runs, lambda r: make_config(r, **settings), str(tmp_path / 'sweep'),
                           vmap=True)
   assert [r['status'] for r in results] == ['finished', 'diverged', 'finished']
-  assert 'Non-finite' in results[1]['error'] and results[1]['eval_loss'] is None
+  assert results[1]['eval_loss'] is None
+  (alone,) = sweep.run_all(runs[1:2], lambda r: make_config(r, **settings),
+                           str(tmp_path / 'alone'))
+  assert results[1]['error'] == alone['error'].replace('alone', 'sweep')
+  assert 'Non-finite gradient norm and parameters after the update at step 2' in alone['error']
   status = json.loads((tmp_path / 'sweep' / runs[1].dirname / sweep.STATUS_FILE).read_text())
   assert status['status'] == 'diverged'
   assert_as_alone(tmp_path, [runs[0], runs[2]], tmp_path / 'sweep', **settings)

@@ -22,8 +22,8 @@ from transformer_jax import accounting, memory, models, targets
 from transformer_jax.errors import UserError
 from transformer_jax.train import metrics, setup, sharding
 
-__all__ = ['abstract_batch', 'compile_for', 'compiled_train_step', 'CompileReport', 'report_lines',
-           'stand_in_config']
+__all__ = ['abstract_batch', 'compile_for', 'compile_options', 'compiled_train_step',
+           'CompileReport', 'report_lines', 'stand_in_config', 'without_compilation_cache']
 
 _FIELDS = ('argument', 'output', 'alias', 'temporary', 'code')
 
@@ -104,8 +104,8 @@ def compile_for(config: ml_collections.ConfigDict) -> CompileReport:
   try:
     train, seconds = compiled_train_step(run, batch)
     start = time.perf_counter()
-    with _without_compilation_cache():
-      run.eval_step.lower(run.abstract_params, eval_batch).compile(_options(run))
+    with without_compilation_cache():
+      run.eval_step.lower(run.abstract_params, eval_batch).compile(compile_options(run))
   except jax.errors.JaxRuntimeError as error:
     if 'RESOURCE_EXHAUSTED' not in str(error):
       raise
@@ -124,12 +124,12 @@ def compiled_train_step(run, batch: dict | None = None):
   abstract batch (default: of the run's first batch)."""
   batch = batch or abstract_batch(run.data.train_batch(0), run.mesh)
   start = time.perf_counter()
-  with _without_compilation_cache():
-    compiled = run.train_step.lower(run.abstract_state, batch).compile(_options(run))
+  with without_compilation_cache():
+    compiled = run.train_step.lower(run.abstract_state, batch).compile(compile_options(run))
   return compiled, time.perf_counter() - start
 
 
-def _options(run) -> dict | None:
+def compile_options(run) -> dict | None:
   """XLA's options for the run's devices. Compiling for GPUs without one, XLA cannot choose the
   tiles of some Triton GEMM fusions ("Couldn't find output tile sizes", for every ViT's 1 +
   patches tokens): those GEMMs are compiled as cuBLAS calls instead."""
@@ -139,7 +139,7 @@ def _options(run) -> dict | None:
 
 
 @contextlib.contextmanager
-def _without_compilation_cache():
+def without_compilation_cache():
   """Compile-only executables cannot be loaded back from JAX's persistent cache, and this mode
   writes nothing: the cache is off while it compiles (JAX decides once whether to use it, so
   the decision is reset on the way in and out)."""

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from transformer_jax import config_lib
+from transformer_jax import aot, config_lib
 from transformer_jax.train import checkpoint, loop, optim, setup
 from transformer_jax.train.setup import Run
 from transformer_jax.train.sharding import DATA_AXIS
@@ -117,7 +117,8 @@ def _batch_of(batches: list[dict], mesh) -> dict:
 
 def compiled_step(runs: list[Run]):
   """The stacked step of `runs` (one group) lowered on abstract states and batches and
-  compiled: on a target's compile-only devices, where the runs were built on them."""
+  compiled for the runs' devices (a target's compile-only devices, as aot compiles for them),
+  and the seconds that took."""
   program = _Program.of(runs)
   stacked = lambda a, s: jax.ShapeDtypeStruct((len(runs), *a.shape), a.dtype, sharding=s)
   state = jax.tree.map(stacked, runs[0].abstract_state, program.state_sharding)
@@ -127,7 +128,11 @@ def compiled_step(runs: list[Run]):
            for key, value in runs[0].data.train_batch(0).items()}
   active = jax.ShapeDtypeStruct((len(runs),), jnp.bool_)
   numbers = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), program.numbers)
-  return program.step.lower(state, batch, numbers, active).compile()
+  start = time.perf_counter()
+  with aot.without_compilation_cache():
+    compiled = program.step.lower(state, batch, numbers, active).compile(
+        aot.compile_options(runs[0]))
+  return compiled, time.perf_counter() - start
 
 
 @dataclasses.dataclass
@@ -205,23 +210,31 @@ def _next_batches(members: list[_Member]) -> dict:
 
 def _loop(program: _Program, compiled, members: list[_Member], stacked, batch, preemption):
   """Steps every active run until each reaches its training.steps (or diverges); each run logs,
-  checks, saves and evaluates at its own steps as train.train would."""
+  checks, saves and evaluates at its own steps as train.train would. As there, the host checks
+  a step's metrics after dispatching the next one, except at the steps where a run logs, saves
+  or evaluates, or the sweep stops."""
   unstack = jax.jit(lambda s, i: jax.tree.map(lambda x: x[i], s),
                     out_shardings=members[0].run.state_sharding)
-  last_progress = 0.0
+  last_progress, pending = 0.0, None
   while True:
-    active = np.array([m.active() for m in members])
+    stepped = [m for m in members if m.active()]
+    active = np.array([m in stepped for m in members])
     stacked, step_metrics = compiled(stacked, batch, program.numbers, active)
-    values = jax.device_get(step_metrics)
+    if pending is not None:  # the previous step's metrics, fetched after dispatching this one
+      _record(*pending)
+    for member in stepped:
+      member.step += 1
     stop = preemption.reached()
     progress = time.time() - last_progress >= loop.PROGRESS_SECONDS
-    for index in np.flatnonzero(active):
-      member = members[index]
-      member.step += 1
-      _after_step(member, jax.tree.map(lambda x, i=index: x[i], values),
-                  lambda i=index, s=stacked: unstack(s, i), stop, progress)
-    if progress:
-      last_progress = time.time()
+    pending = (members, active, step_metrics)
+    if stop or progress or any(_due(m) for m in stepped):
+      _record(*pending)
+      pending = None
+      for index in np.flatnonzero(active):
+        if members[index].error is None:
+          _after_step(members[index], lambda i=index, s=stacked: unstack(s, i), stop, progress)
+      if progress:
+        last_progress = time.time()
     if stop:
       for member in members:
         member.checkpoints.wait()
@@ -232,16 +245,33 @@ def _loop(program: _Program, compiled, members: list[_Member], stacked, batch, p
     batch = _next_batches(members)
 
 
-def _after_step(member: _Member, values: dict, state_of, stop: bool, progress: bool) -> None:
-  """The host's part of one run's step: the finiteness check, then its logging, saving and
-  evaluation where they are due."""
+def _due(member: _Member) -> bool:
+  """Whether the run logs, saves or evaluates at the step it just made."""
+  every = member.run.training
+  return any(loop.itstime(member.step, n, every.steps)
+             for n in (every.log_every, every.checkpoint_every, every.eval_every))
+
+
+def _record(members: list[_Member], active, step_metrics) -> None:
+  """Adds each stepped run's metrics to its window, checking them first: a run whose step was
+  not finite is stopped ('diverged'), with train.train's message."""
+  values = jax.device_get(step_metrics)
+  for index in np.flatnonzero(active):
+    member = members[index]
+    if member.error is not None:
+      continue
+    try:  # member.step is still the step of these metrics
+      member.window.add(member.step, jax.tree.map(lambda x, i=index: x[i], values),
+                        member.checkpoints)
+    except FloatingPointError as error:
+      member.error = str(error)
+      log.warning('%s diverged: %s', member.workdir, error)
+
+
+def _after_step(member: _Member, state_of, stop: bool, progress: bool) -> None:
+  """The host's part of one run's step after its check: its logging, saving and evaluation
+  where they are due."""
   done, every, total = member.step, member.run.training, member.run.training.steps
-  try:
-    member.window.add(done, values, member.checkpoints)
-  except FloatingPointError as error:
-    member.error = str(error)
-    log.warning('%s diverged: %s', member.workdir, error)
-    return
   logged = loop.itstime(done, every.log_every, total)
   if logged or progress:
     summary = member.window.summary() | member.throughput.rates(member.window)
