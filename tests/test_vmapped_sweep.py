@@ -2,6 +2,12 @@
 same runs trained alone: every run's training and held-out losses, its checkpoints, a stop
 and resume, runs resumed at different steps, a diverging run, and how runs are grouped."""
 import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -25,6 +31,10 @@ VARIANTS = {
 # Logging every 2 steps, the host checks the odd steps' metrics after dispatching the next step.
 STEPS = {'training.checkpoint_every': 3, 'training.eval_every': 3, 'training.log_every': 2,
          'optimizer.schedule': 'cosine'}
+# The killed sweep's: one device, as its subprocess has; a log row at each checkpoint (a resumed
+# run's first row averages the steps since its checkpoint only).
+KILLED = {'training.checkpoint_every': 5, 'training.log_every': 5, 'training.eval_every': 10,
+          'mesh.shape': (1,)}
 
 
 def make_config(run, steps=6, **extra):
@@ -36,11 +46,11 @@ def eval_losses(workdir):
   return {r['step']: r['eval_loss'] for r in metrics.read_metrics(workdir) if 'eval_loss' in r}
 
 
-def assert_as_alone(tmp_path, runs, vmapped_dir, **extra):
+def assert_as_alone(tmp_path, runs, vmapped_dir, steps=6, **extra):
   """Each run's training and held-out losses equal those of the same run trained alone."""
   for run in runs:
     alone = tmp_path / 'alone' / run.dirname
-    train.train(make_config(run, **extra), str(alone))
+    train.train(make_config(run, steps, **extra), str(alone))
     together = vmapped_dir / run.dirname
     assert list(losses(together)) == list(losses(alone))
     np.testing.assert_allclose(list(losses(together).values()), list(losses(alone).values()),
@@ -136,3 +146,32 @@ def test_runs_whose_program_differs_train_in_separate_groups():
   assert vmapped.groups(configs) == [[0, 1, 5], [2], [3], [4], [6], [7]]
   with pytest.raises(ValueError, match='differ in more than the vmapped numbers'):
     vmapped.train_group(configs[:3], ['unused'] * 3)
+
+
+@pytest.mark.slow
+def test_a_killed_vmapped_sweep_resumes_exactly(tmp_path):
+  """SIGKILL once every run has a checkpoint (the runs' newest may differ), then the same sweep
+  again: every run's losses are those of the run alone."""
+  runs = sweep.named(dict(list(VARIANTS.items())[:3]))
+  script = ('import sys, test_vmapped_sweep as t; from transformer_jax import sweep; '
+            'sweep.run_all(sweep.named(dict(list(t.VARIANTS.items())[:3])), '
+            'lambda r: t.make_config(r, steps=30, **t.KILLED), sys.argv[1], vmap=True)')
+  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='',
+             PYTHONPATH=os.pathsep.join([str(pathlib.Path(__file__).parent),
+                                         str(pathlib.Path(__file__).parent.parent)]))
+  process = subprocess.Popen([sys.executable, '-c', script, str(tmp_path / 'sweep')], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  dirs = [tmp_path / 'sweep' / run.dirname for run in runs]
+  start = time.time()
+  while not all(checkpoint.latest_step(str(d)) for d in dirs):
+    assert process.poll() is None, process.stdout.read()
+    assert time.time() - start < 600, 'no checkpoints after 600 s'
+    time.sleep(0.2)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  killed_at = [checkpoint.latest_step(str(d)) for d in dirs]
+  assert max(killed_at) < 30
+  results = sweep.run_all(runs, lambda r: make_config(r, steps=30, **KILLED),
+                          str(tmp_path / 'sweep'), vmap=True)
+  assert [r['steps'] for r in results] == [30] * 3
+  assert_as_alone(tmp_path, runs, tmp_path / 'sweep', steps=30, **KILLED)

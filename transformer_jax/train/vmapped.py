@@ -120,18 +120,19 @@ def compiled_step(runs: list[Run]):
   compiled for the runs' devices (a target's compile-only devices, as aot compiles for them),
   and the seconds that took."""
   program = _Program.of(runs)
+  first = runs[0]
   stacked = lambda a, s: jax.ShapeDtypeStruct((len(runs), *a.shape), a.dtype, sharding=s)
-  state = jax.tree.map(stacked, runs[0].abstract_state, program.state_sharding)
-  batch_sharding = NamedSharding(runs[0].mesh, P(None, DATA_AXIS))
-  batch = {key: jax.ShapeDtypeStruct((len(runs), *np.shape(value)), np.asarray(value).dtype,
-                                     sharding=batch_sharding)
-           for key, value in runs[0].data.train_batch(0).items()}
+  state = jax.tree.map(stacked, first.abstract_state, program.state_sharding)
+  packed = bool(first.config.data.packing) and first.family.unit == 'token'
+  one_batch = aot.abstract_batch(first.data.train_batch(0), first.mesh, packed)
+  batch_sharding = NamedSharding(first.mesh, P(None, DATA_AXIS))
+  batch = {key: stacked(value, batch_sharding) for key, value in one_batch.items()}
   active = jax.ShapeDtypeStruct((len(runs),), jnp.bool_)
   numbers = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), program.numbers)
   start = time.perf_counter()
   with aot.without_compilation_cache():
     compiled = program.step.lower(state, batch, numbers, active).compile(
-        aot.compile_options(runs[0]))
+        aot.compile_options(first))
   return compiled, time.perf_counter() - start
 
 
