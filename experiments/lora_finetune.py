@@ -58,7 +58,20 @@ QUICK_FINETUNE = {'training.steps': 4, 'training.eval_every': 2, 'training.check
                   'training.log_every': 2, 'optimizer.warmup_steps': 1}
 # What the committed run shows: written by hand for the figures of that run; a rerun that changes
 # them should change this too.
-FINDINGS = ''
+FINDINGS = (
+    'Fine-tuning lowers the held-out loss from the base\'s 3.644 nats per token to 3.243 with '
+    'every parameter trained (at 1e-3) and to 3.395 with LoRA rank 8 (at 1e-2): the adapters, '
+    '16,384 parameters (1.9% of 875,264), win 62% of full fine-tuning\'s gain in 300 steps. '
+    'Both best rates are the largest of their grids, so either method may do better at a '
+    'larger one: the grids do not bracket the optimum. LoRA\'s step was faster (585-628 ms '
+    'against 658-934 ms; the spread is the shared CPU\'s, read the ratio roughly: about 15%), '
+    'as the frozen base needs no weight gradients outside the adapted kernels. Its memory is '
+    'not smaller here: the optimizer state falls from 6.7 to 0.1 MiB and the arguments from '
+    '10.0 to 3.6 MiB, but at this size the step\'s activations dominate, and XLA:CPU plans '
+    '20 MiB more temporaries for the LoRA step (354.8 against 334.5 MiB, not investigated), so '
+    'its total is 4% larger. LoRA pays in memory where the parameters and their optimizer '
+    'state outweigh the activations (large models, small batches), not at 0.9M parameters. '
+    'One seed per run.')
 DESCRIPTION = (
     'No pretrained GPT-2 can be downloaded where this ran, so the base is made here: a GPT-2 of '
     '4 blocks, width 128, 4 heads (configs/gpt_shakespeare.py\'s family: LayerNorm, GELU, '
@@ -68,7 +81,11 @@ DESCRIPTION = (
     'held out), then written by `--mode=export` as a Hugging Face GPT2LMHeadModel checkpoint '
     '(config.json, model.safetensors), to which the pretraining run\'s tokenizer.json is added. '
     'Each fine-tuning run imports that directory (`init_from_hf` for the weights, '
-    '`data.tokenizer` for the tokenizer) and trains on the second half of the text, other plays, '
+    '`data.tokenizer` for the tokenizer) and trains on the second half of the text, other '
+    'plays by their speakers (the first half: Coriolanus, Richard III, Richard II, most of '
+    'Romeo and Juliet; the second: the end of Romeo and Juliet, then Measure for Measure, The '
+    'Taming of the Shrew, The Winter\'s Tale, Henry VI and The Tempest among others; its '
+    'held-out 10%: The Tempest and the end of The Shrew), '
     f'for {FINETUNE_STEPS} steps of batch {BATCH_SIZE} (warmup 30, cosine to a tenth), '
     'evaluated every 50 steps on its last 10%: full fine-tuning trains every parameter with '
     'AdamW (0.9, 0.99, weight decay 0.1); LoRA (`lora.rank=8`, `lora.alpha` at its default 8, '
