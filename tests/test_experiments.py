@@ -15,7 +15,8 @@ from transformer_jax import sweep, train
 
 # Each experiment's plots, by file name.
 FIGURES = {'ablations': ['ablations'], 'beam_search': [], 'long_context': ['loss_vs_position'],
-           'norm_order': ['norm_order'], 'optimizer_compare': ['optimizer_compare'],
+           'lora_finetune': ['lora_finetune'], 'norm_order': ['norm_order'],
+           'optimizer_compare': ['optimizer_compare'],
            'patch_sweep': ['accuracy_vs_flops', 'accuracy_vs_patch', 'flops_vs_tokens', 'resize'],
            'scaling': ['isoflop', 'loss_vs_params', 'loss_vs_tokens', 'surface'],
            'vmapped_sweep': ['vmapped_sweep']}
