@@ -4,8 +4,8 @@ No pretrained GPT-2 can be downloaded where this runs, so the script makes its o
 GPT-2 (configs/gpt_shakespeare.py's family: LayerNorm, GELU, learned positions, biases, tied
 unembedding, dropout 0.2; here 4 blocks of width 128, 4 heads, a byte-level BPE of 512 ids
 trained on its text, windows of 128 tokens) pretrains on the first half of TinyShakespeare, and
-`--mode=export` writes it as a Hugging Face GPT2LMHeadModel checkpoint, to which the script adds
-the run's tokenizer.json. Every fine-tuning run starts from that directory through
+`--mode=export` writes it as a Hugging Face GPT2LMHeadModel checkpoint with the run's
+tokenizer.json. Every fine-tuning run starts from that directory through
 `init_from_hf` (its weights) and `data.tokenizer` (its tokenizer), on the second half of the
 text (other plays; its last 10% held out): full fine-tuning (every parameter, AdamW) and LoRA
 (lora.rank=8 on the attention's query and value kernels, lora.alpha at its default 8, so a
@@ -22,7 +22,6 @@ README.md (the table) and lora_finetune.png (held-out loss through fine-tuning).
 """
 import os
 import pathlib
-import shutil
 
 import jax
 from matplotlib.figure import Figure
@@ -136,12 +135,10 @@ def write_texts(quick: bool, workdir: str, data: dict) -> dict[str, str]:
 
 def exported(config, run_dir: str) -> str:
   """The pretraining run as a Hugging Face checkpoint (run_dir/hf, written once by
-  --mode=export), with the run's tokenizer.json beside the weights (export writes the weights
-  and config.json alone)."""
+  --mode=export, with the run's tokenizer.json beside the weights)."""
   hf = os.path.join(run_dir, 'hf')
   if not os.path.exists(os.path.join(hf, 'config.json')):
     run_lib.run(config, run_dir, 'export')
-  shutil.copy(os.path.join(setup.tokenizer_dir(run_dir), 'tokenizer.json'), hf)
   return hf
 
 

@@ -16,7 +16,9 @@ import transformers
 from flax import traverse_util
 
 from helpers import ROOT, load_config
-from transformer_jax import accounting, convert, data, decode, models, run
+from train_helpers import small_config
+from transformer_jax import accounting, convert, data, decode, models, run, train
+from transformer_jax.train import setup
 
 VOCAB, WIDTH = 64, 32
 # Tiny models with non-default options wherever one would hide a mistake: eps of 1e-2 so that a
@@ -317,3 +319,18 @@ def test_eval_mode_starts_from_the_hugging_face_weights(checkpoint):
         logits, torch.from_numpy(batch['label']).long(), reduction='none').numpy())
   assert result['step'] == 0
   assert result['eval_loss'] == pytest.approx(np.concatenate(losses).mean(), abs=1e-5)
+
+
+def test_export_of_a_run_with_a_trained_bpe_writes_its_tokenizer_beside_the_weights(tmp_path):
+  text = tmp_path / 'text.txt'
+  text.write_text('the quick brown fox jumps over the lazy dog. ' * 200, encoding='utf-8')
+  config = small_config(steps=1, **{'data.name': 'text_file', 'data.path': str(text),
+                                    'data.tokenizer': 'bpe', 'data.vocab_size': 270,
+                                    'model.vocab_size': 270})
+  train.train(config, str(tmp_path / 'run'))
+  path = run.run(config, str(tmp_path / 'run'), 'export')
+  trained = setup.restore_trained(config, str(tmp_path / 'run'))[0].data.vocab
+  exported = data.tokenizer.HFTokenizer.from_file(path)
+  sentence = 'a lazy fox, over the dog'
+  assert exported.encode(sentence) == trained.encode(sentence)
+  assert exported.fingerprint == trained.fingerprint

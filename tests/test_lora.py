@@ -219,3 +219,4 @@ def test_export_writes_the_merged_model_as_a_hugging_face_checkpoint(tmp_path):
   path = run.run(config, str(tmp_path), 'export')
   jax.tree.map(np.testing.assert_array_equal, convert.load_params(path, config.model),
                jax.device_get(merged))
+

@@ -3,6 +3,7 @@ user can fix printed as their message alone."""
 import contextlib
 import logging
 import os
+import shutil
 import sys
 from typing import Any, Mapping
 
@@ -11,7 +12,7 @@ import jax
 import ml_collections
 
 from transformer_jax import aot, config_lib, convert, data, decode, describe, errors, models, train
-from transformer_jax.train import checkpoint
+from transformer_jax.train import checkpoint, setup
 
 __all__ = [
     'configure_logging', 'errors_as_messages', 'exit_with', 'export', 'flag_error_message',
@@ -104,11 +105,15 @@ def run(config, workdir: str | None, mode: str):
 def export(config, workdir: str) -> str:
   """--mode=export: the parameters of the workdir's latest checkpoint (with LoRA, the base with
   the adapters merged in) as a Hugging Face checkpoint in WORKDIR/hf (convert.save), for a model
-  that a Hugging Face class expresses; returns its path."""
+  that a Hugging Face class expresses, with the run's tokenizer.json where it trained with one
+  (a BPE's, or one it was given); returns its path."""
   _, params, step = train.restore_trained(config, workdir)
   path = os.path.join(workdir, 'hf')
   if jax.process_index() == 0:
     convert.save(path, config.model, jax.device_get(params))
+    tokenizer = os.path.join(setup.tokenizer_dir(workdir), 'tokenizer.json')
+    if os.path.isfile(tokenizer):
+      shutil.copy(tokenizer, path)
   log.info('Wrote the parameters of step %d as a Hugging Face checkpoint in %s.', step, path)
   return path
 
