@@ -175,7 +175,7 @@ def step_cost(config) -> dict:
 
 def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{NAME}',
         results_dir: str | None = None, data: dict | None = None,
-        command: str = 'lora_finetune.run()') -> dict:
+        command: str = 'lora_finetune.run()', vmap: bool = False) -> dict:
   """Pretrains and exports the base (or reads it back), fine-tunes it each way, measures,
   writes the results folder."""
   texts = write_texts(quick, workdir, data or {})
@@ -190,7 +190,7 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
                                            QUICK_FINETUNE if quick else {}, start)
   runs = finetune_runs(quick)
   base = train.evaluate(make_config(runs[0]), None)
-  results = sweep.run_all(runs, make_config, workdir)
+  results = sweep.run_all(runs, make_config, workdir, vmap=vmap)
   costs = {}
   for run_, result in zip(runs, results):  # the learning rate changes no shape: one per method
     if method(result) not in costs:
