@@ -321,6 +321,7 @@ def test_eval_mode_starts_from_the_hugging_face_weights(checkpoint):
   assert result['eval_loss'] == pytest.approx(np.concatenate(losses).mean(), abs=1e-5)
 
 
+@pytest.mark.slow
 def test_export_of_a_run_with_a_trained_bpe_writes_its_tokenizer_beside_the_weights(tmp_path):
   text = tmp_path / 'text.txt'
   text.write_text('the quick brown fox jumps over the lazy dog. ' * 200, encoding='utf-8')

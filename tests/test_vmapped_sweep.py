@@ -87,6 +87,7 @@ def stop_after(monkeypatch, calls: int):
   monkeypatch.setattr(checkpoint.PreemptionFlag, 'reached', reached)
 
 
+@pytest.mark.slow
 def test_a_stopped_vmapped_sweep_resumes_exactly(tmp_path, monkeypatch):
   runs = sweep.named(dict(list(VARIANTS.items())[:3]))
   with monkeypatch.context() as patch:
@@ -101,6 +102,7 @@ def test_a_stopped_vmapped_sweep_resumes_exactly(tmp_path, monkeypatch):
   assert_as_alone(tmp_path, runs, tmp_path / 'sweep')
 
 
+@pytest.mark.slow
 def test_runs_at_different_steps_train_together_and_each_ends_at_its_last(tmp_path, monkeypatch):
   """A sweep killed between two runs' saves: one run resumes at step 4, another from scratch;
   a third had finished and is read back."""
@@ -117,6 +119,7 @@ def test_runs_at_different_steps_train_together_and_each_ends_at_its_last(tmp_pa
   assert_as_alone(tmp_path, runs, tmp_path / 'sweep')
 
 
+@pytest.mark.slow
 def test_a_diverging_run_stops_alone_while_the_others_finish(tmp_path):
   """The diverging run's first non-finite step (step 2, checked after step 3 was dispatched)
   ends it with the message it would end with alone."""
