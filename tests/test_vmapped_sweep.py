@@ -23,8 +23,9 @@ VARIANTS = {
     'seed=1,lr=1e-2': {'seed': 1, 'optimizer.learning_rate': 1e-2},
     'seed=2,no warmup,wd': {'seed': 2, 'optimizer.warmup_steps': 0,
                             'optimizer.weight_decay': 0.3},
-    'seed=3,init,betas': {'seed': 3, 'model.init_std': 0.05, 'model.embed_init_std': 0.1,
-                          'optimizer.b1': 0.8, 'optimizer.b2': 0.9},
+    'seed=3,init,betas,dropout': {'seed': 3, 'model.init_std': 0.05,
+                                  'model.embed_init_std': 0.1, 'optimizer.b1': 0.8,
+                                  'optimizer.b2': 0.9, 'model.dropout_rate': 0.3},
     'seed=4,clip,cosine floor': {'seed': 4, 'optimizer.grad_clip_norm': 0.5,
                                  'optimizer.min_lr_ratio': 0.5},
 }
@@ -145,8 +146,9 @@ def test_runs_whose_program_differs_train_in_separate_groups():
       'a': {}, 'b': {'seed': 1, 'optimizer.learning_rate': 1e-2},
       'wider': {'model.width': 64}, 'more dropout': {'model.dropout_rate': 0.2},
       'no clip': {'optimizer.grad_clip_norm': 0.0}, 'clip 2': {'optimizer.grad_clip_norm': 2.0},
-      'default init': {'model.init_std': None}, 'longer': {'training.steps': 7}})]
-  assert vmapped.groups(configs) == [[0, 1, 5], [2], [3], [4], [6], [7]]
+      'default init': {'model.init_std': None}, 'longer': {'training.steps': 7},
+      'no dropout': {'model.dropout_rate': 0.0}})]
+  assert vmapped.groups(configs) == [[0, 1, 3, 5], [2], [4], [6], [7], [8]]
   with pytest.raises(ValueError, match='differ in more than the vmapped numbers'):
     vmapped.train_group(configs[:3], ['unused'] * 3)
 

@@ -6,6 +6,7 @@ Both compute the same thing: gradients of (sum of per-position losses over the g
 import dataclasses
 import functools
 
+import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -145,8 +146,9 @@ def make_stacked_train_step(model, family: Family, make_optimizer, mesh, stacked
   """A jitted step(states, batches, numbers, active) -> (states, metrics) over runs stacked on
   a leading axis (jax.vmap): run i takes batches[i] and its own numbers[i], the dict that
   `make_optimizer(numbers) -> (tx, schedule)` builds its optimizer of, with its dropout key
-  data under 'dropout_root'. A run whose `active[i]` is False keeps its state (a run that
-  finished or diverged while the others go on). The states are donated."""
+  data under 'dropout_root' and its dropout layers' keep probability under 'dropout_keep'. A
+  run whose `active[i]` is False keeps its state (a run that finished or diverged while the
+  others go on). The states are donated."""
   if settings.parallelism != 'jit':
     raise ConfigError('A vmapped sweep trains with parallelism="jit": set it, or train the runs '
                       'one after another (vmap=False).')
@@ -154,7 +156,9 @@ def make_stacked_train_step(model, family: Family, make_optimizer, mesh, stacked
   def run_step(state, batch, numbers, active):
     tx, schedule = make_optimizer(numbers)
     rng_root = jax.random.wrap_key_data(numbers['dropout_root'])
-    new, metrics = _jit_step(model, family, settings, mesh, tx, schedule, rng_root, state, batch)
+    with nn.intercept_methods(_dropout_keeping(numbers['dropout_keep'])):
+      new, metrics = _jit_step(model, family, settings, mesh, tx, schedule, rng_root, state,
+                               batch)
     return jax.tree.map(lambda n, o: jnp.where(active, n, o), new, state), metrics
 
   stacked = lambda spec: jax.sharding.NamedSharding(mesh, P(None, *spec))
@@ -162,6 +166,28 @@ def make_stacked_train_step(model, family: Family, make_optimizer, mesh, stacked
   return jax.jit(jax.vmap(run_step),
                  in_shardings=(stacked_sharding, stacked(P(DATA_AXIS)), replicated, replicated),
                  out_shardings=(stacked_sharding, replicated), donate_argnums=0)
+
+
+def _dropout_keeping(keep_prob):
+  """A method interceptor that makes every nn.Dropout keep `keep_prob` (a traced scalar: one
+  run's 1 - dropout_rate) instead of its own constant rate, drawing the same mask from the same
+  key as nn.Dropout does (bernoulli(rng, keep_prob, shape): uniform draws below keep_prob)."""
+  def intercept(call, args, kwargs, context):
+    dropout = context.module
+    if not isinstance(dropout, nn.Dropout) or context.method_name != '__call__':
+      return call(*args, **kwargs)
+    inputs, *rest = args
+    deterministic = nn.merge_param('deterministic', dropout.deterministic,
+                                   kwargs.get('deterministic', rest[0] if rest else None))
+    if deterministic:
+      return inputs
+    shape = [1 if dim in dropout.broadcast_dims else n for dim, n in enumerate(inputs.shape)]
+    rng = kwargs.get('rng')
+    rng = dropout.make_rng(dropout.rng_collection) if rng is None else rng
+    mask = jnp.broadcast_to(jax.random.bernoulli(rng, p=keep_prob, shape=shape), inputs.shape)
+    # As nn.Dropout's Python float, the divisor takes the inputs' dtype.
+    return jax.lax.select(mask, inputs / keep_prob.astype(inputs.dtype), jnp.zeros_like(inputs))
+  return intercept
 
 
 def _shard_map_step(model, family, tx, schedule, settings, mesh, state_sharding, rng_root):

@@ -1,8 +1,8 @@
 """A sweep trained as one program: runs whose configs differ only in numbers that leave the
 compiled program alone (VMAPPED_KEYS: seeds, learning rates, weight decay, warmup, Adam's
-betas, clipping, initialization scales) are stacked on a leading axis and stepped together by
-one jitted jax.vmap of the train step, which keeps a small model's sweep from leaving most of an
-accelerator idle.
+betas, clipping, initialization scales, dropout rates) are stacked on a leading axis and stepped
+together by one jitted jax.vmap of the train step, which keeps a small model's sweep from
+leaving most of an accelerator idle.
 
 Each run stays what it would be alone: its own workdir, initialization, data order, dropout
 stream, optimizer numbers, metrics.jsonl, checkpoints and evaluations, and it resumes from its
@@ -39,13 +39,14 @@ log = logging.getLogger(__name__)
 # The optimizer's numbers each run traces its own value of.
 _OPTIMIZER_NUMBERS = ('learning_rate', 'muon_learning_rate', 'weight_decay', 'muon_weight_decay',
                       'warmup_steps', 'min_lr_ratio', 'b1', 'b2', 'grad_clip_norm')
-# Numbers that differ between runs of one group: the optimizer's (traced), the seed (each run's
-# initialization, data order and dropout key) and the initialization scales (each run is
-# initialized alone). Whether a number is set still matters: a gradient clip of 0 turns clipping
-# off, an unset init_std picks another initializer.
-VMAPPED_KEYS = ('seed', 'model.init_std', 'model.embed_init_std',
+# Numbers that differ between runs of one group: the optimizer's and the dropout rate (traced),
+# the seed (each run's initialization, data order and dropout key) and the initialization scales
+# (each run is initialized alone). Whether a number is set still matters: a gradient clip of 0
+# turns clipping off, a dropout rate of 0 dropout, an unset init_std picks another initializer.
+VMAPPED_KEYS = ('seed', 'model.init_std', 'model.embed_init_std', 'model.dropout_rate',
                 *(f'optimizer.{name}' for name in _OPTIMIZER_NUMBERS))
-_SWITCHES = {'optimizer.grad_clip_norm': bool, 'model.init_std': lambda v: v is not None}
+_SWITCHES = {'optimizer.grad_clip_norm': bool, 'model.init_std': lambda v: v is not None,
+             'model.dropout_rate': bool}
 
 
 def _program_key(config) -> str:
@@ -72,7 +73,9 @@ def _numbers(run: Run, traced: tuple[str, ...]) -> dict:
   """The run's own numbers of the stacked step: its optimizer's and its dropout key's data."""
   opt = run.config.optimizer
   return {**{name: np.float32(opt[name]) for name in traced},
-          'dropout_root': np.asarray(jax.random.key_data(dropout_root(run.config.seed)))}
+          'dropout_root': np.asarray(jax.random.key_data(dropout_root(run.config.seed))),
+          # 1 - rate rounded once, as nn.Dropout's Python float is
+          'dropout_keep': np.float32(1.0 - run.config.model.dropout_rate)}
 
 
 @dataclasses.dataclass(frozen=True)
