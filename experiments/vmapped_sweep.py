@@ -108,13 +108,13 @@ def compiled_memory(quick: bool) -> dict:
   rows = []
   for group in vmapped.groups(configs):
     runs = [_built_on(configs[i], target) for i in group]
-    stacked, seconds = vmapped.compiled_step(runs)
+    stacked, seconds = aot.compiled_stacked_step(runs)
     alone, _ = aot.compiled_train_step(runs[0])
     rows.append({'variant': specs[group[0]].name.rpartition(',')[0], 'runs': len(group),
                  'vmapped': metrics.compiled_memory(stacked),
                  'alone': metrics.compiled_memory(alone), 'compile_seconds': seconds})
   first = [_built_on(configs[i], target) for i in vmapped.groups(configs)[0]]
-  by_size = {len(first[:n]): metrics.compiled_memory(vmapped.compiled_step(first[:n])[0])
+  by_size = {len(first[:n]): metrics.compiled_memory(aot.compiled_stacked_step(first[:n])[0])
              for n in range(1, len(first))}
   return {'target': TARGET, 'memory_bytes': target.chip.memory_bytes, 'groups': rows,
           'first_group_by_size': {**by_size, len(first): rows[0]['vmapped']}}

@@ -143,7 +143,7 @@ def test_a_vmapped_sweeps_step_compiles_for_one_tpu_chip_holding_every_runs_stat
   assert vmapped.groups(configs) == [[0, 1, 2]]
   devices = targets.target('v5e:1x1').devices
   runs = [setup.build_run(c, devices=devices) for c in configs]
-  stacked, _ = vmapped.compiled_step(runs)
+  stacked, _ = aot.compiled_stacked_step(runs)
   alone, _ = aot.compiled_train_step(runs[0])
   ratio = metrics.compiled_memory(stacked)['argument'] / metrics.compiled_memory(alone)['argument']
   assert 2.9 < ratio < 3.2

@@ -20,10 +20,11 @@ import numpy as np
 
 from transformer_jax import accounting, memory, models, targets
 from transformer_jax.errors import UserError
-from transformer_jax.train import metrics, setup, sharding
+from transformer_jax.train import metrics, setup, sharding, vmapped
 
-__all__ = ['abstract_batch', 'compile_for', 'compile_options', 'compiled_train_step',
-           'CompileReport', 'report_lines', 'stand_in_config', 'without_compilation_cache']
+__all__ = ['abstract_batch', 'compile_for', 'compile_options', 'compiled_stacked_step',
+           'compiled_train_step', 'CompileReport', 'report_lines', 'stand_in_config',
+           'without_compilation_cache']
 
 _FIELDS = ('argument', 'output', 'alias', 'temporary', 'code')
 
@@ -126,6 +127,18 @@ def compiled_train_step(run, batch: dict | None = None):
   start = time.perf_counter()
   with without_compilation_cache():
     compiled = run.train_step.lower(run.abstract_state, batch).compile(compile_options(run))
+  return compiled, time.perf_counter() - start
+
+
+def compiled_stacked_step(runs) -> tuple:
+  """(the compiled step of a vmapped sweep's group of `runs` (train.vmapped), the seconds it
+  took) for the runs' devices, with abstract batches of the runs' shapes."""
+  first = runs[0]
+  packed = bool(first.config.data.packing) and first.family.unit == 'token'
+  batch = abstract_batch(first.data.train_batch(0), first.mesh, packed)
+  start = time.perf_counter()
+  with without_compilation_cache():
+    compiled = vmapped.lowered_step(runs, batch).compile(compile_options(first))
   return compiled, time.perf_counter() - start
 
 

@@ -11,8 +11,8 @@ together too: a run that is ahead waits, its state kept, while the others catch 
 whose loss turns non-finite stops ('diverged') while the others go on.
 
 `groups` splits a sweep's configs into the sets that can train together; `train_group` trains
-one set; `compiled_step` compiles one set's step without running it (for --mode=compile's
-targets).
+one set; `lowered_step` lowers one set's step without running it (aot.compiled_stacked_step
+compiles it for a target).
 """
 import contextlib
 import dataclasses
@@ -26,13 +26,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from transformer_jax import aot, config_lib
+from transformer_jax import config_lib
 from transformer_jax.train import checkpoint, loop, optim, setup
 from transformer_jax.train.setup import Run
 from transformer_jax.train.sharding import DATA_AXIS
 from transformer_jax.train.step import dropout_root, make_stacked_train_step
 
-__all__ = ['compiled_step', 'groups', 'train_group', 'VMAPPED_KEYS']
+__all__ = ['groups', 'lowered_step', 'train_group', 'VMAPPED_KEYS']
 
 log = logging.getLogger(__name__)
 
@@ -118,25 +118,18 @@ def _batch_of(batches: list[dict], mesh) -> dict:
       sharding, np.stack([np.asarray(b[key]) for b in batches])) for key in batches[0]}
 
 
-def compiled_step(runs: list[Run]):
-  """The stacked step of `runs` (one group) lowered on abstract states and batches and
-  compiled for the runs' devices (a target's compile-only devices, as aot compiles for them),
-  and the seconds that took."""
+def lowered_step(runs: list[Run], batch: dict):
+  """The stacked step of `runs` (one group) lowered for the runs' devices (a target's
+  compile-only devices where they were built on them, as aot.compiled_stacked_step does) on
+  abstract states and numbers, `batch` giving one run's batch as ShapeDtypeStructs."""
   program = _Program.of(runs)
-  first = runs[0]
   stacked = lambda a, s: jax.ShapeDtypeStruct((len(runs), *a.shape), a.dtype, sharding=s)
-  state = jax.tree.map(stacked, first.abstract_state, program.state_sharding)
-  packed = bool(first.config.data.packing) and first.family.unit == 'token'
-  one_batch = aot.abstract_batch(first.data.train_batch(0), first.mesh, packed)
-  batch_sharding = NamedSharding(first.mesh, P(None, DATA_AXIS))
-  batch = {key: stacked(value, batch_sharding) for key, value in one_batch.items()}
+  state = jax.tree.map(stacked, runs[0].abstract_state, program.state_sharding)
+  batch_sharding = NamedSharding(runs[0].mesh, P(None, DATA_AXIS))
+  batches = {key: stacked(value, batch_sharding) for key, value in batch.items()}
   active = jax.ShapeDtypeStruct((len(runs),), jnp.bool_)
   numbers = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), program.numbers)
-  start = time.perf_counter()
-  with aot.without_compilation_cache():
-    compiled = program.step.lower(state, batch, numbers, active).compile(
-        aot.compile_options(first))
-  return compiled, time.perf_counter() - start
+  return program.step.lower(state, batches, numbers, active)
 
 
 @dataclasses.dataclass
