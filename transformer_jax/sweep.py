@@ -113,8 +113,8 @@ def run_all(runs: list[SweepRun], make_config: Callable[[SweepRun], ml_collectio
   run_dirs = [os.path.join(workdir, run.dirname) for run in runs]
   if vmap:
     _train_grouped(runs, configs, run_dirs)
-  for number, (run, config, run_dir) in enumerate(zip(runs, configs, run_dirs), 1):
-    if not vmap:
+  else:
+    for number, (run, config, run_dir) in enumerate(zip(runs, configs, run_dirs), 1):
       log.info('Run %d of %d: %s', number, len(runs), run.name)
       train_once(config, run_dir)
   return [{'name': run.name, 'arg': run.arg, 'overrides': dict(run.overrides),
@@ -175,10 +175,10 @@ def _finished(config, run_dir: str) -> bool:
 def _write_status(config, run_dir: str, error: str | None, seconds: float, load, **extra):
   """run_dir/sweep.json of a run that ended: finished, or diverged with `error`. A run that a
   SIGTERM stopped before its last step has ended nothing: the sweep stops, to be rerun."""
-  if error is None and (checkpoint.latest_step(run_dir) or 0) < config.training.steps:
-    raise errors.UserError(f'The sweep was stopped (SIGTERM) with {run_dir} at step '
-                           f'{checkpoint.latest_step(run_dir)}: run the same command again to '
-                           'resume it from its checkpoints.')
+  reached = checkpoint.latest_step(run_dir)
+  if error is None and (reached or 0) < config.training.steps:
+    raise errors.UserError(f'The sweep was stopped (SIGTERM) with {run_dir} at step {reached}: '
+                           'run the same command again to resume it from its checkpoints.')
   with open(os.path.join(run_dir, STATUS_FILE), 'w') as f:
     json.dump({'status': 'diverged' if error else 'finished', 'error': error,
                'train_seconds': seconds, 'load_average_start': load[0],

@@ -188,9 +188,11 @@ def _train(runs: list[Run], members: list[_Member], states) -> None:
   compiled = program.step.lower(stacked, first, program.numbers, active).compile()
   log.info('Compiled the step of %d runs stacked in %.1f s; %s.', len(members),
            time.time() - compile_start, loop.step_memory(compiled, runs[0].mesh.local_devices[0]))
+  # Throughput reads a batch's shapes alone: one run's, without fetching the stacked batch.
+  one_run = {key: jax.ShapeDtypeStruct(value.shape[1:], value.dtype)
+             for key, value in first.items()}
   for member in members:
-    member.window, member.throughput = loop.Window(), loop.Throughput(member.run, {
-        k: v[0] for k, v in jax.device_get(first).items()})
+    member.window, member.throughput = loop.Window(), loop.Throughput(member.run, one_run)
   preemption = checkpoint.PreemptionFlag()
   try:
     _loop(program, compiled, members, stacked, first, preemption)
