@@ -5,8 +5,10 @@ import pathlib
 from unittest import mock
 
 import flax.linen as nn
+from PIL import Image
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core.data_sources import array_record
+from tensorflow_datasets.core.features import image_feature
 
 from transformer_jax import config_lib, models
 
@@ -18,10 +20,15 @@ CONFIG_FILES = sorted((ROOT / 'configs').glob('*.py'))
 def mock_tfds(num_examples: int):
   """tfds.testing.mock_data: every split of every dataset holds `num_examples` random records of
   the dataset's own features. TFDS 4.9's mock binds a data source's __getitems__ without its
-  self, so batches are read record by record under it."""
+  self, so batches are read record by record under it. An image read undecoded (as
+  data.sources reads PNG and JPEG images) is a record the mock encodes, with TensorFlow, which
+  is not installed: Pillow encodes it instead, as TFDS encodes a PIL image."""
   one_by_one = lambda source, keys: [source[key] for key in keys]
+  with_pillow = lambda encoder, array: encoder._encode_pil_image(
+      Image.fromarray(array[..., 0] if array.shape[-1] == 1 else array))
   with tfds.testing.mock_data(num_examples=num_examples), mock.patch.object(
-      array_record.ArrayRecordDataSource, '__getitems__', one_by_one):
+      array_record.ArrayRecordDataSource, '__getitems__', one_by_one), mock.patch.object(
+          image_feature._ImageEncoder, '_encode_image', with_pillow):
     yield
 
 

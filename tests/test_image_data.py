@@ -70,6 +70,18 @@ def test_a_users_own_dataset_is_read_by_name_from_its_files(user_dir):
   np.testing.assert_array_equal(held_out['label'], [source[i]['kind'] for i in range(4)])
 
 
+def test_png_records_are_decoded_once_by_the_decode_op_as_tfds_decodes_them(user_dir):
+  ds = user_data(user_dir, pp_eval='decode|central_crop(8)|value_range(-1, 1)')
+  held_out = next(ds.eval_batches())
+  assert ds.task.held_out[0]['picture'].startswith(b'\x89PNG')  # read undecoded
+  source = tfds.data_source(USER_DATASET, split='test', data_dir=user_dir, download=False)
+  grey = [source[i]['picture'] for i in range(4)]  # TFDS's decoding: (H, W, 1)
+  rows, columns = (np.array([g.shape[:2] for g in grey]).T - 8) // 2
+  expected = np.stack([np.repeat(g[r:r + 8, c:c + 8], 3, axis=-1)
+                       for g, r, c in zip(grey, rows, columns)]) / 127.5 - 1
+  np.testing.assert_allclose(held_out['image'], expected, atol=1e-6)
+
+
 def test_any_split_string_and_the_default_eval_split(user_dir):
   ds = user_data(user_dir, train_split='train[:75%]', eval_split='train[75%:]')
   assert ds.info['num_train_examples'] == 18 and ds.info['num_eval_examples'] == 4

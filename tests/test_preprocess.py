@@ -107,6 +107,32 @@ def test_decode_of_png_bytes_and_of_arrays_gives_rgb(channels):
     np.testing.assert_array_equal(apply('decode', png(image)), expected)
 
 
+def encoded(image, format='PNG'):
+  buffer = io.BytesIO()
+  image.save(buffer, format)
+  return buffer.getvalue()
+
+
+def test_decode_of_bytes_of_other_modes_gives_their_rgb_colours():
+  indices = random_image(channels=None) % 7
+  palette = random_image(7, 1, seed=1)[:, 0]  # 7 colours
+  paletted = Image.fromarray(indices)
+  paletted.putpalette(palette.ravel().tolist())  # 'L' becomes 'P'
+  assert paletted.mode == 'P'
+  np.testing.assert_array_equal(apply('decode', encoded(paletted)), palette[indices])
+  grey_alpha = random_image(channels=2)
+  np.testing.assert_array_equal(apply('decode', encoded(Image.fromarray(grey_alpha))),
+                                np.repeat(grey_alpha[..., :1], 3, axis=-1))
+  bits = random_image(channels=None) > 127
+  np.testing.assert_array_equal(apply('decode', encoded(Image.fromarray(bits))),
+                                np.repeat(bits[..., None] * np.uint8(255), 3, axis=-1))
+  cmyk = Image.frombytes('CMYK', (40, 32), random_image(channels=4).tobytes())
+  from_jpeg = Image.open(io.BytesIO(encoded(cmyk, 'JPEG')))
+  assert from_jpeg.mode == 'CMYK'
+  np.testing.assert_array_equal(apply('decode', encoded(cmyk, 'JPEG')),
+                                np.asarray(from_jpeg.convert('RGB')))
+
+
 def test_decode_refuses_what_is_not_a_uint8_image():
   with pytest.raises(ValueError, match='float32'):
     apply('decode', np.zeros((4, 4, 3), np.float32))

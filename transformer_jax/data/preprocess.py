@@ -61,12 +61,13 @@ class _Op:
 
 class Decode(_Op):
   """Encoded bytes (PNG, JPEG, ...) or a uint8 array (H, W), (H, W, 1), (H, W, 3), (H, W, 4) to
-  uint8 (H, W, 3): grey is repeated, alpha dropped."""
+  uint8 (H, W, 3): grey is repeated, alpha dropped (bytes of other modes, such as a palette,
+  by Pillow's conversion to RGB)."""
 
   def __call__(self, image, generator):
     if isinstance(image, (bytes, bytearray, memoryview)):
-      with Image.open(io.BytesIO(image)) as decoded:
-        return np.asarray(decoded.convert('RGB'))
+      with Image.open(io.BytesIO(image)) as decoded:  # RGB is already RGB: no converted copy
+        return np.asarray(decoded if decoded.mode == 'RGB' else decoded.convert('RGB'))
     image = np.asarray(image)
     if image.dtype != np.uint8 or image.ndim not in (2, 3) or (
         image.ndim == 3 and image.shape[-1] not in (1, 3, 4)):

@@ -16,6 +16,7 @@ import os
 from typing import Any
 
 from etils import epath
+import numpy as np
 import requests
 import tensorflow_datasets as tfds
 
@@ -144,7 +145,8 @@ def read_text(name: str, split: str, data_dir) -> str:
 @dataclasses.dataclass(frozen=True)
 class ImageDataset:
   """The two splits of an image-classification dataset as random-access sources (len() and
-  [index] -> the record's features, decoded when read), and its number of classes."""
+  [index] -> the record's features, decoded when read but for a PNG or JPEG image, left to the
+  `decode` op), and its number of classes."""
   name: str
   train: Any
   held_out: Any
@@ -168,9 +170,10 @@ def open_image_dataset(name: str, *, data_dir, manual_dir, train_split: str,
     builder = _builder(name, data_dir)
   eval_split = eval_split or next((s for s in ('test', 'validation') if s in builder.info.splits),
                                   'test')
-  train, held_out = (_split_source(builder, key, split, data_dir)
-                     for key, split in (('train_split', train_split), ('eval_split', eval_split)))
   features = builder.info.features
+  decoders = {image_key: tfds.decode.SkipDecoding()} if _is_encoded(features, image_key) else None
+  train, held_out = (_split_source(builder, key, split, data_dir, decoders)
+                     for key, split in (('train_split', train_split), ('eval_split', eval_split)))
   for key, value, kind in (('image_key', image_key, tfds.features.Image),
                            ('label_key', label_key, tfds.features.ClassLabel)):
     if value not in features or not isinstance(features[value], kind):
@@ -180,6 +183,14 @@ def open_image_dataset(name: str, *, data_dir, manual_dir, train_split: str,
                         f'{sorted(features.keys())}).')
   return ImageDataset(name, train, held_out, features[label_key].num_classes,
                       (train_split, eval_split))
+
+
+def _is_encoded(features, image_key: str) -> bool:
+  """Whether the records hold `image_key` as PNG or JPEG bytes of uint8 pixels: then they are
+  read undecoded and the `decode` op decodes them, once (TFDS's own decoding would cost more,
+  and the op converts them to RGB alike). Images of other dtypes stay TFDS's to decode."""
+  feature = features[image_key] if image_key in features else None
+  return isinstance(feature, tfds.features.Image) and feature.np_dtype == np.uint8
 
 
 def open_text_split(name: str, *, data_dir, key: str, split: str | None, text_key: str):
@@ -231,9 +242,9 @@ def _builder(name: str, data_dir):
     ) from None
 
 
-def _split_source(builder, key: str, split: str, data_dir):
+def _split_source(builder, key: str, split: str, data_dir, decoders=None):
   try:
-    return builder.as_data_source(split=split)
+    return builder.as_data_source(split=split, decoders=decoders)
   except ValueError as error:  # TFDS: "Unknown split 'x'. Should be one of [...]."
     splits = {s: info.num_examples for s, info in builder.info.splits.items()}
     raise ConfigError(f'data.{key}={split!r}: {error} The splits of {builder.name}: {splits}; '
