@@ -182,6 +182,29 @@ def test_random_crop_is_a_slice_of_the_zero_padded_image_at_drawn_offsets():
   assert tops == set(range(9))
 
 
+@pytest.mark.parametrize('shape,size,pad', [((9, 13), 8, 3), ((12, 10), 5, 7), ((6, 6), 6, 0),
+                                            ((3, 4), 4, 2)])
+def test_random_crop_windows_anywhere_in_the_padding_are_those_of_the_padded_image(shape, size,
+                                                                                   pad):
+  image = random_image(*shape) | 1  # no zero pixel: the padding is told apart
+  padded = np.pad(image, ((pad, pad), (pad, pad), (0, 0)))
+  zeros = []
+  for seed in range(120):
+    top, left = gen(seed).integers(0, [shape[0] + 2 * pad - size + 1,
+                                       shape[1] + 2 * pad - size + 1])
+    out = apply(f'random_crop({size}, pad={pad})', image, seed)
+    np.testing.assert_array_equal(out, padded[top:top + size, left:left + size])
+    zeros.append((out == 0).mean())
+  assert any(0 < z < 1 for z in zeros) == (pad > 0)  # windows reach into the padding,
+  assert (max(zeros) == 1) == (pad > size)  # lie all in it where it is wider than they are,
+  assert (min(zeros) == 0) == (min(shape) >= size)  # and all in the image where it has room
+
+
+def test_random_crop_refuses_a_padded_image_smaller_than_the_crop():
+  with pytest.raises(ValueError, match='random_crop of 9x9 from an image of 8x10'):
+    apply('random_crop(9, pad=1)', random_image(6, 8))
+
+
 def test_flip_lr_mirrors_the_columns_with_probability_p():
   image = random_image()
   np.testing.assert_array_equal(apply('flip_lr(p=1)', image), image[:, ::-1])

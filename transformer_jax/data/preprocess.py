@@ -112,12 +112,14 @@ class ResizeSmall(_Op):
     return None
 
 
-def _crop_offsets(image: np.ndarray, height: int, width: int, op: str) -> tuple[int, int]:
-  """The room (rows, columns) left around a crop, refusing an image smaller than the crop."""
-  rows, columns = image.shape[0] - height, image.shape[1] - width
+def _crop_offsets(shape: tuple[int, ...], height: int, width: int,
+                  op: str) -> tuple[int, int]:
+  """The room (rows, columns) left around a crop from an image of `shape`, refusing an image
+  smaller than the crop."""
+  rows, columns = shape[0] - height, shape[1] - width
   if rows < 0 or columns < 0:
     raise ValueError(f'{op} of {height}x{width} from an image of '
-                     f'{image.shape[0]}x{image.shape[1]}: resize it first (e.g. resize_small)')
+                     f'{shape[0]}x{shape[1]}: resize it first (e.g. resize_small)')
   return rows, columns
 
 
@@ -128,7 +130,7 @@ class CentralCrop(_Op):
     self.size = _pair(height, width)
 
   def __call__(self, image, generator):
-    rows, columns = _crop_offsets(image, *self.size, 'central_crop')
+    rows, columns = _crop_offsets(image.shape, *self.size, 'central_crop')
     top, left = rows // 2, columns // 2
     return image[top:top + self.size[0], left:left + self.size[1]]
 
@@ -147,11 +149,21 @@ class RandomCrop(_Op):
     self.size, self.pad = size, pad
 
   def __call__(self, image, generator):
-    if self.pad:
-      image = np.pad(image, ((self.pad, self.pad), (self.pad, self.pad), (0, 0)))
-    room = _crop_offsets(image, self.size, self.size, 'random_crop')
-    top, left = generator.integers(0, np.add(room, 1))
-    return image[top:top + self.size, left:left + self.size]
+    height, width = image.shape[:2]
+    pad, size = self.pad, self.size
+    room = _crop_offsets((height + 2 * pad, width + 2 * pad), size, size, 'random_crop')
+    top, left = generator.integers(0, np.add(room, 1)) - pad  # in the unpadded image
+    if 0 <= top <= height - size and 0 <= left <= width - size:
+      return image[top:top + size, left:left + size]
+    # The window reaches into the padding: its part of the image on zeros, without padding the
+    # whole image first.
+    out = np.zeros((size, size, *image.shape[2:]), image.dtype)
+    (row, row_end), (column, column_end) = (
+        (max(start, 0), max(min(start + size, side), start, 0))
+        for start, side in ((top, height), (left, width)))
+    out[row - top:row_end - top, column - left:column_end - left] = image[
+        row:row_end, column:column_end]
+    return out
 
   def output_size(self, size):
     return self.size, self.size
