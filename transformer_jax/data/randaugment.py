@@ -1,4 +1,4 @@
-"""RandAugment (Cubuk et al. 2019) on uint8 (H, W, 3) arrays with Pillow, as big_vision uses it.
+"""RandAugment (Cubuk et al. 2019) on uint8 (H, W, 3) arrays, as big_vision uses it.
 
 big_vision's `randaug` runs tensorflow/tpu's `distort_image_with_randaugment`: each of `num_ops`
 layers picks one of the 16 ops below uniformly and applies it, always, at the one shared
@@ -13,11 +13,14 @@ skipped at random here either. Where this file departs from tensorflow/tpu, on p
   m=9, 4 at m=10); at m < 2.5 that is 0 bits, which TensorFlow's clamped shifts turn into 1 bit,
   and so does this file.
 Equalize, AutoContrast and the enhance ops are Pillow's, which tensorflow/tpu re-implements.
+The ops that map pixels one by one (the lookup tables of ImageOps, the blends of ImageEnhance but
+Sharpness) are numpy here, equal to Pillow's to the bit (tests/test_preprocess.py) and several
+times faster on small images; the geometric ops and Sharpness are Pillow's own.
 """
 from typing import NamedTuple
 
 import numpy as np
-from PIL import Image, ImageEnhance, ImageFilter, ImageOps
+from PIL import Image, ImageFilter
 
 __all__ = ['FILL', 'LEVELS', 'MAX_LEVEL', 'OPS', 'op_arg', 'rand_augment']
 
@@ -25,6 +28,9 @@ MAX_LEVEL = 10
 FILL = (128, 128, 128)  # the grey of the pixels that geometric ops and Cutout bring in
 _REFERENCE_SIDE = 224  # tensorflow/tpu's translate and cutout constants are pixels at this side
 _SOLARIZE_ADD_BELOW = 128
+_LUMA = np.array([19595, 38470, 7471], np.float32)  # Pillow's RGB to L, in 16-bit fixed point
+_VALUES = np.arange(256)  # the identity lookup table
+_OFFSETS = np.arange(0, 256 * 4, 256)[:, None]  # where a channel's table starts, of 4 at most
 
 
 class Level(NamedTuple):
@@ -66,42 +72,105 @@ def _array(image: Image.Image) -> np.ndarray:
   return np.asarray(image)
 
 
+def _channel_indices(image: np.ndarray) -> np.ndarray:
+  """(C, H * W) intp: each pixel's value + 256 x its channel, its entry in C stacked tables of
+  256 (per-channel histograms and lookup tables in one call each, as Pillow keeps them)."""
+  channels = image.shape[-1]
+  indices = image.reshape(-1, channels).T.astype(np.intp, order='C')
+  indices += _OFFSETS[:channels]
+  return indices
+
+
+def _look_up(luts: np.ndarray, indices: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+  """The image of `shape` whose channel c is luts[c] of its pixels (Pillow's Image.point)."""
+  planes = np.take(luts.astype(np.uint8).ravel(), indices)  # a channel's pixels in a row
+  return np.ascontiguousarray(planes.T).reshape(shape)
+
+
 def auto_contrast(image: np.ndarray, _=None) -> np.ndarray:
-  return _array(ImageOps.autocontrast(_pil(image)))
+  """Pillow's ImageOps.autocontrast (cutoff 0): each channel's lowest value to 0 and highest to
+  255 by int(value x scale + offset) in float64, as its lookup table computes them; a constant
+  channel is left as it is."""
+  indices = _channel_indices(image)
+  offsets = _OFFSETS[:len(indices)]
+  low = indices.min(axis=1, keepdims=True) - offsets
+  high = indices.max(axis=1, keepdims=True) - offsets
+  scale = 255.0 / np.maximum(high - low, 1)
+  # Pillow clips its table to 0..255: the values from low to high, the only ones looked up,
+  # are within it already.
+  luts = (_VALUES * scale + -low * scale).astype(np.int64)
+  return _look_up(np.where(high > low, luts, _VALUES), indices, image.shape)
 
 
 def equalize(image: np.ndarray, _=None) -> np.ndarray:
-  return _array(ImageOps.equalize(_pil(image)))
+  """Pillow's ImageOps.equalize: per channel, step = (pixels - the count of its highest value)
+  // 255, and value v maps to (step // 2 + the count of values below v) // step, at most 255;
+  a channel of one value, or of step 0, is left as it is."""
+  indices = _channel_indices(image)
+  channels, pixels = indices.shape
+  counts = np.bincount(indices.ravel(), minlength=256 * channels).reshape(channels, 256)
+  highest = 255 - (counts[:, ::-1] > 0).argmax(axis=1)
+  steps = (pixels - counts[np.arange(channels), highest])[:, None] // 255
+  below = np.cumsum(counts, axis=1) - counts
+  luts = np.minimum((steps // 2 + below) // np.maximum(steps, 1), 255)
+  return _look_up(np.where(steps > 0, luts, _VALUES), indices, image.shape)
 
 
 def invert(image: np.ndarray, _=None) -> np.ndarray:
-  return _array(ImageOps.invert(_pil(image)))
+  return 255 - image
 
 
 def posterize(image: np.ndarray, bits: int) -> np.ndarray:
-  return _array(ImageOps.posterize(_pil(image), max(bits, 1)))
+  """The highest max(bits, 1) bits of each value, as Pillow's ImageOps.posterize."""
+  return image & np.uint8(0xFF << (8 - max(bits, 1)) & 0xFF)
 
 
 def solarize(image: np.ndarray, threshold: int) -> np.ndarray:
-  return _array(ImageOps.solarize(_pil(image), threshold))
+  """Values at or above `threshold` inverted, as Pillow's ImageOps.solarize."""
+  return np.where(image < threshold, image, 255 - image)
 
 
 def solarize_add(image: np.ndarray, addition: int) -> np.ndarray:
   values = np.arange(256)
   lut = np.where(values < _SOLARIZE_ADD_BELOW, np.clip(values + addition, 0, 255), values)
-  return lut.astype(np.uint8)[image]
+  return np.take(lut.astype(np.uint8), image)
+
+
+def _grey(pixels: np.ndarray) -> np.ndarray:
+  """(H, W, 1) float32 of float32 RGB pixels: Pillow's conversion to L, (19595 R + 38470 G +
+  7471 B + 0x8000) >> 16, in whole numbers below 2^24, exact in float32 (a BLAS product, where
+  numpy's integer one is slow)."""
+  return np.floor((pixels @ _LUMA + 0x8000) * np.float32(2 ** -16))[..., None]
+
+
+def _blend(degenerate, pixels: np.ndarray, factor: float) -> np.ndarray:
+  """Pillow's Image.blend(degenerate, image, factor) of the image's float32 `pixels` (which it
+  overwrites), in Pillow's C float32 arithmetic: degenerate + factor x (image - degenerate),
+  clipped to 0..255 and truncated."""
+  pixels -= degenerate
+  pixels *= np.float32(factor)
+  pixels += degenerate
+  return np.clip(pixels, 0, 255, out=pixels).astype(np.uint8)
 
 
 def color(image: np.ndarray, factor: float) -> np.ndarray:
-  return _array(ImageEnhance.Color(_pil(image)).enhance(factor))
+  """Pillow's ImageEnhance.Color: a blend with the image's grey levels."""
+  pixels = image.astype(np.float32)
+  return _blend(_grey(pixels), pixels, factor)
 
 
 def contrast(image: np.ndarray, factor: float) -> np.ndarray:
-  return _array(ImageEnhance.Contrast(_pil(image)).enhance(factor))
+  """Pillow's ImageEnhance.Contrast: a blend with the mean grey level rounded to an integer
+  (ImageStat's mean of the L image, in float64)."""
+  pixels = image.astype(np.float32)
+  grey = _grey(pixels)
+  mean = int(int(grey.sum(dtype=np.int64)) / grey.size + 0.5)
+  return _blend(np.float32(mean), pixels, factor)
 
 
 def brightness(image: np.ndarray, factor: float) -> np.ndarray:
-  return _array(ImageEnhance.Brightness(_pil(image)).enhance(factor))
+  """Pillow's ImageEnhance.Brightness: a blend with black."""
+  return _blend(np.float32(0), image.astype(np.float32), factor)
 
 
 def sharpness(image: np.ndarray, factor: float) -> np.ndarray:
