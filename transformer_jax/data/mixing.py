@@ -87,14 +87,24 @@ def mix_pairs(images: np.ndarray, labels: np.ndarray, generator: np.random.Gener
   cutmix, lam, boxes = (np.repeat(x[pairs], 2, axis=0) for x in draws)
   lam = lam.astype(np.float32)
   partner = np.arange(b) ^ 1
-  images = images.astype(np.float32)
-  own = lam[:, None, None, None]
-  mixed = own * images + (1 - own) * images[partner]
-  top, bottom, left, right = boxes.T[..., None]
-  in_rows = (np.arange(height) >= top) & (np.arange(height) < bottom)
-  in_columns = (np.arange(width) >= left) & (np.arange(width) < right)
-  in_box = (in_rows[:, :, None] & in_columns[:, None, :])[..., None]
-  cut = np.where(in_box, images[partner], images)
   labels = np.asarray(labels, np.int32)
-  return {'image': np.where(cutmix[:, None, None, None], cut, mixed), 'label': labels,
+  return {'image': _mixed_images(images, cutmix, lam, boxes), 'label': labels,
           'label_mix': labels[partner], 'mix_weight': lam}
+
+
+def _mixed_images(images: np.ndarray, cutmix: np.ndarray, lam: np.ndarray,
+                  boxes: np.ndarray) -> np.ndarray:
+  """float32 images, each row (CutMix) its own with its box from its partner or (mixup) lam x
+  its own + (1 - lam) x its partner's, in float32: one copy of the batch, then only the rows and
+  boxes that change."""
+  out = images.astype(np.float32)
+  rows = np.flatnonzero(~cutmix)  # whole pairs: a row's partner is among them
+  own = lam[rows, None, None, None]
+  mixed = out[rows]
+  mixed *= own
+  mixed += (1 - own) * out[rows ^ 1]
+  out[rows] = mixed
+  for row in np.flatnonzero(cutmix).tolist():
+    top, bottom, left, right = boxes[row].tolist()
+    out[row, top:bottom, left:right] = images[row ^ 1, top:bottom, left:right]
+  return out
