@@ -112,6 +112,13 @@ class ResizeSmall(_Op):
     return None
 
 
+def _draw_offsets(generator: np.random.Generator, rows: int, columns: int) -> tuple[int, int]:
+  """(top, left) uniform in [0, rows) x [0, columns): the numbers of one
+  `generator.integers(0, [rows, columns])`, which draws each bound in turn, without the cost of
+  its broadcasting (a few microseconds an image)."""
+  return int(generator.integers(rows)), int(generator.integers(columns))
+
+
 def _crop_offsets(shape: tuple[int, ...], height: int, width: int,
                   op: str) -> tuple[int, int]:
   """The room (rows, columns) left around a crop from an image of `shape`, refusing an image
@@ -140,7 +147,7 @@ class CentralCrop(_Op):
 
 class RandomCrop(_Op):
   """random_crop(S, pad=0): zero padding of `pad` on every side, then an S x S crop at offsets
-  (top, left) drawn uniformly, in one `generator.integers` call."""
+  (top, left) drawn uniformly (_draw_offsets)."""
   random = True
 
   def __init__(self, size: int, pad: int = 0):
@@ -152,7 +159,7 @@ class RandomCrop(_Op):
     height, width = image.shape[:2]
     pad, size = self.pad, self.size
     room = _crop_offsets((height + 2 * pad, width + 2 * pad), size, size, 'random_crop')
-    top, left = generator.integers(0, np.add(room, 1)) - pad  # in the unpadded image
+    top, left = (offset - pad for offset in _draw_offsets(generator, room[0] + 1, room[1] + 1))
     if 0 <= top <= height - size and 0 <= left <= width - size:
       return image[top:top + size, left:left + size]
     # The window reaches into the padding: its part of the image on zeros, without padding the
@@ -194,8 +201,8 @@ class InceptionCrop(_Op):
       ratio = np.exp(generator.uniform(*self._LOG_RATIOS))
       box_width, box_height = round(np.sqrt(area * ratio)), round(np.sqrt(area / ratio))
       if 0 < box_width <= width and 0 < box_height <= height:
-        top, left = generator.integers(0, [height - box_height + 1, width - box_width + 1])
-        return int(top), int(left), box_height, box_width
+        top, left = _draw_offsets(generator, height - box_height + 1, width - box_width + 1)
+        return top, left, box_height, box_width
     ratio = np.clip(width / height, 3 / 4, 4 / 3)
     box_height, box_width = min(height, round(width / ratio)), min(width, round(height * ratio))
     return (height - box_height) // 2, (width - box_width) // 2, box_height, box_width
