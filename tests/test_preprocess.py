@@ -259,6 +259,17 @@ def test_normalize_and_value_range_are_their_formulas_in_float32():
     np.testing.assert_allclose(out, low + image / 255 * (high - low), atol=1e-6)
 
 
+def test_normalize_gives_each_shape_its_own_float32_formula_in_any_order():
+  normalize = preprocess.build(CIFAR_NORM)
+  mean = np.float32([125.3, 123.0, 113.9])
+  std = np.float32([63.0, 62.1, 66.7])
+  for shape in ((32, 40), (32, 40), (8, 5), (32, 40), (1, 1)):
+    image = random_image(*shape, seed=sum(shape))
+    for pixels in (image, image[:, ::-1]):
+      np.testing.assert_array_equal(normalize(pixels, None),
+                                    (pixels.astype(np.float32) - mean) / std)
+
+
 def test_the_reference_specs_give_their_shapes_and_dtypes():
   jpeg = io.BytesIO()
   Image.fromarray(random_image(375, 500)).save(jpeg, 'JPEG')

@@ -254,9 +254,20 @@ class Normalize(_Op):
   def __init__(self, mean, std):
     self.mean, self.std = _channel_values('mean', mean), _channel_values('std', std)
     _require(bool(np.all(self.std > 0)), f'std must be positive, got {std!r}')
+    self._per_pixel = ((), self.mean, self.std)  # (shape, mean and std of that shape)
 
   def __call__(self, image, generator):
-    return (image.astype(np.float32) - self.mean) / self.std
+    # The same operations on arrays of the image's shape: numpy's loops over 3 channels at a time
+    # cost several times more. Those of the last shape are kept (one, so that images of many
+    # sizes take no memory).
+    if self._per_pixel[0] != image.shape:
+      self._per_pixel = (image.shape, *(np.broadcast_to(values, image.shape).copy()
+                                        for values in (self.mean, self.std)))
+    _, mean, std = self._per_pixel
+    out = image.astype(np.float32)
+    out -= mean
+    out /= std
+    return out
 
 
 class ValueRange(_Op):
