@@ -369,7 +369,18 @@ PILLOW = {
     'Color': lambda pil, factor: ImageEnhance.Color(pil).enhance(factor),
     'Contrast': lambda pil, factor: ImageEnhance.Contrast(pil).enhance(factor),
     'Brightness': lambda pil, factor: ImageEnhance.Brightness(pil).enhance(factor),
+    'Rotate': lambda pil, degrees: pil.rotate(degrees, resample=Image.NEAREST,
+                                              fillcolor=randaugment.FILL),
+    'ShearX': lambda pil, shear: pillow_affine(pil, (1, shear, 0, 0, 1, 0)),
+    'ShearY': lambda pil, shear: pillow_affine(pil, (1, 0, 0, shear, 1, 0)),
+    'TranslateX': lambda pil, pixels: pillow_affine(pil, (1, 0, pixels, 0, 1, 0)),
+    'TranslateY': lambda pil, pixels: pillow_affine(pil, (1, 0, 0, 0, 1, pixels)),
 }
+
+
+def pillow_affine(pil, matrix):
+  return pil.transform(pil.size, Image.AFFINE, matrix, resample=Image.NEAREST,
+                       fillcolor=randaugment.FILL)
 
 
 def varied_images(count=240, seed=0):
@@ -401,19 +412,26 @@ def varied_images(count=240, seed=0):
 
 
 def pillow_args(name):
-  """The op's arguments at every magnitude 0..10, and beyond: every bit count, the extreme
-  thresholds, and enhance factors from -0.5 to 5 (Pillow's extrapolating blend)."""
-  at_magnitudes = {randaugment.op_arg(name, m, (32, 32, 3), gen()) for m in range(11)}
+  """The op's arguments at every magnitude 0..10 of either sign, and beyond: every bit count,
+  the extreme thresholds, enhance factors from -0.5 to 5 (Pillow's extrapolating blend), the
+  quarter and half turns, shears and shifts of any size."""
+  at_magnitudes = {randaugment.op_arg(name, m, (32, 32, 3), gen(seed)) for m in range(11)
+                   for seed in range(2)}  # seeds 0 and 1 draw both signs
+  shift = [0.5, -3, 2.4999999, 12.857142857142858, -40, 1e5]  # 2.4999999: float, not 16.16
   extremes = {'Posterize': range(9), 'Solarize': [0, 1, 127, 128, 255, 256],
-              'AutoContrast': [], 'Equalize': [], 'Invert': []}.get(
+              'AutoContrast': [], 'Equalize': [], 'Invert': [],
+              'Rotate': [90, -90, 180, 270, 360, 45, 0.1, -400.5],
+              'ShearX': [0.05, -1.5, 2], 'ShearY': [0.05, -1.5, 2],
+              'TranslateX': shift, 'TranslateY': shift}.get(
                   name, [0.0, 1.0, 2.0, 2.5, 5.0, -0.5, 1 / 3])
   return sorted(at_magnitudes | set(extremes), key=str)
 
 
 @pytest.mark.parametrize('name', sorted(PILLOW))
-def test_numpy_pixel_ops_equal_pillows_own_to_the_bit(name):
+def test_numpy_ops_equal_pillows_own_to_the_bit(name):
   args = pillow_args(name)
-  for image in varied_images():
+  wide = random_image(2, 40000)  # past 16.16 fixed point: Pillow's float64 transform
+  for image in [*varied_images(), wide]:
     for arg in args:
       expected = np.asarray(PILLOW[name](Image.fromarray(image), arg))
       np.testing.assert_array_equal(ra(name, image, arg), expected, f'{name}({arg})')

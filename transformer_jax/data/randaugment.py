@@ -13,10 +13,13 @@ skipped at random here either. Where this file departs from tensorflow/tpu, on p
   m=9, 4 at m=10); at m < 2.5 that is 0 bits, which TensorFlow's clamped shifts turn into 1 bit,
   and so does this file.
 Equalize, AutoContrast and the enhance ops are Pillow's, which tensorflow/tpu re-implements.
-The ops that map pixels one by one (the lookup tables of ImageOps, the blends of ImageEnhance but
-Sharpness) are numpy here, equal to Pillow's to the bit (tests/test_preprocess.py) and several
-times faster on small images; the geometric ops and Sharpness are Pillow's own.
+Sharpness is Pillow's own; the other ops are numpy here, equal to Pillow's to the bit
+(tests/test_preprocess.py) and several times faster on small images: the pixel maps of ImageOps
+as their lookup tables, the blends of ImageEnhance in Pillow's float32, the geometric ops as the
+source pixels Pillow's transforms pick (computed once for a shape and matrix).
 """
+import functools
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -26,6 +29,7 @@ __all__ = ['FILL', 'LEVELS', 'MAX_LEVEL', 'OPS', 'op_arg', 'rand_augment']
 
 MAX_LEVEL = 10
 FILL = (128, 128, 128)  # the grey of the pixels that geometric ops and Cutout bring in
+_FILL_PIXEL = np.array([FILL], np.uint8)
 _REFERENCE_SIDE = 224  # tensorflow/tpu's translate and cutout constants are pixels at this side
 _SOLARIZE_ADD_BELOW = 128
 _LUMA = np.array([19595, 38470, 7471], np.float32)  # Pillow's RGB to L, in 16-bit fixed point
@@ -180,15 +184,69 @@ def sharpness(image: np.ndarray, factor: float) -> np.ndarray:
 
 
 def rotate(image: np.ndarray, degrees: float) -> np.ndarray:
-  """Counter-clockwise about the centre, nearest neighbour as tensorflow/tpu."""
-  return _array(_pil(image).rotate(degrees, resample=Image.NEAREST, fillcolor=FILL))
+  """Counter-clockwise about the centre, nearest neighbour as tensorflow/tpu: Pillow's
+  Image.rotate, to the bit: the transform of its matrix, rounded to 15 digits (which gives
+  the pixels of its shortcuts for whole and half turns, and quarter turns of a square)."""
+  height, width = image.shape[:2]
+  angle = -math.radians(degrees % 360.0)
+  a, b = round(math.cos(angle), 15), round(math.sin(angle), 15)
+  d, e = round(-math.sin(angle), 15), round(math.cos(angle), 15)
+  x, y = -width / 2, -height / 2  # the centre to the origin, turned, and back
+  return _affine(image, (a, b, a * x + b * y + 0.0 + width / 2,
+                         d, e, d * x + e * y + 0.0 + height / 2))
 
 
 def _affine(image: np.ndarray, matrix: tuple[float, ...]) -> np.ndarray:
-  """Output pixel (x, y) takes input pixel (a x + b y + c, d x + e y + f), matrix (a, ..., f)."""
+  """Output pixel (x, y) takes input pixel (a x + b y + c, d x + e y + f), matrix (a, ..., f),
+  nearest neighbour, FILL outside: Pillow's Image.transform(AFFINE, NEAREST), to the bit."""
   height, width = image.shape[:2]
-  return _array(_pil(image).transform((width, height), Image.AFFINE, matrix,
-                                      resample=Image.NEAREST, fillcolor=FILL))
+  sources = _affine_sources(height, width, tuple(float(value) for value in matrix))
+  pixels = np.concatenate([image.reshape(-1, image.shape[-1]), _FILL_PIXEL])
+  return np.take(pixels, sources, axis=0)
+
+
+@functools.lru_cache(maxsize=32)  # RandAugment has 10 matrices at a magnitude, a shape
+def _affine_sources(height: int, width: int, matrix: tuple[float, ...]) -> np.ndarray:
+  """(H, W) read-only: the flat index of the input pixel each output pixel takes, H * W (the
+  fill) where none, as Pillow's engines (libImaging/Geometry.c) compute them: one pixel step
+  at a time in float64 (ImagingScaleAffine, or beyond 16.16's range), else in 16.16 fixed
+  point (affine_fixed); positions truncate, as its COORD and >> 16."""
+  a, b, c, d, e, f = matrix
+  if b == 0 and d == 0:
+    columns = _truncated(_stepped(c + a * 0.5, a, width))[None, :]
+    rows = _truncated(_stepped(f + e * 0.5, e, height))[:, None]
+  elif _fits_16_16(matrix, width, height):
+    fix = lambda value: math.floor(value * 65536.0 + 0.5)
+    y, x = np.ogrid[:height, :width]
+    columns = (fix(c + a * 0.5 + b * 0.5) + y * fix(b) + x * fix(a)) >> 16
+    rows = (fix(f + d * 0.5 + e * 0.5) + y * fix(e) + x * fix(d)) >> 16
+  else:
+    columns = _truncated(_stepped(_stepped(c + b * 0.5 + a * 0.5, b, height), a, width))
+    rows = _truncated(_stepped(_stepped(f + e * 0.5 + d * 0.5, e, height), d, width))
+  inside = (columns >= 0) & (columns < width) & (rows >= 0) & (rows < height)
+  sources = np.where(inside, rows * width + columns, height * width)
+  sources.flags.writeable = False  # shared by every call of the cache
+  return sources
+
+
+def _stepped(starts, step: float, count: int) -> np.ndarray:
+  """starts (a number, or one per row) followed by count - 1 additions of `step`, one at a
+  time in float64 as Pillow's loops add them (np.cumsum adds in order)."""
+  starts = np.asarray(starts, np.float64)[..., None]
+  steps = np.full((*starts.shape[:-1], max(count - 1, 0)), step)
+  return np.cumsum(np.concatenate([starts, steps], axis=-1), axis=-1)[..., :count]
+
+
+def _truncated(positions: np.ndarray) -> np.ndarray:
+  """Pillow's COORD: -1 below 0, else the whole part."""
+  return np.where(positions < 0, -1, positions.astype(np.int64))
+
+
+def _fits_16_16(matrix: tuple[float, ...], width: int, height: int) -> bool:
+  """Pillow's check_fixed at the four corners: every position within +-32768."""
+  a, b, c, d, e, f = matrix
+  return all(abs(x * a + y * b + c) < 32768.0 and abs(x * d + y * e + f) < 32768.0
+             for x, y in ((0, 0), (width, height), (0, height), (width, 0)))
 
 
 def shear_x(image: np.ndarray, shear: float) -> np.ndarray:
