@@ -375,6 +375,7 @@ PILLOW = {
     'ShearY': lambda pil, shear: pillow_affine(pil, (1, 0, 0, shear, 1, 0)),
     'TranslateX': lambda pil, pixels: pillow_affine(pil, (1, 0, pixels, 0, 1, 0)),
     'TranslateY': lambda pil, pixels: pillow_affine(pil, (1, 0, 0, 0, 1, pixels)),
+    'Sharpness': lambda pil, factor: ImageEnhance.Sharpness(pil).enhance(factor),
 }
 
 

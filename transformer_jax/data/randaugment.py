@@ -13,17 +13,17 @@ skipped at random here either. Where this file departs from tensorflow/tpu, on p
   m=9, 4 at m=10); at m < 2.5 that is 0 bits, which TensorFlow's clamped shifts turn into 1 bit,
   and so does this file.
 Equalize, AutoContrast and the enhance ops are Pillow's, which tensorflow/tpu re-implements.
-Sharpness is Pillow's own; the other ops are numpy here, equal to Pillow's to the bit
-(tests/test_preprocess.py) and several times faster on small images: the pixel maps of ImageOps
-as their lookup tables, the blends of ImageEnhance in Pillow's float32, the geometric ops as the
-source pixels Pillow's transforms pick (computed once for a shape and matrix).
+The ops are numpy, equal to Pillow 13's to the bit (tests/test_preprocess.py compares them with
+the installed Pillow) and several times faster on small images: the pixel maps of ImageOps as
+its lookup tables compute them, the enhance ops as its fixed-point grey and float32 blend and
+filter, the geometric ops as the source pixels its transforms pick (kept for a shape and
+matrix).
 """
 import functools
 import math
 from typing import NamedTuple
 
 import numpy as np
-from PIL import Image, ImageFilter
 
 __all__ = ['FILL', 'LEVELS', 'MAX_LEVEL', 'OPS', 'op_arg', 'rand_augment']
 
@@ -34,6 +34,7 @@ _REFERENCE_SIDE = 224  # tensorflow/tpu's translate and cutout constants are pix
 _SOLARIZE_ADD_BELOW = 128
 _LUMA = np.array([19595, 38470, 7471], np.float32)  # Pillow's RGB to L, in 16-bit fixed point
 _VALUES = np.arange(256)  # the identity lookup table
+_SMOOTH_WEIGHTS = np.float32([1, 5]) / np.float32(13)  # Pillow's SMOOTH kernel, in float32
 _OFFSETS = np.arange(0, 256 * 4, 256)[:, None]  # where a channel's table starts, of 4 at most
 
 
@@ -68,14 +69,6 @@ LEVELS = {
 }
 
 
-def _pil(image: np.ndarray) -> Image.Image:
-  return Image.fromarray(image)
-
-
-def _array(image: Image.Image) -> np.ndarray:
-  return np.asarray(image)
-
-
 def _channel_indices(image: np.ndarray) -> np.ndarray:
   """(C, H * W) intp: each pixel's value + 256 x its channel, its entry in C stacked tables of
   256 (per-channel histograms and lookup tables in one call each, as Pillow keeps them)."""
@@ -93,17 +86,15 @@ def _look_up(luts: np.ndarray, indices: np.ndarray, shape: tuple[int, ...]) -> n
 
 def auto_contrast(image: np.ndarray, _=None) -> np.ndarray:
   """Pillow's ImageOps.autocontrast (cutoff 0): each channel's lowest value to 0 and highest to
-  255 by int(value x scale + offset) in float64, as its lookup table computes them; a constant
-  channel is left as it is."""
-  indices = _channel_indices(image)
-  offsets = _OFFSETS[:len(indices)]
-  low = indices.min(axis=1, keepdims=True) - offsets
-  high = indices.max(axis=1, keepdims=True) - offsets
-  scale = 255.0 / np.maximum(high - low, 1)
-  # Pillow clips its table to 0..255: the values from low to high, the only ones looked up,
-  # are within it already.
-  luts = (_VALUES * scale + -low * scale).astype(np.int64)
-  return _look_up(np.where(high > low, luts, _VALUES), indices, image.shape)
+  255 by int(value x scale + offset), in float64 as its lookup table computes them (then in
+  0..255 already, its clipping does nothing); a constant channel is left as it is."""
+  planes = np.ascontiguousarray(image.reshape(-1, image.shape[-1]).T)  # a channel a row
+  low = planes.min(axis=1, keepdims=True).astype(np.int64)
+  spread = planes.max(axis=1, keepdims=True) - low
+  scale = np.where(spread > 0, 255.0 / np.maximum(spread, 1), 1.0)
+  offset = np.where(spread > 0, -low * scale, 0.0)
+  stretched = (planes * scale + offset).astype(np.uint8)
+  return np.ascontiguousarray(stretched.T).reshape(image.shape)
 
 
 def equalize(image: np.ndarray, _=None) -> np.ndarray:
@@ -135,9 +126,15 @@ def solarize(image: np.ndarray, threshold: int) -> np.ndarray:
 
 
 def solarize_add(image: np.ndarray, addition: int) -> np.ndarray:
-  values = np.arange(256)
-  lut = np.where(values < _SOLARIZE_ADD_BELOW, np.clip(values + addition, 0, 255), values)
-  return np.take(lut.astype(np.uint8), image)
+  return np.take(_solarize_add_lut(addition), image)
+
+
+@functools.lru_cache(maxsize=32)  # one addition per magnitude
+def _solarize_add_lut(addition: int) -> np.ndarray:
+  lut = np.where(_VALUES < _SOLARIZE_ADD_BELOW, np.clip(_VALUES + addition, 0, 255), _VALUES)
+  lut = lut.astype(np.uint8)
+  lut.flags.writeable = False
+  return lut
 
 
 def _grey(pixels: np.ndarray) -> np.ndarray:
@@ -178,9 +175,21 @@ def brightness(image: np.ndarray, factor: float) -> np.ndarray:
 
 
 def sharpness(image: np.ndarray, factor: float) -> np.ndarray:
-  """Blends with Pillow's SMOOTH filter (3x3, centre weight 5 of 13; the border kept)."""
-  pil = _pil(image)
-  return _array(Image.blend(pil.filter(ImageFilter.SMOOTH), pil, factor))
+  """Pillow's ImageEnhance.Sharpness: a blend with its SMOOTH filter (3x3 of weights 1, the
+  centre's 5, over 13; the border pixels kept), in its float32 arithmetic (libImaging/Filter.c:
+  a row's three products summed left to right, the rows below, at and above added in turn to
+  0.5, clipped to 0..255 and truncated)."""
+  pixels = image.astype(np.float32)
+  smooth = pixels.copy()
+  if min(image.shape[:2]) >= 3:
+    weighted = pixels * _SMOOTH_WEIGHTS[0]
+    across = (weighted[:, :-2] + weighted[:, 1:-1]) + weighted[:, 2:]
+    centre = (weighted[1:-1, :-2] + pixels[1:-1, 1:-1] * _SMOOTH_WEIGHTS[1]) + weighted[1:-1, 2:]
+    total = np.float32(0.5) + across[2:]
+    total += centre
+    total += across[:-2]
+    smooth[1:-1, 1:-1] = np.floor(np.clip(total, 0, 255, out=total))
+  return _blend(smooth, pixels, factor)
 
 
 def rotate(image: np.ndarray, degrees: float) -> np.ndarray:
