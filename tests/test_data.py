@@ -11,7 +11,7 @@ import tensorflow_datasets as tfds
 from tensorflow_datasets.image_classification import cifar
 
 from transformer_jax import data
-from transformer_jax.data import builders, images, pipeline, sources
+from transformer_jax.data import builders, images, pipeline, rng, sources
 from transformer_jax.models import registry
 
 FAMILIES = ('vit', 'decoder', 'encoder', 'encoder_decoder')
@@ -175,6 +175,15 @@ def test_synthetic_data_is_learnable():
   held_out = next(make('vit', eval_batch_size=32).eval_batches())
   distances = ((held_out['image'][:, None] - means[None]) ** 2).sum(axis=(2, 3, 4))
   assert (distances.argmin(axis=1) == held_out['label']).mean() > 0.9
+
+
+@pytest.mark.parametrize('key', [(1, 0, 12345), (0,), (6, 2 ** 32 - 1, 7), (1, 2 ** 32, 5),
+                                 (4, 3, 2 ** 70 + 9)])
+def test_a_generator_draws_the_numbers_of_its_key_seeded_as_numpy_seeds_it(key):
+  expected = np.random.default_rng(key)  # SeedSequence of the ints, bigger ones split in words
+  generator = rng.generator(*key)
+  np.testing.assert_array_equal(generator.integers(0, 2 ** 62, 8), expected.integers(0, 2 ** 62, 8))
+  assert generator.random() == expected.random()
 
 
 def test_channel_stats_are_exact():

@@ -103,8 +103,9 @@ class ImageTask:
     """Records `indices` of `source`, read at once, each preprocessed by `pp` with numbers
     keyed by its key, stacked."""
     records = source.__getitems__(indices)  # one read of the batch's records, in parallel
+    is_random = pp.is_random
     return _stack([{'image': pp(record[self.image_key],
-                                rng.generator(*key) if pp.is_random else None),
+                                rng.generator(*key) if is_random else None),
                     'label': np.int32(record[self.label_key])}
                    for record, key in zip(records, keys)])
 

@@ -16,7 +16,10 @@ SHUFFLE, AUGMENT, WINDOWS, GENERATE, HELD_OUT, TASK, MIX = range(7)
 
 
 def generator(*key: int) -> np.random.Generator:
-  return np.random.Generator(np.random.PCG64(np.random.SeedSequence(key)))
+  # Ints below 2^32 are one 32-bit word each of SeedSequence's entropy: given as those words,
+  # it makes the same generator at half the cost (one per example of every batch).
+  entropy = np.array(key, np.uint32) if all(0 <= k < 2 ** 32 for k in key) else key
+  return np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy)))
 
 
 @functools.lru_cache(maxsize=4)
