@@ -387,7 +387,8 @@ def pillow_affine(pil, matrix):
 def varied_images(count=240, seed=0):
   """Images of 1 to 40 pixels a side of every kind that takes a different branch: noise,
   constant, one constant channel, two values, a narrow or skewed range, a smooth blob, black
-  and white, a few clustered levels (uneven histograms, equalize's rounding up to 256)."""
+  and white, a few clustered levels (uneven histograms, equalize's rounding up to 256); half
+  of them mirrored views, strided as flip_lr leaves them."""
   noise = np.random.default_rng(seed)
   for i in range(count):
     shape = (*noise.integers(1, 41, size=2), 3)
@@ -409,7 +410,8 @@ def varied_images(count=240, seed=0):
       image = noise.choice([0, 255], shape)
     else:
       image = noise.integers(0, 256, shape) // 64 * 64 + noise.integers(0, 2, shape)
-    yield image.astype(np.uint8)
+    image = image.astype(np.uint8)
+    yield image[:, ::-1] if i // 8 % 2 else image  # every kind both ways
 
 
 def pillow_args(name):
