@@ -187,8 +187,10 @@ def open_image_dataset(name: str, *, data_dir, manual_dir, train_split: str,
 
 def _is_encoded(features, image_key: str) -> bool:
   """Whether the records hold `image_key` as PNG or JPEG bytes of uint8 pixels: then they are
-  read undecoded and the `decode` op decodes them, once (TFDS's own decoding would cost more,
-  and the op converts them to RGB alike). Images of other dtypes stay TFDS's to decode."""
+  read undecoded and decoded once, by the `decode` op (TFDS's decoding first costs more). RGB,
+  grey and RGBA images come out as they did from TFDS's decoding; palette, bilevel and CMYK
+  ones in their colours (TFDS's gave their indices, 0/1 or inks). Images of other dtypes stay
+  TFDS's to decode."""
   feature = features[image_key] if image_key in features else None
   return isinstance(feature, tfds.features.Image) and feature.np_dtype == np.uint8
 
