@@ -3,12 +3,14 @@
 Sums, not means, so that microbatches, devices and processes combine exactly: the loss is the
 sum of per-position losses over the whole global batch divided by its total weight.
 """
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from transformer_jax.models.registry import Family
 
-__all__ = ['logits_targets_weights', 'loss_sums', 'mixed_targets']
+__all__ = ['cross_entropy', 'logits_targets_weights', 'loss_sums', 'mixed_targets']
 
 
 def logits_targets_weights(model, family: Family, params, batch, *, deterministic=True,
@@ -29,23 +31,58 @@ def mixed_targets(batch: dict):
 
 def loss_sums(logits, targets, weights, label_smoothing: float = 0.0, mix=None,
               top5: bool = False) -> dict[str, jax.Array]:
-  """Weighted sums of the cross-entropy (float32) and of correct argmax predictions ('correct';
-  with top5 also 'correct_top5', the targets among the five highest logits).
-
-  mix: (partner targets, lam) of mixed rows (mixed_targets): the target distribution is lam on
-  `targets` and 1 - lam on the partner's, smoothed by label_smoothing; 'correct' counts `targets`.
-  """
-  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  pick = lambda t: -jnp.take_along_axis(log_probs, t[..., None], axis=-1)[..., 0]
-  nll = pick(targets)
-  if mix is not None:
-    partner, lam = mix
-    nll = lam * nll + (1.0 - lam) * pick(partner)
-  if label_smoothing:
-    nll = (1.0 - label_smoothing) * nll - label_smoothing * log_probs.mean(axis=-1)
+  """Weighted sums of the cross-entropy (float32, `cross_entropy`) and of correct argmax
+  predictions ('correct'; with top5 also 'correct_top5', the targets among the five highest
+  logits). 'correct' counts `targets`, also in mixed rows."""
+  nll = cross_entropy(logits, targets, label_smoothing, mix)
   sums = {'loss': jnp.sum(nll * weights), 'weight': jnp.sum(weights),
           'correct': jnp.sum((jnp.argmax(logits, axis=-1) == targets) * weights)}
   if top5:
     _, best = jax.lax.top_k(logits, min(5, logits.shape[-1]))
     sums['correct_top5'] = jnp.sum((best == targets[..., None]).any(axis=-1) * weights)
   return sums
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def cross_entropy(logits, targets, label_smoothing: float = 0.0, mix=None) -> jax.Array:
+  """Per position, the float32 cross-entropy of `logits` (..., V) against a target distribution:
+  one-hot `targets`; with `mix` = (partner targets, lam) of mixed rows (mixed_targets), lam on
+  `targets` and 1 - lam on the partner's; smoothed by label_smoothing (that much spread evenly).
+
+  Its gradient, softmax(logits) - the target distribution, is computed from the logits and their
+  logsumexp alone: the backward pass keeps nothing else of size V, where autodiff of
+  log_softmax left XLA:TPU and XLA:GPU a second float32 copy of the logits at the step's peak.
+  """
+  return _cross_entropy_forward(logits, targets, label_smoothing, mix)[0]
+
+
+def _cross_entropy_forward(logits, targets, label_smoothing, mix):
+  full = logits.astype(jnp.float32)
+  logsumexp = jax.nn.logsumexp(full, axis=-1)
+  pick = lambda t: logsumexp - jnp.take_along_axis(full, t[..., None], axis=-1)[..., 0]
+  nll = pick(targets)
+  if mix is not None:
+    partner, lam = mix
+    nll = lam * nll + (1.0 - lam) * pick(partner)
+  if label_smoothing:
+    nll = (1.0 - label_smoothing) * nll + label_smoothing * (logsumexp - full.mean(axis=-1))
+  return nll, (logits, logsumexp, targets, mix)
+
+
+def _cross_entropy_backward(label_smoothing, residuals, grad_nll):
+  logits, logsumexp, targets, mix = residuals
+  ids = jnp.arange(logits.shape[-1]).reshape((1,) * targets.ndim + (-1,))
+  own = (1.0 - label_smoothing) * grad_nll  # the weight of the one-hot targets
+  if mix is None:
+    target = own[..., None] * (ids == targets[..., None])
+  else:
+    partner, lam = mix
+    target = ((own * lam)[..., None] * (ids == targets[..., None])
+              + (own * (1.0 - lam))[..., None] * (ids == partner[..., None]))
+  softmax = jnp.exp(logits.astype(jnp.float32) - logsumexp[..., None])
+  spread = label_smoothing / logits.shape[-1]  # the smoothing's share of every class
+  grad = (softmax - spread) * grad_nll[..., None] - target
+  return grad.astype(logits.dtype), None, None
+
+
+cross_entropy.defvjp(_cross_entropy_forward, _cross_entropy_backward)
