@@ -259,11 +259,11 @@ class Normalize(_Op):
   def __call__(self, image, generator):
     # The same operations on arrays of the image's shape: numpy's loops over 3 channels at a time
     # cost several times more. Those of the last shape are kept (one, so that images of many
-    # sizes take no memory).
-    if self._per_pixel[0] != image.shape:
-      self._per_pixel = (image.shape, *(np.broadcast_to(values, image.shape).copy()
-                                        for values in (self.mean, self.std)))
-    _, mean, std = self._per_pixel
+    # sizes take no memory), read once: grain's threads share the op.
+    shape, mean, std = self._per_pixel
+    if shape != image.shape:
+      mean, std = (np.broadcast_to(values, image.shape).copy() for values in (self.mean, self.std))
+      self._per_pixel = (image.shape, mean, std)
     out = image.astype(np.float32)
     out -= mean
     out /= std
