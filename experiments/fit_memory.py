@@ -27,6 +27,7 @@ import scipy.optimize  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', 'tests'))
 from train_helpers import small_config  # noqa: E402
 from transformer_jax import aot, memory, targets  # noqa: E402
+from transformer_jax.models import styles  # noqa: E402
 from transformer_jax.settings import MeshSettings  # noqa: E402
 from transformer_jax.train import metrics, setup, sharding  # noqa: E402
 
@@ -50,12 +51,17 @@ class Model:
   batch: int = 32
   remat: str = 'none'
   scan: bool = False
+  kv_heads: int | None = None  # None: as many as the heads
+  style: str | None = None  # a styles.STYLES name other than the family's test default
+
 
   def label(self) -> str:
     tokens = f'img{self.seq}/{self.patch}' if self.family == 'vit' else f'T{self.seq} V{self.vocab}'
     remat = f' remat {self.remat}' if self.remat != 'none' else ''
     return (f'{self.family} w{self.width} L{self.blocks} h{self.heads} {tokens} b{self.batch} '
-            f'{self.dtype} {self.rule_set}{remat}' + (' scanned' if self.scan else ''))
+            f'{self.dtype} {self.rule_set}{remat}' + (' scanned' if self.scan else '')
+            + (f' kv{self.kv_heads}' if self.kv_heads else '')
+            + (f' {self.style}' if self.style else ''))
 
   def config(self):
     shape, mesh_axes = RULE_MESHES[self.rule_set]
@@ -73,40 +79,64 @@ class Model:
                         'model.vocab_size': self.vocab})
     if self.family == 'encoder_decoder':
       overrides['model.num_decoder_layers'] = self.blocks
+    if self.kv_heads:
+      overrides['model.num_kv_heads'] = self.kv_heads
+    if self.style:
+      overrides.update({f'model.{k}': v for k, v in styles.of(self.style, self.family).items()})
     return small_config(self.family, rule_set=self.rule_set, **overrides)
 
 
-# Widths 64-512, sequences 128-1024 (ViT: 256 patches), vocabularies 64-16384, float32 and
-# bfloat16, under DP, FSDP and TP: every term varies apart from the others.
+# Models of 0.3 to 6 GiB per device on four devices, the sizes at which a plan decides whether a
+# run fits (XLA:TPU keeps up to about 100 MiB of a step in its on-chip memory and pads small
+# arrays to its tiles, which a plan of a smaller model cannot follow: memory.caveats): each
+# family, GPT-2's and LLaMA's blocks (grouped-query heads among them), float32 and bfloat16,
+# sequences 512 to 4096, vocabularies 1,024 to 50,304, ViTs of 197 to 577 tokens, under DP, FSDP
+# and TP: every term varies apart from the others.
 GRID = [
-    Model('decoder', 128, 2, 4, 256, vocab=256),
-    Model('decoder', 256, 2, 4, 512, dtype='bfloat16'),
-    Model('decoder', 512, 2, 8, 128, vocab=1024, dtype='bfloat16', rule_set='fsdp'),
-    Model('decoder', 64, 3, 2, 1024, rule_set='tp'),
-    Model('decoder', 256, 2, 8, 1024, vocab=512, dtype='bfloat16', rule_set='tp'),
-    Model('decoder', 384, 2, 6, 256, vocab=4096, rule_set='fsdp'),
-    Model('decoder', 128, 2, 4, 256, vocab=16384, dtype='bfloat16'),
-    Model('encoder', 128, 2, 4, 512),
-    Model('encoder', 512, 2, 8, 128, vocab=128, dtype='bfloat16', rule_set='fsdp'),
-    Model('encoder_decoder', 128, 2, 4, 256),
-    Model('encoder_decoder', 64, 2, 2, 128, vocab=512, rule_set='tp'),
-    Model('vit', 128, 2, 4, 64, patch=4),
-    Model('vit', 256, 2, 4, 128, dtype='bfloat16', rule_set='tp'),
-    # Sizes of real models (ViT-S's width at 224 / 16, GPT-2's width and context) and a small
-    # one whose arrays are not whole multiples of XLA:TPU's tiles.
-    Model('vit', 384, 2, 6, 224, patch=16),
-    Model('decoder', 768, 2, 12, 1024, vocab=8192, dtype='bfloat16'),
-    Model('encoder', 384, 2, 6, 512, vocab=1024, dtype='bfloat16', rule_set='tp'),
-    Model('decoder', 128, 3, 4, 64, vocab=65),
+    Model('decoder', 1024, 4, 8, 2048, vocab=32000, dtype='bfloat16'),
+    Model('decoder', 2048, 2, 16, 1024, vocab=32000, dtype='bfloat16', rule_set='fsdp',
+          kv_heads=4),
+    Model('decoder', 1536, 3, 12, 2048, vocab=8192, dtype='bfloat16', rule_set='tp'),
+    Model('decoder', 768, 4, 12, 1024, vocab=50304, dtype='bfloat16', style='gpt2'),
+    Model('decoder', 768, 4, 12, 1024, vocab=50304, dtype='bfloat16', style='gpt2',
+          rule_set='fsdp'),
+    Model('decoder', 1024, 2, 16, 512, vocab=4096, style='gpt2', batch=64),
+    Model('decoder', 4096, 2, 32, 512, vocab=1024, dtype='bfloat16', rule_set='tp', batch=64),
+    Model('decoder', 512, 4, 8, 4096, vocab=16384, dtype='bfloat16', batch=16),
+    Model('encoder', 1024, 3, 16, 512, vocab=30522, dtype='bfloat16', batch=64),
+    Model('encoder', 768, 4, 12, 1024, vocab=4096, dtype='bfloat16', rule_set='fsdp'),
+    Model('encoder_decoder', 1024, 2, 16, 512, vocab=32000, dtype='bfloat16'),
+    Model('encoder_decoder', 512, 3, 8, 1024, vocab=8192, dtype='bfloat16', rule_set='tp'),
+    Model('vit', 1024, 3, 16, 224, patch=14, dtype='bfloat16', batch=128),
+    Model('vit', 768, 4, 12, 384, patch=16, dtype='bfloat16', batch=64, rule_set='fsdp'),
+    Model('vit', 1280, 2, 16, 224, patch=16, batch=128, rule_set='tp'),
+    Model('vit', 384, 4, 6, 224, patch=16, dtype='bfloat16', batch=256),
 ]
 
 
 # Where the plan may not hold: a block recomputed in the backward pass, the blocks scanned, and
-# XLA:CPU in bfloat16 (CASES[-1]).
-CASES = [Model('decoder', 192, 4, 4, 256, rule_set='fsdp', remat='full'),
-         Model('decoder', 192, 4, 4, 256, rule_set='fsdp', remat='dots'),
-         Model('decoder', 192, 4, 4, 256, rule_set='fsdp', scan=True),
-         Model('decoder', 192, 4, 4, 256, rule_set='fsdp', dtype='bfloat16')]
+# the compute dtype a platform's grid does not have (bfloat16 on XLA:CPU, float32 on the
+# accelerators); variants of a small decoder on XLA:CPU, of one of 1 GiB per device elsewhere.
+_CASE_BASES = {'cpu': Model('decoder', 192, 4, 4, 256, rule_set='fsdp'),
+               'accelerator': Model('decoder', 1024, 4, 8, 2048, vocab=32000,
+                                    dtype='bfloat16', rule_set='fsdp')}
+
+
+def cases(platform: str) -> list[Model]:
+  base = _CASE_BASES['cpu' if platform == 'cpu' else 'accelerator']
+  other_dtype = 'bfloat16' if base.dtype == 'float32' else 'float32'
+  return [dataclasses.replace(base, remat='full'), dataclasses.replace(base, remat='dots'),
+          dataclasses.replace(base, scan=True), dataclasses.replace(base, dtype=other_dtype)]
+
+
+# Models of a few to a few hundred MiB per device, below the sizes the plan is fitted to: on
+# XLA:TPU what the compiler keeps in its on-chip memory and its tiles' padding weigh there
+# (memory.caveats); the reference character LM (4 blocks, width 128, batch 32 x 64) and small
+# models of each family.
+SMALL = [Model('decoder', 128, 4, 4, 64, vocab=65),
+         Model('decoder', 192, 3, 6, 256, vocab=300, dtype='bfloat16'),
+         Model('vit', 160, 3, 4, 96, patch=4),
+         Model('encoder_decoder', 128, 3, 4, 512, vocab=200, dtype='bfloat16')]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,18 +234,22 @@ def report(name: str, models_: list[Model], rows: list[dict], counts: dict[str, 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--target', action='append', required=True,
-                      help="e.g. v5e:2x2, h100x4; cpu: four devices of this machine's XLA:CPU")
+                      help="e.g. v5e:2x2, h100x4; cpu: four devices of this machine's XLA:CPU; "
+                      'the targets of one platform are fitted together')
   parser.add_argument('--counts', choices=('fit', 'current'), default='fit',
                       help="fit new counts, or report memory.ACTIVATION_COPIES' own ratios")
   parser.add_argument('--cases', action='store_true',
-                      help='report the current counts on CASES (remat, scan, bfloat16)')
+                      help='report the current counts on cases(platform): remat, scan, dtype')
+  parser.add_argument('--small', action='store_true',
+                      help='report the current counts on SMALL models')
   parser.add_argument('--cache', help='a JSON file of earlier compiles, read and extended')
   args = parser.parse_args()
   cache = read_cache(args.cache)
+  measured = {}  # target -> (models, rows)
   for name in args.target:
     target = Devices.of(name)
     grid, rows = [], []
-    for model in CASES if args.cases else GRID:
+    for model in cases(target.platform) if args.cases else SMALL if args.small else GRID:
       row = measure(model, target, cache)
       write_cache(args.cache, cache)
       if row is None:
@@ -223,9 +257,14 @@ def main():
         continue
       grid.append(model)
       rows.append(row)
-    fitted = args.counts == 'fit' and not args.cases
-    counts = fit(rows) if fitted else memory.ACTIVATION_COPIES[target.platform]
-    report(f'{name} ({target.platform})', grid, rows, counts)
+    measured[target] = grid, rows
+  for platform in dict.fromkeys(target.platform for target in measured):
+    of_platform = [target for target in measured if target.platform == platform]
+    fitted = args.counts == 'fit' and not (args.cases or args.small)
+    counts = (fit([row for target in of_platform for row in measured[target][1]]) if fitted
+              else memory.ACTIVATION_COPIES[platform])
+    for target in of_platform:
+      report(f'{target.name} ({platform})', *measured[target], counts)
 
 
 if __name__ == '__main__':

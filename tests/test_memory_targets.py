@@ -18,29 +18,27 @@ from transformer_jax import targets  # noqa: E402
 
 fit_memory = load_experiment('fit_memory')
 
-# Sizes none of the grid's models has.
+# Sizes, vocabularies, head counts and sequences none of the grid's models has, of 1 to 5 GiB per
+# device: a GQA decoder of LLaMA's blocks, a ViT of 257 tokens, an encoder-decoder of Vaswani
+# et al.'s blocks.
 HELD_OUT = {
-    'decoder': fit_memory.Model('decoder', 192, 3, 6, 256, vocab=300, dtype='bfloat16'),
-    'vit': fit_memory.Model('vit', 160, 3, 4, 96, patch=4),
-    'encoder_decoder': fit_memory.Model('encoder_decoder', 128, 3, 4, 512, vocab=200,
+    'decoder': fit_memory.Model('decoder', 1152, 3, 12, 1536, vocab=20000, dtype='bfloat16',
+                                kv_heads=4),
+    'vit': fit_memory.Model('vit', 896, 3, 14, 256, patch=16, dtype='bfloat16', batch=128),
+    'encoder_decoder': fit_memory.Model('encoder_decoder', 768, 3, 12, 768, vocab=12000,
                                         dtype='bfloat16'),
 }
 
 
 CASES = [(target, family) for target in ('v5e:2x2', 'v4-8', 'h100x4') for family in HELD_OUT]
 # Measured misses (plan / XLA), each a strict xfail, so that a plan that comes within 15% of one
-# fails here until it is struck off: on XLA:TPU the plan's terms do not capture what the
-# compiler keeps (all but the decoder under TP; experiments/results/compile_targets), on XLA:GPU
-# one case is just over.
-_MISSES = {
-    ('v5e:2x2', 'decoder', 'dp'): 0.77, ('v5e:2x2', 'decoder', 'fsdp'): 0.58,
-    ('v5e:2x2', 'vit', 'dp'): 0.29, ('v5e:2x2', 'vit', 'fsdp'): 0.22,
-    ('v5e:2x2', 'vit', 'tp'): 0.41, ('v5e:2x2', 'encoder_decoder', 'dp'): 0.32,
-    ('v5e:2x2', 'encoder_decoder', 'fsdp'): 0.19, ('v5e:2x2', 'encoder_decoder', 'tp'): 0.37,
-    ('v4-8', 'decoder', 'dp'): 0.75, ('v4-8', 'decoder', 'fsdp'): 0.67,
-    ('v4-8', 'vit', 'dp'): 0.28, ('v4-8', 'vit', 'fsdp'): 0.23, ('v4-8', 'vit', 'tp'): 0.32,
-    ('v4-8', 'encoder_decoder', 'dp'): 0.35, ('v4-8', 'encoder_decoder', 'fsdp'): 0.29,
-    ('v4-8', 'encoder_decoder', 'tp'): 0.41, ('h100x4', 'encoder_decoder', 'fsdp'): 1.16}
+# fails here until it is struck off. Under FSDP XLA:TPU's v5e schedule keeps 0.7 GiB more of
+# this encoder-decoder's temporaries than under DP (live buffers at its peak: 1.4 GiB either
+# way), which no term of the plan follows; on XLA:GPU the plan's counts, fitted to blocks whose
+# width, heads and MLP all scale together, overstate what this post-LN ReLU encoder-decoder's
+# blocks keep.
+_MISSES = {('v5e:2x2', 'encoder_decoder', 'fsdp'): 0.79,
+           ('h100x4', 'encoder_decoder', 'dp'): 1.27, ('h100x4', 'encoder_decoder', 'fsdp'): 1.35}
 
 
 @pytest.mark.slow

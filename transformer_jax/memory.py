@@ -2,26 +2,28 @@
 shardings, the train step's activations by a count of what the backward pass keeps, the KV cache.
 
 State: parameters, optimizer state and gradients (gradients have the parameters' shapes and
-shardings) from the abstract train state and its NamedShardings: exact. Activations: for each
-block, the tensors of each size that the backward pass reads (of the width, of the heads, of the
-MLP's hidden units, of the attention matrices), times how many copies of that size XLA keeps
-live at the step's peak (ACTIVATION_COPIES), split over the mesh axes the rules split them on
-(the batch over 'data'; heads, MLP units and vocabulary over 'model' under tensor parallelism),
-plus the float32 logits. The copies are fitted to each compiler (XLA:CPU, XLA:TPU, XLA:GPU),
-which fuse differently; tests/test_memory.py (XLA:CPU, 1 and 8 devices) and
-tests/test_memory_targets.py (v5e:2x2, v4-8, h100x4) check the plan against
-compiled.memory_analysis() of the real step on models the fits did not see, under data,
-fully-sharded and tensor parallelism. The parameters and optimizer state are exact; the rest is
-an estimate, and `caveats` names the cases measured to be off by more than 15%.
+shardings) from the abstract train state and its NamedShardings: exact on XLA:CPU and XLA:GPU,
+and on XLA:TPU counted in the (8, 128) tiles it stores arrays in. Activations: for each block,
+the tensors of each size that the backward pass reads (of the width, of the heads, of the MLP's
+hidden units, of the attention matrices), times how many copies of that size XLA keeps live at
+the step's peak (ACTIVATION_COPIES), split over the mesh axes the rules split them on (the batch
+over 'data'; heads, MLP units and vocabulary over 'model' under tensor parallelism), plus the
+float32 logits; on XLA:TPU each in its tiles, in the layout its kernel reads. The copies are
+fitted to each compiler (XLA:CPU, XLA:TPU, XLA:GPU), which fuse differently;
+tests/test_memory.py (XLA:CPU, 1 and 8 devices) and tests/test_memory_targets.py (v5e:2x2,
+v4-8, h100x4) check the plan against compiled.memory_analysis() of the real step on models the
+fits did not see, under data, fully-sharded and tensor parallelism. The parameters and optimizer
+state are exact; the rest is an estimate, and `caveats` names the cases measured to be off by
+more than 15%.
 """
 import dataclasses
+import functools
 import math
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
 from transformer_jax import accounting, decode, kernels, lora, models
 from transformer_jax.layers import axes
@@ -44,14 +46,15 @@ __all__ = ['kv_cache_bytes', 'activation_bytes', 'activation_terms', 'ACTIVATION
 # families, widths 64 to 256, sequences 32 to 128, 1 and 8 devices under DP, FSDP and TP.
 # XLA:TPU and XLA:GPU: fitted by experiments/fit_memory.py (least squares of the relative error,
 # non-negative, at most one gradient tree and one set of gathered weights) to the train steps of
-# its GRID compiled for v5e:2x2 and h100x4 (17 models: decoders, encoders, encoder-decoders and
-# ViTs, widths 64 to 768, sequences 64 to 1024, vocabularies 64 to 16,384, float32 and bfloat16,
-# DP, FSDP and TP on 4 devices), attention by each platform's kernel (splash, cuDNN: no
-# attention weights where they take the case); the grid is within 0.73-1.15x on XLA:GPU but
-# only 0.50-1.47x on XLA:TPU, whose use these terms do not capture (it pads small arrays to its
-# tiles, and splash's backward keeps more than the terms say at long sequences under TP).
-# The grid's models are all multi-head, whose heads' term equals the width's: the split between
-# the two counts is the fit's, not a measurement.
+# its GRID compiled for v5e:2x2 and v4-8 together, and for h100x4 (16 models of 0.3 to 6 GiB per
+# device: decoders of GPT-2's and LLaMA's blocks, encoders, encoder-decoders and ViTs, widths
+# 384 to 4096, sequences 197 to 4096, vocabularies 1,024 to 50,304, float32 and bfloat16, DP,
+# FSDP and TP on 4 devices), attention by each platform's kernel (splash, cuDNN: no attention
+# weights where they take the case); within 0.78-1.20x of XLA:TPU and 0.68-1.23x of XLA:GPU
+# there (experiments/results/compile_targets). XLA:TPU keeps about what its dumps show at the
+# peak of such steps: two copies of the width, four of the heads' arrays, one of the MLP's and
+# of the attention weights per block, and one of the logits. On XLA:GPU the block's width, heads
+# and MLP units scale together over the grid, so their split is the fit's, not a measurement.
 _CPU = {'gradients': 1, 'gathered': 1, 'width': 9, 'heads': 4.5, 'mlp': 2.7, 'attention': 4.4,
         'long_attention': 0, 'logits': 2, 'block_inputs': 1}
 ACTIVATION_TERMS = ('width', 'heads', 'mlp', 'attention', 'long_attention', 'logits',
@@ -60,10 +63,10 @@ LONG_ATTENTION = 1024 * 1024  # queries x keys from which XLA:TPU keeps the atte
 TERMS = ('gradients', 'gathered', *ACTIVATION_TERMS)
 ACTIVATION_COPIES = {
     'cpu': _CPU,
-    'tpu': {'gradients': 0, 'gathered': 0.3, 'width': 2.77, 'heads': 3.22, 'mlp': 0,
-            'attention': 0, 'long_attention': 0, 'logits': 1.42, 'block_inputs': 1},
-    'gpu': {'gradients': 1, 'gathered': 0.62, 'width': 5.92, 'heads': 7.79, 'mlp': 3.79,
-            'attention': 2.0, 'long_attention': 0.13, 'logits': 2.41, 'block_inputs': 1},
+    'tpu': {'gradients': 0.51, 'gathered': 1.0, 'width': 2.9, 'heads': 4.27, 'mlp': 1.35,
+            'attention': 1.33, 'long_attention': 0, 'logits': 1.12, 'block_inputs': 1},
+    'gpu': {'gradients': 0.3, 'gathered': 0.79, 'width': 0, 'heads': 0, 'mlp': 9.02,
+            'attention': 0.73, 'long_attention': 0, 'logits': 1.45, 'block_inputs': 1},
 }
 # With model.remat_policy='full' a block keeps only its input, and recomputes the rest during its
 # backward pass: one block's activations, at a time.
@@ -88,9 +91,22 @@ class Plan:
             + self.activations)
 
 
-def _sharded_bytes(tree, shardings) -> int:
-  return sum(math.prod(s.shard_shape(x.shape)) * jnp.dtype(x.dtype).itemsize
+def _sharded_bytes(tree, shardings, platform: str) -> int:
+  return sum(_array_bytes(s.shard_shape(x.shape), jnp.dtype(x.dtype).itemsize, platform)
              for x, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)))
+
+
+def _array_bytes(shape: tuple[int, ...], itemsize: int, platform: str) -> int:
+  """Bytes of an array of `shape` as `platform` stores it. XLA:TPU stores it in tiles: of 8
+  sublanes by 128 lanes over the two dimensions its layout makes minor (which it picks: the
+  pair that pads least, here), of 1,024 elements for a vector, 512 bytes at least."""
+  size = math.prod(shape) * itemsize
+  if platform != 'tpu' or not shape:
+    return max(size, 512) if platform == 'tpu' else size
+  if len(shape) == 1:
+    return max(-(-shape[0] // 1024) * 1024 * itemsize, 512)
+  return max(min(math.prod(shape) // (shape[m] * shape[s]) * _tiled('tpu', shape[m], shape[s])
+                 for m in range(len(shape)) for s in range(len(shape)) if m != s) * itemsize, 512)
 
 
 def _gathered_bytes(params, shardings, batch_axes: set[str]) -> int:
@@ -107,40 +123,63 @@ def _gathered_bytes(params, shardings, batch_axes: set[str]) -> int:
   return total
 
 
-def _block_tokens(cfg: ModelConfig, family, config) -> list[tuple[int, int, int]]:
-  """(blocks, tokens per example, keys per query) of each stack the model runs."""
+def _block_tokens(cfg: ModelConfig, family, config) -> list[tuple[int, int, tuple[int, ...]]]:
+  """(blocks, tokens per example, keys of each attention of a block) of each stack the model
+  runs: an encoder-decoder's decoder blocks attend to their own tokens, then to the t sources."""
   if family.unit == 'image':
     tokens = cfg.num_patches + (cfg.pool == 'cls')
-    return [(cfg.num_layers, tokens, tokens)]
+    return [(cfg.num_layers, tokens, (tokens,))]
   t = config.data.seq_len
-  if family.decoding == 'encoder_decoder':  # the decoder's cross-attention reads t sources
-    return [(cfg.num_layers, t, t), (cfg.decoder_layers, t, 2 * t)]
-  return [(cfg.num_layers, t, t)]
+  if family.decoding == 'encoder_decoder':
+    return [(cfg.num_layers, t, (t,)), (cfg.decoder_layers, t, (t, t))]
+  return [(cfg.num_layers, t, (t,))]
 
 
-def activation_terms(cfg: ModelConfig, family, config, split) -> dict[str, float]:
+def activation_terms(cfg: ModelConfig, family, config, split,
+                     platform: str = 'cpu') -> dict[str, float]:
   """Bytes per device of one copy of each term of ACTIVATION_COPIES, over every block (one block
   under remat 'full', besides every block's input); `split(name)` says how many ways a logical
-  activation axis is split."""
+  activation axis is split. On XLA:TPU each array is counted in its (8, 128) tiles, in the
+  layout its kernel reads (_tiled)."""
   batch = config.data.batch_size // split(axes.BATCH)
   heads = cfg.num_heads // split(axes.HEADS)
   kv = cfg.kv_heads // split(axes.KV_HEADS)
   itemsize = cfg.compute_dtype.itemsize
+  tiled = functools.partial(_tiled, platform)
   terms = dict.fromkeys(ACTIVATION_TERMS, 0.0)
-  for blocks, tokens, keys in _block_tokens(cfg, family, config):
-    kept = batch * tokens * itemsize * (1 if cfg.remat_policy == 'full' else blocks)
-    terms['width'] += kept * cfg.width
-    terms['heads'] += kept * (heads + kv) * cfg.head_dim / 2
-    terms['mlp'] += kept * cfg.hidden_dim // split(axes.MLP) * cfg.use_mlp
-    attention = kept * heads * keys * (cfg.use_attention and _keeps_weights(cfg, tokens, keys))
-    terms['attention'] += attention
-    if tokens * keys >= LONG_ATTENTION:  # float32: the softmax's dtype
-      terms['long_attention'] += attention * 4 / itemsize
+  for blocks, tokens, attentions in _block_tokens(cfg, family, config):
+    kept = batch * itemsize * (1 if cfg.remat_policy == 'full' else blocks)
+    terms['width'] += kept * tiled(cfg.width, tokens)
+    terms['mlp'] += kept * tiled(cfg.hidden_dim // split(axes.MLP), tokens) * cfg.use_mlp
+    for keys in attentions:
+      # Queries and the attention's output over the tokens, keys and values over the keys, a
+      # quarter of the four: a fused kernel reads them with the head's features along the
+      # lanes, XLA's with the positions.
+      fused = not _keeps_weights(cfg, tokens, keys)
+      terms['heads'] += kept * (heads * _per_head(tiled, cfg.head_dim, tokens, fused)
+                                + kv * _per_head(tiled, cfg.head_dim, keys, fused)) / 2
+      # The weights of the unfused kernels, in float32 on XLA:TPU (the softmax's dtype).
+      weights = kept * heads * tiled(tokens, keys) * (cfg.use_attention and not fused)
+      terms['attention'] += weights * (4 / itemsize if platform == 'tpu' else 1)
+      if tokens * keys >= LONG_ATTENTION:  # float32: the softmax's dtype
+        terms['long_attention'] += weights * 4 / itemsize
     if cfg.remat_policy == 'full':
-      terms['block_inputs'] += blocks * batch * tokens * cfg.width * itemsize
+      terms['block_inputs'] += blocks * batch * tiled(cfg.width, tokens) * itemsize
   if family.unit == 'token':  # float32, whatever the compute dtype
-    terms['logits'] = 4 * batch * config.data.seq_len * cfg.vocab_size // split(axes.VOCAB)
+    terms['logits'] = 4 * batch * tiled(cfg.vocab_size // split(axes.VOCAB), config.data.seq_len)
   return terms
+
+
+def _per_head(tiled, head_dim: int, positions: int, fused: bool) -> int:
+  return tiled(head_dim, positions) if fused else tiled(positions, head_dim)
+
+
+def _tiled(platform: str, lanes: int, sublanes: int) -> int:
+  """Elements of a (sublanes, lanes) array as `platform` lays it out: XLA:TPU pads the minor
+  dimension to its 128 lanes and the next to 8 sublanes; the others pad nothing we count."""
+  if platform != 'tpu':
+    return lanes * sublanes
+  return -(-lanes // 128) * 128 * -(-sublanes // 8) * 8
 
 
 def _keeps_weights(cfg: ModelConfig, tokens: int, keys: int) -> bool:
@@ -193,23 +232,24 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int] | None = None,
   state = nn.meta.unbox(boxed)
   # With LoRA the state's params are the adapters, which alone have gradients and optimizer
   # state, beside the model's parameters: the frozen base.
-  trained = params = _sharded_bytes(state.params, shardings.params)
+  trained = params = _sharded_bytes(state.params, shardings.params, platform)
   model_params, model_shardings = state.params, shardings.params
   if isinstance(state, LoraState):
     model_params, model_shardings = state.base, shardings.base
-    params += _sharded_bytes(state.base, shardings.base)
+    params += _sharded_bytes(state.base, shardings.base, platform)
   split = lambda name: math.prod(sizes[a] for a in sharding.mesh_axes_of(name, rules))
-  batch_bytes = sum(np.prod(shape) * itemsize for shape, itemsize in
-                    _batch_shapes(cfg, family, config)) // split(axes.BATCH)
+  batch_bytes = sum(_array_bytes((shape[0] // split(axes.BATCH), *shape[1:]), itemsize, platform)
+                    for shape, itemsize in _batch_shapes(cfg, family, config))
   kv = None
   if family.decoding:
     kv = kv_cache_bytes(cfg, config.data.seq_len, cfg.compute_dtype.name) // split(axes.KV_HEADS)
   batch_axes = {a for name, a in rules if name == axes.BATCH and a}
   terms = {'gradients': trained,
            'gathered': _gathered_bytes(model_params, model_shardings, batch_axes),
-           **activation_terms(cfg, family, config, split)}
+           **activation_terms(cfg, family, config, split, platform)}
   copies = ACTIVATION_COPIES[platform]
-  return Plan(params=params, optimizer=_sharded_bytes(state.opt_state, shardings.opt_state),
+  optimizer = _sharded_bytes(state.opt_state, shardings.opt_state, platform)
+  return Plan(params=params, optimizer=optimizer,
               gradients=int(copies['gradients'] * terms['gradients']),
               gathered=int(copies['gathered'] * terms['gathered']),
               batch=int(batch_bytes), activations=activation_bytes(terms, platform),
@@ -225,31 +265,38 @@ def _batch_shapes(cfg, family, config):
   return [((b, t), 4)] * streams
 
 
-# Plan / XLA where the plan is more than 15% off, measured by experiments/fit_memory.py --cases
-# (a decoder of 4 blocks, width 192, batch 32 x 256, FSDP over 4 devices) on XLA:CPU, v5e:2x2
-# and h100x4; a case absent here was within 15% on that platform.
+# Plan / XLA where the plan is more than 15% off, measured by experiments/fit_memory.py --cases:
+# variants of a decoder of 4 blocks under FSDP over 4 devices (XLA:CPU: width 192, batch 32 x
+# 256, float32; v5e:2x2 and h100x4: width 1024, batch 32 x 2048, bfloat16); a case absent here
+# was within 15% on that platform.
 OFF_BY = {('cpu', 'remat full'): 0.44, ('cpu', 'remat dots'): 1.44, ('cpu', 'bfloat16'): 0.69,
-          ('gpu', 'remat dots'): 1.40, ('gpu', 'scanned'): 0.84,
-          ('tpu', 'remat full'): 0.74, ('tpu', 'scanned'): 0.19, ('tpu', 'bfloat16'): 0.54}
+          ('gpu', 'scanned'): 0.75, ('gpu', 'float32'): 0.73,
+          ('tpu', 'remat dots'): 0.50, ('tpu', 'scanned'): 0.43}
+
+# The accelerators' counts are fitted to steps of 0.3 to 6 GiB per device. Below SMALL_PLAN, plan
+# / XLA over the small models of experiments/fit_memory.py --small (the reference character LM
+# among them): XLA:TPU keeps part of such a step in its on-chip memory, which the plan counts in
+# HBM.
+SMALL_PLAN = 2**30
+SMALL_RANGE = {'tpu': (1.31, 1.85), 'gpu': (0.76, 1.35)}
 
 
-# Plan / XLA:TPU over the measured models (GPT-2 small, ViT-B/16, the reference LM; the held-out
-# tests' models): its terms do not capture what XLA:TPU keeps.
-TPU_RANGE = (0.19, 1.01)
-
-
-def caveats(cfg: ModelConfig, platform: str) -> list[str]:
-  """Why the plan of `cfg` may be more than 15% off what XLA on `platform` needs: XLA:TPU, a case
-  of OFF_BY, or a remat policy the plan does not model and nothing measured."""
+def caveats(cfg: ModelConfig, platform: str, plan: Plan | None = None) -> list[str]:
+  """Why the plan (of `cfg`, on `platform`) may be more than 15% off what XLA needs: a case of
+  OFF_BY, a remat policy the plan does not model and nothing measured, or a plan under
+  SMALL_PLAN on an accelerator."""
+  cfg = cfg.on(platform)
   cases = [f'remat {cfg.remat_policy}'] if cfg.remat_policy != 'none' else []
   cases += ['scanned'] if cfg.scan_layers else []
-  cases += ['bfloat16'] if cfg.compute_dtype == jnp.bfloat16 else []
+  cases.append(cfg.compute_dtype.name)
   found = [f'with {case} the plan was {OFF_BY[platform, case]:.2f}x what XLA:{platform.upper()} '
            'needed in a measured case; --mode=compile gives the figure of this run'
            for case in cases if (platform, case) in OFF_BY]
   if cfg.remat_policy == 'dots_no_batch':
     found.append("remat 'dots_no_batch' is planned as no remat and was not measured")
-  if platform == 'tpu':  # experiments/results/compile_targets
-    found.append(f'on XLA:TPU the plan was {TPU_RANGE[0]}-{TPU_RANGE[1]}x what the compiler '
-                 'needed for the models measured; --mode=compile gives the figure of this run')
+  if platform in SMALL_RANGE and plan is not None and plan.train_total < SMALL_PLAN:
+    low, high = SMALL_RANGE[platform]
+    found.append(f'under {SMALL_PLAN / 2**30:.0f} GiB per device the plan was {low}-{high}x what '
+                 f'XLA:{platform.upper()} needed for the small models measured (its counts are '
+                 'fitted to larger steps); --mode=compile gives the figure of this run')
   return found
