@@ -54,6 +54,19 @@ def test_describe_plans_for_a_target_without_its_devices(monkeypatch, name, plat
   assert f'Attention kernel: {kernel} (auto on {platform}' in text
 
 
+@pytest.mark.parametrize('rule_set, caution', [
+    ('dp', 'with encoder_decoder dp the plan was 1.27x what XLA:GPU needed in a measured case'),
+    ('tp', None)])
+def test_describe_cautions_where_a_held_out_model_missed(monkeypatch, rule_set, caution):
+  monkeypatch.setattr(importlib.util, 'find_spec', lambda module: None)
+  config = small_config('encoder_decoder', rule_set=rule_set,
+                        **{'mesh.shape': (-1, 2), 'mesh.axes': ('data', 'model')})
+  config.compile.target = 'h100x8'
+  cautions = [line for line in describe.describe(config).splitlines() if 'Caution: with' in line]
+  assert cautions == ([f'  Caution: {caution}; --mode=compile gives the figure of this run']
+                      if caution else [])
+
+
 def test_compile_mode_needs_a_target():
   with pytest.raises(ConfigError, match='--mode=compile needs --config.compile.target'):
     run.run(small_config(), None, 'compile')

@@ -268,10 +268,13 @@ def _batch_shapes(cfg, family, config):
 # Plan / XLA where the plan is more than 15% off, measured by experiments/fit_memory.py --cases:
 # variants of a decoder of 4 blocks under FSDP over 4 devices (XLA:CPU: width 192, batch 32 x
 # 256, float32; v5e:2x2 and h100x4: width 1024, batch 32 x 2048, bfloat16); a case absent here
-# was within 15% on that platform.
+# was within 15% on that platform. Then the held-out models of tests/test_memory_targets.py that
+# missed it: an encoder-decoder (width 768, 3 + 3 blocks, 768 tokens) on h100x4 and on v5e:2x2.
 OFF_BY = {('cpu', 'remat full'): 0.44, ('cpu', 'remat dots'): 1.44, ('cpu', 'bfloat16'): 0.69,
           ('gpu', 'scanned'): 0.75, ('gpu', 'float32'): 0.73,
-          ('tpu', 'remat dots'): 0.50, ('tpu', 'scanned'): 0.43}
+          ('tpu', 'remat dots'): 0.50, ('tpu', 'scanned'): 0.43,
+          ('gpu', 'encoder_decoder dp'): 1.27, ('gpu', 'encoder_decoder fsdp'): 1.35,
+          ('tpu', 'encoder_decoder fsdp'): 0.79}
 
 # The accelerators' counts are fitted to steps of 0.3 to 6 GiB per device. Below SMALL_PLAN, plan
 # / XLA over the small models of experiments/fit_memory.py --small (the reference character LM
@@ -281,14 +284,15 @@ SMALL_PLAN = 2**30
 SMALL_RANGE = {'tpu': (1.31, 1.85), 'gpu': (0.76, 1.35)}
 
 
-def caveats(cfg: ModelConfig, platform: str, plan: Plan | None = None) -> list[str]:
-  """Why the plan (of `cfg`, on `platform`) may be more than 15% off what XLA needs: a case of
-  OFF_BY, a remat policy the plan does not model and nothing measured, or a plan under
-  SMALL_PLAN on an accelerator."""
+def caveats(cfg: ModelConfig, platform: str, plan: Plan | None = None,
+            rule_set: str | None = None) -> list[str]:
+  """Why the plan (of `cfg` under `rule_set`, on `platform`) may be more than 15% off what XLA
+  needs: a case of OFF_BY, a remat policy the plan does not model and nothing measured, or a
+  plan under SMALL_PLAN on an accelerator."""
   cfg = cfg.on(platform)
   cases = [f'remat {cfg.remat_policy}'] if cfg.remat_policy != 'none' else []
   cases += ['scanned'] if cfg.scan_layers else []
-  cases.append(cfg.compute_dtype.name)
+  cases += [cfg.compute_dtype.name, f'{cfg.family} {rule_set}']
   found = [f'with {case} the plan was {OFF_BY[platform, case]:.2f}x what XLA:{platform.upper()} '
            'needed in a measured case; --mode=compile gives the figure of this run'
            for case in cases if (platform, case) in OFF_BY]
