@@ -2,17 +2,20 @@
 XLA's memory per device beside the plan. Needs the optional extra (pip install -e '.[compile]');
 CI runs these in its slow step, with the extra installed."""
 import json
+import math
 import os
 import subprocess
 import sys
 
+import jax
+import numpy as np
 import pytest
 
 pytest.importorskip('libtpu', reason="compile-only TPU devices need pip install -e '.[compile]'")
 
 from helpers import load_experiment  # noqa: E402
 from train_helpers import small_config  # noqa: E402
-from transformer_jax import accounting, aot, models, targets  # noqa: E402
+from transformer_jax import accounting, aot, memory, models, targets  # noqa: E402
 from transformer_jax.errors import UserError  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -46,6 +49,31 @@ def test_each_family_compiles_for_a_tpu_with_xlas_bytes_beside_the_plans(family)
   # XLA:TPU counts the step's FLOPs as the accounting does, within what the accounting leaves
   # out (norms, softmax, the optimizer).
   assert report.flops_per_device == pytest.approx(report.planned_flops_per_device, rel=0.25)
+
+
+def test_the_plan_stores_each_array_as_xla_tpu_lays_it_out():
+  """The bytes of an array in the plan against those of the layout XLA:TPU picks for it (its
+  minor dimensions padded to its first tiling), for vectors, small and odd shapes and random
+  ones up to rank 4, in 32- and 16-bit types."""
+  rng = np.random.default_rng(0)
+  shapes = [(3,), (200,), (512,), (768,), (50257,), (1, 256), (2, 256), (3, 256), (5, 7),
+            (256, 3), (2, 3, 256), (4, 4, 3, 256), (4, 32, 32, 3), (12, 64), (256, 2, 128)]
+  for _ in range(40):
+    rank = int(rng.integers(1, 5))
+    shapes.append(tuple(int(n) for n in rng.integers(1, [300, 300, 40, 20][:rank])))
+  replicated = jax.sharding.NamedSharding(
+      jax.sharding.Mesh(np.array(targets.target('v5e:1x1').devices), ('x',)),
+      jax.sharding.PartitionSpec())
+  for dtype in (np.float32, jax.numpy.bfloat16):
+    args = [jax.ShapeDtypeStruct(shape, dtype, sharding=replicated) for shape in shapes]
+    compiled_copy = jax.jit(lambda *xs: [x + 1 for x in xs]).lower(*args).compile()
+    for shape, form in zip(shapes, compiled_copy.input_formats[0]):
+      dims = [shape[d] for d in form.layout.major_to_minor]
+      tile = form.layout.tiling[0]
+      padded = dims[:-len(tile)] + [-(-d // t) * t for d, t in zip(dims[-len(tile):], tile)]
+      itemsize = np.dtype(dtype).itemsize
+      xla = max(math.prod(padded) * itemsize, 512)
+      assert memory._array_bytes(shape, itemsize, 'tpu') == xla, (shape, dtype, form.layout)
 
 
 def test_the_mesh_and_rules_come_from_the_targets_devices():
