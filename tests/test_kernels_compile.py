@@ -8,7 +8,7 @@ import pytest
 
 from helpers import load_experiment
 from train_helpers import small_config
-from transformer_jax import decode, models, targets
+from transformer_jax import decode, kernels, models, targets
 from transformer_jax.train import setup, sharding
 
 pytest.importorskip('libtpu', reason="compile-only TPU devices need pip install -e '.[compile]'")
@@ -46,6 +46,16 @@ def test_the_shard_map_step_for_a_tpu_falls_back_to_xla():
 def test_the_train_step_for_gpus_runs_cudnn():
   _, hlo = _compiled_train_step('h100x4')
   assert '__cudnn$fmhaSoftmax"' in hlo and '__cudnn$fmhaSoftmaxBackward' in hlo
+
+
+def test_gpus_train_cudnn_at_even_sequence_lengths_only_as_the_plan_says():
+  """An odd sequence (a ViT's 1 + patches) runs cuDNN's forward, but jax refuses its backward:
+  the train step falls back to XLA, which keeps the weights, as kernels.keeps_weights plans."""
+  for seq_len, fused in ((127, False), (128, True)):
+    run, hlo = _compiled_train_step('h100x4', **{'data.seq_len': seq_len})
+    assert ('__cudnn$fmha' in hlo) == fused, seq_len
+    q = jax.ShapeDtypeStruct((2, seq_len, 2, 64), jnp.bfloat16)
+    assert kernels.keeps_weights('cudnn', q, q, q) == (not fused)
 
 
 def test_a_float32_train_step_for_gpus_falls_back_to_xla():

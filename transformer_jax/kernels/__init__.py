@@ -97,7 +97,7 @@ def keeps_weights(name: str, q, k, v) -> bool:
     from transformer_jax.kernels import splash  # pylint: disable=g-import-not-at-top
     return splash.decide(q, k)[0] is None
   if name == 'cudnn':
-    return cudnn.decide(q, k, v)[0] is None
+    return cudnn.decide(q, k, v, training=True)[0] is None
   return True
 
 

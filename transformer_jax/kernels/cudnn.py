@@ -15,6 +15,8 @@ import jax.numpy as jnp
 
 from transformer_jax.kernels import masks, xla
 
+log = logging.getLogger(__name__)
+
 __all__ = ['arguments', 'attention', 'decide']
 
 _DTYPES = (jnp.bfloat16, jnp.float16)
@@ -35,14 +37,16 @@ def arguments(mask, num_queries: int, num_keys: int) -> dict:
   return {'mask': rest.dense(num_queries, num_keys), 'is_causal': True, **window}
 
 
-def decide(q, k, v, mask=None) -> tuple[dict | None, str]:
-  """The arguments cuDNN runs this call with, and why; (None, why not) where it cannot."""
+def decide(q, k, v, mask=None, training: bool = False) -> tuple[dict | None, str]:
+  """The arguments cuDNN runs this call with, and why; (None, why not) where it cannot. jax
+  trains cuDNN's attention at even sequence lengths only (a ViT's 197 tokens are refused there);
+  the forward pass alone takes odd ones without a dense mask."""
   if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
     return None, f'cuDNN takes bfloat16 or float16, not {q.dtype}'
   kwargs = arguments(mask, q.shape[1], k.shape[1])
-  if kwargs['mask'] is not None and (q.shape[1] % 2 or k.shape[1] % 2):
-    return None, (f'cuDNN trains with a dense mask at even sequence lengths only, not '
-                  f'{q.shape[1]} queries over {k.shape[1]} keys')
+  if (training or kwargs['mask'] is not None) and (q.shape[1] % 2 or k.shape[1] % 2):
+    return None, (f'cuDNN trains at even sequence lengths only, not {q.shape[1]} queries over '
+                  f'{k.shape[1]} keys')
   how = ', '.join([name for name in ('is_causal', 'local_window_size') if name in kwargs]
                   + ['a dense mask' if kwargs['mask'] is not None else 'no dense mask'])
   return kwargs, f'cuDNN with {how}'
@@ -64,4 +68,4 @@ def attention(q, k, v, mask=None, *, scale):
 def _log_once(message: str) -> None:
   if message not in _logged:
     _logged.add(message)
-    logging.info(message)
+    log.info(message)

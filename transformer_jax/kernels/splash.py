@@ -19,6 +19,8 @@ from jax.sharding import PartitionSpec as P
 
 from transformer_jax.kernels import masks, xla
 
+log = logging.getLogger(__name__)
+
 __all__ = ['attention', 'decide', 'make']
 
 _BLOCKS = (512, 256, 128)  # the largest that divides a sequence is used
@@ -144,4 +146,4 @@ def _kernel(t, s, group, block_q, block_kv, causal, window, interpret):
 def _log_once(message: str) -> None:
   if message not in _logged:
     _logged.add(message)
-    logging.info(message)
+    log.info(message)
