@@ -52,7 +52,7 @@ def test_gpus_train_cudnn_at_even_sequence_lengths_only_as_the_plan_says():
   """An odd sequence (a ViT's 1 + patches) runs cuDNN's forward, but jax refuses its backward:
   the train step falls back to XLA, which keeps the weights, as kernels.keeps_weights plans."""
   for seq_len, fused in ((127, False), (128, True)):
-    run, hlo = _compiled_train_step('h100x4', **{'data.seq_len': seq_len})
+    _, hlo = _compiled_train_step('h100x4', **{'data.seq_len': seq_len})
     assert ('__cudnn$fmha' in hlo) == fused, seq_len
     q = jax.ShapeDtypeStruct((2, seq_len, 2, 64), jnp.bfloat16)
     assert kernels.keeps_weights('cudnn', q, q, q) == (not fused)

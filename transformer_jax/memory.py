@@ -142,8 +142,8 @@ def activation_terms(cfg: ModelConfig, family, config, split,
                      platform: str = 'cpu') -> dict[str, float]:
   """Bytes per device of one copy of each term of ACTIVATION_COPIES, over every block (one block
   under remat 'full', besides every block's input); `split(name)` says how many ways a logical
-  activation axis is split. On XLA:TPU each array is counted in its (8, 128) tiles, in the
-  layout its kernel reads (_tiled)."""
+  activation axis is split. On XLA:TPU each array is counted in its tiles, in the layout its
+  kernel reads (_tiled)."""
   batch = config.data.batch_size // split(axes.BATCH)
   heads = cfg.num_heads // split(axes.HEADS)
   kv = cfg.kv_heads // split(axes.KV_HEADS)
