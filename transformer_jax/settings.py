@@ -1,19 +1,37 @@
-"""Settings: a config section resolved once into a frozen dataclass, every key with its type and
-default declared in one place; the training and mesh sections' here, the data section's in
-data.DataSettings."""
+"""Settings: a config section resolved once into a frozen dataclass, every key with its type,
+default and valid values declared in one place, checked when it is made; the training and mesh
+sections' here, the others' beside the code that reads them (data, decode, train.optim, lora)."""
 import dataclasses
 import types
 import typing
 from typing import Any, Mapping
 
 from transformer_jax.errors import ConfigError
+from transformer_jax.ranges import COUNT, FRACTION, Range
 
 __all__ = ['MeshSettings', 'Settings', 'TrainingSettings']
 
 
 class Settings:
-  """A base of frozen dataclasses whose fields are the keys of one config section (SECTION)."""
+  """A base of frozen dataclasses whose fields are the keys of one config section (SECTION).
+  RANGES and CHOICES give the valid values of its numeric and string keys; `check` (run when the
+  settings are made) fails on any other with a ConfigError naming the key and a value that works.
+  A subclass with rules across keys extends `check`."""
   SECTION: typing.ClassVar[str] = ''
+  RANGES: typing.ClassVar[dict[str, Range]] = {}
+  CHOICES: typing.ClassVar[dict[str, tuple]] = {}
+
+  def __post_init__(self):
+    self.check()
+
+  def check(self) -> None:
+    defaults = self.defaults()
+    for name, valid in self.RANGES.items():
+      valid.check(f'{self.SECTION}.{name}', getattr(self, name), defaults.get(name))
+    for name, allowed in self.CHOICES.items():
+      if getattr(self, name) not in allowed:
+        raise ConfigError(f'{self.SECTION}.{name}={getattr(self, name)!r} must be one of '
+                          f'{list(allowed)}.')
 
   @classmethod
   def of(cls, section: 'Mapping[str, Any] | Settings'):
@@ -60,6 +78,23 @@ class TrainingSettings(Settings):
   # The memory of one device, for the plan of --mode=describe; unset: what JAX reports for the
   # device (GPUs and TPUs do; a CPU does not).
   device_memory_gb: float | None = None
+
+  RANGES = {
+      'steps': COUNT, 'grad_accum_steps': COUNT, 'label_smoothing': FRACTION,
+      'log_every': COUNT, 'eval_every': COUNT, 'checkpoint_every': COUNT,
+      'keep_checkpoints': COUNT,
+      'peak_flops_per_device': Range(0, open_low=True, optional=True, example=1e12),
+      'device_memory_gb': Range(0, open_low=True, optional=True, example=16),
+      'profile_start': Range(1, integer=True, optional=True, example=10),
+      'profile_steps': COUNT,
+  }
+
+  def check(self) -> None:
+    super().check()
+    if self.profile_start is not None and self.profile_start > self.steps:
+      raise ConfigError(f'training.profile_start={self.profile_start} is past the last step '
+                        f'(training.steps={self.steps}): for example '
+                        f'--config.training.profile_start={min(10, self.steps)}.')
 
 
 @dataclasses.dataclass(frozen=True)
