@@ -17,9 +17,10 @@ def get_config(arg=None):
   arg = config_lib.parse_arg(arg, smoke=False, tokenizer='chars')
   config = config_lib.base_config('encoder')
   config.model.update(styles.STYLES['bert'])
-  config.model.update(vocab_size=66 if arg.tokenizer == 'chars' else 2048, width=128,
-                      num_layers=4, num_heads=4, max_len=128, dropout_rate=0.1)
-  config.data.update(name='tiny_shakespeare', seq_len=128, batch_size=32, tokenizer=arg.tokenizer)
+  config.model.update(width=128, num_layers=4, num_heads=4, max_len=128, dropout_rate=0.1)
+  # TinyShakespeare's 65 characters and [MASK], or a BPE of 2,048 ids; the model follows.
+  config.data.update(name='tiny_shakespeare', seq_len=128, batch_size=32, tokenizer=arg.tokenizer,
+                     vocab_size=66 if arg.tokenizer == 'chars' else 2048)
   config.optimizer.update(learning_rate=1e-3, warmup_steps=200, b2=0.999, weight_decay=0.01)
   config.training.update(steps=3000, log_every=50, eval_every=500, checkpoint_every=500)
   return config_lib.smoke(config) if arg.smoke else config

@@ -11,9 +11,9 @@ def get_config(arg=None):
   arg = config_lib.parse_arg(arg, smoke=False)
   config = config_lib.base_config('decoder')
   config.model.update(styles.STYLES['gpt2'])
-  config.model.update(vocab_size=65, width=192, num_layers=6, num_heads=6,
-                      max_len=256, dropout_rate=0.2)
-  config.data.update(name='tiny_shakespeare', seq_len=256, batch_size=64)
+  config.model.update(width=192, num_layers=6, num_heads=6, max_len=256, dropout_rate=0.2)
+  # TinyShakespeare's 65 characters; the model's vocabulary follows the data's.
+  config.data.update(name='tiny_shakespeare', vocab_size=65, seq_len=256, batch_size=64)
   config.optimizer.update(learning_rate=1e-3, warmup_steps=100, min_lr_ratio=0.1, b2=0.99)
   config.training.update(steps=5000, log_every=50, eval_every=500, checkpoint_every=500)
   return config_lib.smoke(config) if arg.smoke else config

@@ -16,9 +16,10 @@ def get_config(arg=None):
   arg = config_lib.parse_arg(arg, smoke=False)
   config = config_lib.base_config('decoder')
   config.model.update(styles.STYLES['llama'])
-  config.model.update(vocab_size=65, width=128, num_layers=4, num_heads=4,
-                      max_len=1024, init_std=0.05, embed_init_std=1.0)
-  config.data.update(name='tiny_shakespeare', seq_len=64, batch_size=32)
+  config.model.update(width=128, num_layers=4, num_heads=4, max_len=1024, init_std=0.05,
+                      embed_init_std=1.0)
+  # TinyShakespeare's 65 characters; the model's vocabulary follows the data's.
+  config.data.update(name='tiny_shakespeare', vocab_size=65, seq_len=64, batch_size=32)
   config.optimizer.update(learning_rate=3e-3, schedule='constant', warmup_steps=0,
                           weight_decay=0.1, decay_norms_and_biases=True, decay_embeddings=True,
                           grad_clip_norm=0.0)

@@ -36,7 +36,7 @@ def get_config(arg=None):
   arg = config_lib.parse_arg(arg, smoke=False)
   config = config_lib.base_config('encoder_decoder')
   config.model.update(styles.STYLES['transformer'])
-  config.model.update(vocab_size=32768, width=512, num_layers=6, num_decoder_layers=6,
+  config.model.update(width=512, num_layers=6, num_decoder_layers=6,
                       num_heads=8, d_ff=2048, dropout_rate=0.1, max_len=256)
   config.data.update(name='wmt14_translate/de-en', source_language='en', target_language='de',
                      train_split='train', eval_split='test', tokenizer='bpe', vocab_size=32768,
@@ -48,7 +48,7 @@ def get_config(arg=None):
                          checkpoint_every=5000)
   if arg.smoke:
     config = config_lib.smoke(config)
-    config.model.update(vocab_size=512, width=64, num_heads=4, d_ff=128, max_len=32)
+    config.model.update(width=64, num_heads=4, d_ff=128, max_len=32)
     config.data.update(vocab_size=512, seq_len=32, bleu_examples=8)
     config.optimizer.warmup_steps = 1
   return config

@@ -53,7 +53,7 @@ def reference_lm_config(width: int):
 def reference_vit_config():
   config = config_lib.from_file(ROOT / 'configs' / 'vit_reference.py')
   # 512 divides the synthetic set's 1,024 held-out images (the bench never evaluates).
-  config.data.update(name='synthetic', image_size=32, num_classes=10, eval_batch_size=512)
+  config.data.update(name='synthetic', eval_batch_size=512)
   return config
 
 

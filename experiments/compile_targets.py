@@ -15,7 +15,7 @@ import sys
 
 import fit_memory  # sets JAX_PLATFORMS=cpu before jax is imported
 import jax
-from transformer_jax import aot, config_lib, memory, models, targets
+from transformer_jax import aot, config_lib, memory, targets, train
 from transformer_jax.errors import ConfigError
 
 ROOT = os.path.join(os.path.dirname(__file__), '..')
@@ -24,9 +24,9 @@ MODELS = {'reference LM': ('llama_shakespeare', {}),
 TARGETS = ('v5e:2x2', 'v4-8', 'h100x4')
 
 
-def config_of(name: str, rule_set: str):
-  """The config file's run under `rule_set`, its data generated in the same shapes (what
-  --mode=compile compiles)."""
+def config_of(name: str, rule_set: str, platform: str):
+  """The config file's run under `rule_set` on `platform`, its data generated in the same
+  shapes (what --mode=compile compiles)."""
   module, overrides = MODELS[name]
   config = config_lib.from_file(os.path.join(ROOT, 'configs', f'{module}.py'))
   shape, mesh_axes = fit_memory.RULE_MESHES[rule_set]
@@ -34,14 +34,14 @@ def config_of(name: str, rule_set: str):
   for key, value in overrides.items():
     section, _, field = key.partition('.')
     config[section][field] = value
-  return aot.stand_in_config(config, models.model_config(config.model))
+  return aot.stand_in(train.run_settings.resolve(config, platform))
 
 
 def measure(name: str, rule_set: str, target: targets.Target, cache: dict,
             compile_: bool) -> dict | None:
   """XLA's and the plan's bytes per device; None where `cache` lacks it and not `compile_`."""
   key = f'{target.name} {name} {rule_set}'
-  config = config_of(name, rule_set)
+  config = config_of(name, rule_set, target.platform)
   if key not in cache:
     if not compile_:
       return None

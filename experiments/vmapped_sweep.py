@@ -24,8 +24,8 @@ import sys
 from matplotlib.figure import Figure
 import numpy as np
 
-from transformer_jax import aot, models, sweep, targets
-from transformer_jax.train import metrics, setup, vmapped
+from transformer_jax import aot, sweep, targets
+from transformer_jax.train import metrics, run_settings, setup, vmapped
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import ablations  # noqa: E402  (the sweep this measures)
@@ -122,7 +122,7 @@ def compiled_memory(quick: bool) -> dict:
 
 def _built_on(config, target: targets.Target):
   """The run of `config` on the target's compile-only devices, its data generated."""
-  stand_in = aot.stand_in_config(config, models.model_config(config.model))
+  stand_in = aot.stand_in(run_settings.resolve(config, target.platform))
   return setup.build_run(stand_in, devices=target.devices)
 
 

@@ -119,9 +119,9 @@ def test_a_run_resumed_past_its_profiled_steps_traces_nothing(tmp_path):
 
 def test_a_profile_past_the_last_step_is_refused():
   with pytest.raises(ConfigError, match='training.profile_start=7 is past the last step'):
-    config_lib.validate(small_config(steps=6, **{'training.profile_start': 7}))
+    train.resolve(small_config(steps=6, **{'training.profile_start': 7}))
   with pytest.raises(ConfigError, match='training.profile_steps=0 must be'):
-    config_lib.validate(small_config(**{'training.profile_start': 2, 'training.profile_steps': 0}))
+    train.resolve(small_config(**{'training.profile_start': 2, 'training.profile_steps': 0}))
 
 
 @pytest.mark.parametrize('kind,chip,peak', [

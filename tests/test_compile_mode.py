@@ -34,7 +34,7 @@ def compiled(family='decoder', target='v5e:2x2', **overrides):
 
 @pytest.mark.parametrize('family', ['decoder', 'encoder', 'encoder_decoder', 'vit'])
 def test_each_family_compiles_for_a_tpu_with_xlas_bytes_beside_the_plans(family):
-  images = {'data.image_size': 32, 'model.image_size': 32} if family == 'vit' else {}
+  images = {'model.image_size': 32} if family == 'vit' else {}
   report = compiled(family, **images)
   xla, plan = report.xla_bytes, report.plan_bytes
   assert (report.devices, report.mesh) == (4, {'data': 4})
@@ -153,8 +153,7 @@ def test_launch_compiles_writes_nothing_and_ends_with_one_json_line(tmp_path):
   assert 'Traceback' not in done.stderr
   assert sorted(os.listdir(tmp_path)) == ['cache'] and not os.listdir(cache)
 
-  too_big = command + ['--config.data.batch_size=65536', '--config.data.image_size=64',
-                       '--config.model.image_size=64']
+  too_big = command + ['--config.data.batch_size=65536', '--config.model.image_size=64']
   done = subprocess.run(too_big, cwd=tmp_path, env=env, capture_output=True, text=True,
                         timeout=600)
   assert done.returncode == 1

@@ -10,8 +10,8 @@ import pytest
 
 from helpers import CONFIG_FILES, ROOT, load_config
 from train_helpers import small_config
-from transformer_jax import accounting, config_lib, data, model_config, models, run, settings
-from transformer_jax.data import pipeline
+from transformer_jax import (accounting, config_lib, data, decode, lora, model_config, models,
+                             run, settings, train)
 from transformer_jax.errors import ConfigError
 from transformer_jax.train import metrics
 
@@ -55,22 +55,25 @@ def test_a_malformed_value_fails_naming_the_key_and_a_value_that_works(key, valu
   config = load_config(LLAMA)
   set_key(config, key, value)
   with pytest.raises(ConfigError) as error:
-    config_lib.validate(config)
+    train.resolve(config)
   message = str(error.value)
   assert message.startswith(key) and f'--config.{key}=' in message
   working = message.rpartition(f'--config.{key}=')[2].rstrip('.')
   set_key(config, key, type(value)(working) if value is not None else working)
-  config_lib.validate(config)  # the value the message suggests is accepted
+  train.resolve(config)  # the value the message suggests is accepted
 
 
 def test_every_numeric_key_has_a_range():
-  config = config_lib.base_config()
-  numeric = {key for key, value in config_lib.flatten(config.to_dict()).items()
-             if key.startswith(('data.', 'optimizer.', 'training.', 'sample.', 'seed'))
-             and (isinstance(value, (int, float)) and not isinstance(value, bool)
-                  or pipeline.DATA_TYPES.get(key.partition('.')[2]) is int)}
-  numeric |= {'training.peak_flops_per_device'}
-  assert numeric <= set(config_lib.RANGES), sorted(numeric - set(config_lib.RANGES))
+  sections = [settings.TrainingSettings, settings.OptimizerSettings, lora.LoraSettings,
+              decode.SampleSettings, decode.EvalSettings, data.DataSettings,
+              *data.settings.parts().values()]
+  for section in sections:
+    kinds = section.placeholder_types()
+    numeric = {name for name, default in section.defaults().items()
+               if isinstance(default, (int, float)) and not isinstance(default, bool)
+               or kinds.get(name) in (int, float)}
+    assert numeric <= set(section.RANGES), (section.__name__, sorted(numeric - set(section.RANGES)))
+  assert set(config_lib.RANGES) == {'seed'}
   for family in models.registry.names():
     config_class = models.registry.get(family).config
     model_numeric = {name for name, value in model_config.defaults(config_class).items()
@@ -83,7 +86,7 @@ def test_every_numeric_key_has_a_range():
 
 @pytest.mark.parametrize('path', CONFIG_FILES, ids=[p.stem for p in CONFIG_FILES])
 def test_every_shipped_config_is_valid(path):
-  config_lib.validate(load_config(path))
+  train.resolve(load_config(path))
 
 
 def test_bad_settings_stop_before_anything_is_written_or_compiled(tmp_path):
@@ -107,9 +110,9 @@ def test_sequences_longer_than_the_learned_position_table_are_refused():
   config = load_config(ROOT / 'configs' / 'gpt_shakespeare.py')
   config.data.seq_len = config.model.max_len + 1
   with pytest.raises(ConfigError, match=rf'--config.model.max_len={config.data.seq_len}'):
-    config_lib.validate(config)
+    train.resolve(config)
   config.model.positions = 'rope'  # relative positions have no table to outgrow
-  config_lib.validate(config)
+  train.resolve(config)
 
 
 def test_the_saved_config_is_the_default_and_flags_win(tmp_path):
@@ -267,6 +270,6 @@ def test_each_section_is_resolved_once_into_its_typed_settings():
   assert settings.MeshSettings.of(config.mesh) == settings.MeshSettings(('data', 'model'), (-1, 2))
   # The config's sections are made from the settings: a field added there is a key here.
   assert set(config.training) == set(settings.TrainingSettings.defaults())
-  assert set(config.data) == set(data.DataSettings.defaults())
+  assert set(config.data) == set(data.DataSettings.section_defaults())
   with pytest.raises(ValueError, match=r"Unknown training settings \['stpes'\]"):
     settings.TrainingSettings.of({'stpes': 3})

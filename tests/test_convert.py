@@ -308,7 +308,7 @@ def test_from_hf_config_samples_what_transformers_generates(checkpoint, tmp_path
 def test_eval_mode_starts_from_the_hugging_face_weights(checkpoint):
   model, path = checkpoint('vit')
   config = load_config(ROOT / 'configs' / 'from_hf.py', f'path={path}')
-  config.data.update(name='synthetic', image_size=8, num_classes=5, batch_size=8,
+  config.data.update(name='synthetic', batch_size=8,
                      eval_batch_size=8, eval_steps=2)
   result = run.run(config, None, 'eval')  # what launch.py --mode=eval does, no workdir
   losses = []

@@ -1,5 +1,6 @@
 """The data package: pure batches, process shares, formats, MLM statistics, seq2seq targets, the
 TFDS builders prepared from tiny local files, the text splits and the missing-data errors."""
+import dataclasses
 import io
 import logging
 import tarfile
@@ -10,19 +11,19 @@ import pytest
 import tensorflow_datasets as tfds
 from tensorflow_datasets.image_classification import cifar
 
-from transformer_jax import data
-from transformer_jax.data import builders, images, pipeline, rng, sources
+from transformer_jax import config_lib, data
+from transformer_jax.data import builders, corpus, images, rng, sources
 from transformer_jax.models import registry
 
 FAMILIES = ('vit', 'decoder', 'encoder', 'encoder_decoder')
-SYNTHETIC = dict(name='synthetic', seq_len=16, batch_size=8, eval_batch_size=8, image_size=8,
-                 num_classes=5, eval_examples=32)
+SYNTHETIC = dict(name='synthetic', seq_len=16, batch_size=8, eval_batch_size=8, eval_examples=32)
+IMAGE_SIZES = dict(image_size=8, num_classes=5)  # the model's, which generated images take
 TEXT = ''.join(f'{i}: the quick brown fox jumps over the lazy dog.\n' for i in range(40))
 
 
 def make(family, process_index=0, process_count=1, **overrides):
   return data.make_data({**SYNTHETIC, **overrides}, registry.get(family).task, seed=3,
-                        process_index=process_index, process_count=process_count)
+                        process_index=process_index, process_count=process_count, **IMAGE_SIZES)
 
 
 def assert_batches_equal(a, b):
@@ -402,11 +403,33 @@ def test_unknown_names_and_families_fail_clearly(tmp_path):
 
 
 def test_data_settings_resolve_defaults_and_refuse_unknown_keys():
-  settings = data.DataSettings.of({'name': 'jsonl', 'seq_len': None, 'packing': True})
-  assert (settings.name, settings.seq_len, settings.packing) == ('jsonl', 64, True)
+  settings = data.DataSettings.of({'name': 'jsonl', 'seq_len': None, 'packing': True,
+                                   'mixup_alpha': 0.2})
+  assert (settings.name, settings.seq_len) == ('jsonl', 64)
+  # Each source's keys are its own part's, checked by it.
+  assert settings.part(corpus.TextSettings).packing
+  assert settings.part(images.ImageSettings).mixing == images.Mixing(0.2, 0.0, 0.5)
   assert data.DataSettings.of(settings) is settings
   with pytest.raises(ValueError, match=r"Unknown data settings \['pakcing'\]"):
     data.DataSettings.of({'pakcing': True})
+  with pytest.raises(ValueError, match=r'data.cutmix_prob=2'):
+    data.DataSettings.of({'cutmix_prob': 2})
   # The placeholders of the config's keys whose default is None carry the fields' types.
-  assert pipeline.DATA_TYPES['vocab_size'] is int and pipeline.DATA_TYPES['path'] is str
-  assert 'seq_len' not in pipeline.DATA_TYPES
+  types = data.DataSettings.section_types()
+  assert types['vocab_size'] is int and types['path'] is str and 'seq_len' not in types
+
+
+def test_a_source_adds_its_settings_without_editing_a_union():
+  @dataclasses.dataclass(frozen=True)
+  class ClipSettings(data.DataPart):
+    PART = 'clips_for_this_test'
+    clip_seconds: float = 2.0
+  try:
+    data.register_part(ClipSettings)
+    assert config_lib.base_config().data.clip_seconds == 2.0
+    assert data.DataSettings.of({'clip_seconds': 3.0}).part(ClipSettings).clip_seconds == 3.0
+    with pytest.raises(ValueError, match='already a key of'):
+      data.register_part(dataclasses.make_dataclass(
+          'Clash', [('seq_len', int, 3)], bases=(data.DataPart,), frozen=True))
+  finally:
+    data.settings._PARTS.pop(ClipSettings.PART)

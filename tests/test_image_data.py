@@ -12,7 +12,7 @@ from PIL import Image
 import pytest
 import tensorflow_datasets as tfds
 
-from transformer_jax import config_lib, data, sweep
+from transformer_jax import config_lib, data, sweep, train
 from transformer_jax.errors import ConfigError
 from transformer_jax.train import losses, setup
 from helpers import mock_tfds, ROOT
@@ -51,10 +51,9 @@ def user_dir(tmp_path_factory):
 
 def user_data(user_dir, process_index=0, process_count=1, **overrides):
   config = {'name': USER_DATASET, 'tfds_data_dir': user_dir, 'image_key': 'picture',
-            'label_key': 'kind', 'batch_size': 8, 'eval_batch_size': 4, 'image_size': 8,
-            **overrides}
+            'label_key': 'kind', 'batch_size': 8, 'eval_batch_size': 4, **overrides}
   return data.make_data(config, 'image', seed=1, process_index=process_index,
-                        process_count=process_count)
+                        process_count=process_count, image_size=8)
 
 
 def test_a_users_own_dataset_is_read_by_name_from_its_files(user_dir):
@@ -146,8 +145,11 @@ def test_a_model_with_another_class_count_is_refused_before_compiling():
   config = mock_config('vit_cifar.py', 'smoke', **{'data.name': 'cifar100'})
   with mock_tfds(16):
     with pytest.raises(ConfigError, match=r'The data has 100 classes but model.num_classes=10: '
-                                          r'set --config.model.num_classes=100'):
-      setup.build_run(config_lib.validate(config))
+                                          r'leave model.num_classes unset \(0\) to follow the '
+                                          r'data, or set --config.model.num_classes=100'):
+      setup.build_run(train.resolve(config))
+    config.model.num_classes = 0  # unset: the model follows the data's classes
+    assert setup.build_run(config).model_config.num_classes == 100
 
 
 @pytest.mark.parametrize('config, flags', [
@@ -227,22 +229,22 @@ def test_manual_dir_prepares_a_dataset_from_the_users_files(tmp_path):
   np.save(tmp_path / 'manual' / 'images.npy', images)
   np.save(tmp_path / 'manual' / 'labels.npy', np.arange(16) % 4)
   config = {'name': 'user_manual_shapes', 'tfds_data_dir': str(tmp_path / 'tfds'),
-            'batch_size': 4, 'eval_batch_size': 4, 'image_size': 8}
+            'batch_size': 4, 'eval_batch_size': 4}
   with pytest.raises(data.DataNotFoundError, match='user_manual_shapes is not prepared'):
     data.make_data(config, 'image', seed=0, process_index=0, process_count=1)
   ds = data.make_data({**config, 'manual_dir': str(tmp_path / 'manual')}, 'image', seed=0,
-                      process_index=0, process_count=1)
+                      process_index=0, process_count=1, image_size=8)
   assert ds.info['num_classes'] == 4 and ds.info['num_train_examples'] == 12
   assert ds.eval_steps == 1 and ds.train_batch(0)['image'].shape == (4, 8, 8, 3)
   assert (tmp_path / 'tfds' / 'user_manual_shapes' / '1.0.0' / 'dataset_info.json').exists()
 
 
 def test_the_default_preprocessing_brings_images_to_the_models_size():
-  """Without pp specs, images of any size become model.image_size, not data.image_size."""
+  """Without pp specs, images of any size become model.image_size."""
   config = mock_config('vit_cifar.py', 'smoke', **{
       'data.name': 'oxford_flowers102', 'data.pp_train': None, 'data.pp_eval': None,
       'data.eval_split': 'test', 'model.num_classes': 102, 'model.image_size': 16})
   with mock_tfds(16):
-    run = setup.build_run(config_lib.validate(config))
-    assert run.data.info['image_shape'] == (16, 16, 3) != (config.data.image_size,) * 2 + (3,)
+    run = setup.build_run(train.resolve(config))
+    assert run.data.info['image_shape'] == (16, 16, 3)
     assert run.data.train_batch(0)['image'].shape == (8, 16, 16, 3)

@@ -11,7 +11,7 @@ from flax import traverse_util
 
 from helpers import init, tiny
 from train_helpers import losses, small_config
-from transformer_jax import config_lib, convert, lora, memory, models, run, train
+from transformer_jax import convert, lora, memory, models, run, train
 from transformer_jax.errors import ConfigError
 from transformer_jax.layers.linear import Linear
 from transformer_jax.train import checkpoint, setup
@@ -174,14 +174,14 @@ def test_targets_that_match_nothing_or_do_not_compile_fail_clearly():
   with pytest.raises(ConfigError, match='not matrices.*norm/scale'):
     setup.build_run(lora_config(**{'lora.targets': 'norm/scale'}))
   with pytest.raises(ConfigError, match='not a regular expression'):
-    config_lib.validate(lora_config(**{'lora.targets': '(query'}))
+    train.resolve(lora_config(**{'lora.targets': '(query'}))
 
 
 @pytest.mark.parametrize('key, value', [('lora.rank', -1), ('lora.alpha', -2.0),
                                         ('lora.alpha', 0.0)])
 def test_rank_and_alpha_are_range_checked(key, value):
   with pytest.raises(ConfigError, match=key):
-    config_lib.validate(lora_config(**{key: value}))
+    train.resolve(lora_config(**{key: value}))
 
 
 def test_the_memory_plan_counts_the_adapters_optimizer_state():

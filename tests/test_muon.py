@@ -206,7 +206,7 @@ def test_muon_on_weights_sharded_over_8_devices_equals_one_device(tmp_path):
 ])
 def test_muons_settings_are_checked_before_anything_is_built(key, value, message):
   with pytest.raises(ConfigError) as error:
-    config_lib.validate(small_config(**{key: value}))
+    train.resolve(small_config(**{key: value}))
   assert str(error.value) == message
 
 

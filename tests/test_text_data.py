@@ -14,13 +14,12 @@ import tokenizers
 import helpers
 import train_helpers
 from helpers import mock_tfds
-from transformer_jax import data, models, train
+from transformer_jax import config_lib, data, models, train
 from transformer_jax.data import corpus, packing, token_files
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.errors import ConfigError
 from transformer_jax.models import registry, styles
 from transformer_jax.train import losses
-from transformer_jax.settings import TrainingSettings
 from transformer_jax.train.step import StepSettings
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -359,12 +358,33 @@ def test_launch_trains_on_a_tfds_text_dataset_and_samples_with_its_saved_tokeniz
   assert _files(tmp_path / 'run') == before  # eval and sample write nothing
 
 
+def test_data_vocab_size_alone_sizes_the_bpe_and_the_model(tmp_path):
+  """A config whose characters state the vocabulary (data.vocab_size=65) trains a BPE of 512 ids
+  with the model's table following it, saying the size once."""
+  path = tmp_path / 'input.txt'
+  path.write_text(' '.join(documents()) * 4)
+  config = config_lib.from_file(ROOT / 'configs' / 'gpt_shakespeare.py', 'smoke')
+  config.data.update(name='text_file', path=str(path), tokenizer='bpe', vocab_size=512,
+                     seq_len=32, token_dir=str(tmp_path / 'tokens'))
+  config.model.update(width=32, num_heads=2, max_len=32)
+  run = train.build_run(config)
+  assert run.model_config.vocab_size == 512 >= run.data.vocab.size
+  config.model.vocab_size = 256  # a model's table given smaller than the data's is refused
+  with pytest.raises(ConfigError, match='data settings has 512 token ids but '
+                                        'model.vocab_size=256'):
+    train.resolve(config)
+
+
 def test_a_vocabulary_larger_than_the_model_table_and_short_held_out_rows_fail_clearly(tmp_path):
   path = write_jsonl(tmp_path / 'c.jsonl', documents())
   made = make(name='jsonl', path=path, tokenizer='bpe', vocab_size=300)
+  decoder = registry.get('decoder')
   with pytest.raises(ConfigError, match=f'The data has {made.vocab.size} token ids but '
-                                        'model.vocab_size=256: set --config.model.vocab_size'):
-    registry.get('decoder').check_data(made.info, helpers.tiny('decoder', vocab_size=256))
+                                        'model.vocab_size=256: leave model.vocab_size unset'):
+    decoder.follow_data(helpers.tiny('decoder', vocab_size=256), made.info, 'The data')
+  # Unset, the model's vocabulary is the data's.
+  cfg = decoder.follow_data(helpers.tiny('decoder', vocab_size=0), made.info, 'The data')
+  assert cfg.vocab_size == made.vocab.size
   with pytest.raises(ConfigError, match='The held-out split has .* examples, fewer than one eval '
                                         'batch of data.eval_batch_size=4096: lower it'):
     make(name='jsonl', path=path, tokenizer='bpe', vocab_size=300, packing=True,
@@ -382,7 +402,7 @@ def test_label_smoothing_reaches_the_text_families():
   """Vaswani et al.'s 0.1 for translation: the step of a text family smooths its targets."""
   config = train_helpers.small_config('encoder_decoder')
   config.training.label_smoothing = 0.1
-  settings = StepSettings.of(config, TrainingSettings.of(config.training), rules=())
+  settings = StepSettings.of(train.resolve(config))
   assert settings.label_smoothing == 0.1
   logits = np.random.default_rng(0).normal(size=(2, 3, 5)).astype(np.float32)
   targets, weights = np.array([[0, 1, 2], [3, 4, 0]]), np.array([[1, 1, 1], [1, 1, 0]], np.float32)

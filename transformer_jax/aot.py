@@ -12,18 +12,21 @@ import dataclasses
 import json
 import re
 import time
+import types
 
 import jax
 from jax.experimental.compilation_cache import compilation_cache
 import ml_collections
 import numpy as np
 
-from transformer_jax import accounting, memory, models, targets
+from transformer_jax import accounting, memory, targets
+from transformer_jax.data.corpus import TextSettings
 from transformer_jax.errors import UserError
-from transformer_jax.train import metrics, setup, sharding, vmapped
+from transformer_jax.train import metrics, run_settings, setup, sharding, vmapped
+from transformer_jax.train.run_settings import RunSettings
 
 __all__ = ['abstract_batch', 'compile_for', 'compile_options', 'compiled_stacked_step',
-           'compiled_train_step', 'CompileReport', 'report_lines', 'stand_in_config',
+           'compiled_train_step', 'CompileReport', 'report_lines', 'stand_in',
            'without_compilation_cache']
 
 _FIELDS = ('argument', 'output', 'alias', 'temporary', 'code')
@@ -59,18 +62,17 @@ class CompileReport:
         'compile_seconds': round(self.compile_seconds, 2)})
 
 
-def stand_in_config(config: ml_collections.ConfigDict, cfg) -> ml_collections.ConfigDict:
-  """`config` with its data generated: the same batch sizes, sequence length and
-  preprocessing, one small held-out batch, nothing downloaded or tokenized."""
-  stand_in = config.copy_and_resolve_references()
-  with stand_in.unlocked():
-    eval_batch = stand_in.data.eval_batch_size or stand_in.data.batch_size
-    stand_in.data.update(name='synthetic', tokenizer='chars', eval_examples=eval_batch,
-                         eval_steps=1, token_dir=None)
-    if hasattr(cfg, 'num_classes'):  # generated images of the model's size and classes
-      stand_in.data.update(image_size=cfg.image_size, num_classes=cfg.num_classes)
-    stand_in.init_from_hf = stand_in.init_from_checkpoint = ''
-  return stand_in
+def stand_in(settings: RunSettings) -> RunSettings:
+  """The run with its data generated (of the model's sizes, its family's data_sizes): the same
+  batch sizes, sequence length and preprocessing, one small held-out batch, nothing downloaded
+  or tokenized, no weights read."""
+  data = settings.data
+  parts = dict(data.parts)
+  parts['text'] = dataclasses.replace(data.part(TextSettings), tokenizer='chars', token_dir=None)
+  generated = dataclasses.replace(
+      data, name='synthetic', eval_examples=data.eval_batch_size or data.batch_size,
+      eval_steps=1, parts=types.MappingProxyType(parts))
+  return dataclasses.replace(settings, data=generated, init_from_hf='', init_from_checkpoint='')
 
 
 def abstract_batch(batch: dict, mesh, packed: bool = False) -> dict:
@@ -93,13 +95,14 @@ def abstract_batch(batch: dict, mesh, packed: bool = False) -> dict:
           for key, (shape, dtype) in shapes.items()}
 
 
-def compile_for(config: ml_collections.ConfigDict) -> CompileReport:
-  """Compiles the run of `config` for compile.target; a program that does not fit the target's
-  memory raises UserError saying by how much."""
-  target = targets.target(config.compile.target)
-  cfg = models.model_config(config.model)
-  run = setup.build_run(stand_in_config(config, cfg), devices=target.devices)
-  packed = bool(config.data.packing) and run.family.unit == 'token'
+def compile_for(config: 'ml_collections.ConfigDict | RunSettings') -> CompileReport:
+  """Compiles the run (its RunSettings, or a config resolved here) for its compile target; a
+  program that does not fit the target's memory raises UserError saying by how much."""
+  target = targets.target(config.compile_target if isinstance(config, RunSettings)
+                          else config.compile.target)
+  settings = run_settings.resolve(config, target.platform)
+  run = setup.build_run(stand_in(settings), devices=target.devices)
+  packed = _packed(settings) and run.family.unit == 'token'
   batch = abstract_batch(run.data.train_batch(0), run.mesh, packed)
   eval_batch = abstract_batch(next(iter(run.data.eval_batches())), run.mesh, packed)
   try:
@@ -115,7 +118,7 @@ def compile_for(config: ml_collections.ConfigDict) -> CompileReport:
   return CompileReport(
       target=target.name, devices=target.num_devices, mesh=dict(run.mesh.shape),
       memory_bytes=target.chip.memory_bytes, xla_bytes=metrics.compiled_memory(train),
-      plan_bytes=_planned(config, run, target), flops_per_device=cost.get('flops'),
+      plan_bytes=_planned(run), flops_per_device=cost.get('flops'),
       planned_flops_per_device=_train_flops(run, batch) / target.num_devices,
       compile_seconds=seconds + time.perf_counter() - start)
 
@@ -134,7 +137,7 @@ def compiled_stacked_step(runs) -> tuple:
   """(the compiled step of a vmapped sweep's group of `runs` (train.vmapped), the seconds it
   took) for the runs' devices, with abstract batches of the runs' shapes."""
   first = runs[0]
-  packed = bool(first.config.data.packing) and first.family.unit == 'token'
+  packed = _packed(first.settings) and first.family.unit == 'token'
   batch = abstract_batch(first.data.train_batch(0), first.mesh, packed)
   start = time.perf_counter()
   with without_compilation_cache():
@@ -166,9 +169,15 @@ def without_compilation_cache():
     compilation_cache.reset_cache()
 
 
-def _planned(config, run, target) -> dict:
-  """memory.plan of the run on the target's mesh, in memory_analysis's fields."""
-  plan = memory.plan(config, dict(run.mesh.shape), run.model_config, target.platform)
+def _packed(settings: RunSettings) -> bool:
+  """Whether the run's text is packed: its batches carry segment ids and positions, which the
+  generated stand-in's lack."""
+  return settings.data.part(TextSettings).packing
+
+
+def _planned(run) -> dict:
+  """memory.plan of the run on its (the target's) mesh, in memory_analysis's fields."""
+  plan = memory.plan(run.settings, dict(run.mesh.shape))
   state = plan.params + plan.optimizer
   return {'argument': state + plan.batch, 'output': state, 'alias': state,
           'temporary': plan.gradients + plan.gathered + plan.activations, 'code': 0,

@@ -15,16 +15,15 @@ import ml_collections
 from ml_collections import config_dict
 
 from transformer_jax.errors import ConfigError
-from transformer_jax import decode, lora, models
-from transformer_jax.data.settings import DataSettings
-from transformer_jax.model_config import ModelConfig, names
-from transformer_jax.ranges import COUNT, FRACTION, Range
-from transformer_jax.settings import MeshSettings, Settings, TrainingSettings
+from transformer_jax import data, decode, lora, models
+from transformer_jax.model_config import names
+from transformer_jax.ranges import Range
+from transformer_jax.settings import MeshSettings, OptimizerSettings, Settings, TrainingSettings
 
 __all__ = [
-    'assign', 'base_config', 'CheckedConfigFile', 'CHOICES', 'differences',
+    'assign', 'base_config', 'check_values', 'CheckedConfigFile', 'CHOICES', 'differences',
     'differing_keys', 'flatten', 'from_file', 'LOCATION_KEYS', 'model_defaults', 'parse_arg',
-    'RANGES', 'SAVED_CONFIG', 'saved_config', 'section_of', 'smoke', 'unknown_keys', 'validate']
+    'RANGES', 'SAVED_CONFIG', 'saved_config', 'section_of', 'smoke', 'unknown_keys']
 
 
 def model_defaults(family: str = 'decoder') -> ml_collections.ConfigDict:
@@ -69,30 +68,8 @@ def base_config(family: str = 'decoder') -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.seed = 0
   config.model = model_defaults(family)
-  config.data = section_of(DataSettings)
-  config.optimizer = ml_collections.ConfigDict(dict(
-      # 'adamw'; 'muon': Muon on the blocks' projection matrices (train.optim
-      # .muon_dimension_numbers), this AdamW on the embeddings, norms, biases and heads.
-      name='adamw',
-      learning_rate=1e-3,
-      warmup_steps=0,
-      schedule='cosine',  # 'cosine' decays to min_lr_ratio * learning_rate; 'constant'
-      min_lr_ratio=0.0,
-      b1=0.9, b2=0.95, eps=1e-8,
-      weight_decay=0.1,
-      # Decay only the matmul kernels by default: norms, biases and embeddings are not decayed.
-      decay_norms_and_biases=False,
-      decay_embeddings=False,
-      grad_clip_norm=1.0,  # 0: no clipping (of all the gradients, Muon's too)
-      # Muon's settings: its peak learning rate (larger than AdamW's; the warmup and schedule
-      # above apply to it too), momentum (beta) and whether it is Nesterov's, the Newton-Schulz
-      # iterations that orthogonalize the momentum, and decoupled weight decay (times its rate).
-      muon_learning_rate=0.02,
-      muon_momentum=0.95,
-      muon_nesterov=True,
-      muon_ns_steps=5,
-      muon_weight_decay=0.0,
-  ))
+  config.data = _data_section()
+  config.optimizer = section_of(OptimizerSettings)
   config.training = section_of(TrainingSettings)
   # Low-rank adaptation (Hu et al. 2021; transformer_jax.lora): with rank > 0 the model's
   # parameters are frozen (no gradient, no optimizer state) and only adapters train beside the
@@ -121,36 +98,37 @@ def base_config(family: str = 'decoder') -> ml_collections.ConfigDict:
   # changed schedule): WORKDIR or WORKDIR:STEP (default: its latest checkpoint). A checkpoint of
   # the run's own, once there is one, wins.
   config.init_from_checkpoint = ''
-  # --mode=sample: the keyword arguments of decode.sample_text. window: each new token attends
-  # to its last `window` tokens; unset: data.seq_len, the context the run trained on; 0: all.
-  # beam_size > 0: the num_samples best outputs of a beam search (decode.beam_search) ranked by
-  # log-probability over Wu et al. (2016)'s length penalty ((5 + length) / 6) ** length_penalty,
-  # instead of samples (temperature, top_k and top_p then unused).
-  # An encoder-decoder's held-out outputs, decoded at each evaluation for eval_exact_match (and
-  # a translation's eval_bleu): greedily, or with beam_size > 0 the best beam of decode
-  # .beam_search under its length penalty.
-  config.eval = ml_collections.ConfigDict(dict(beam_size=0, length_penalty=0.6))
-  config.sample = ml_collections.ConfigDict(dict(
-      prompt='ROMEO:', max_new_tokens=256, temperature=0.8, top_k=0, top_p=1.0, seed=0,
-      num_samples=1, window=config_dict.placeholder(int), beam_size=0, length_penalty=0.6))
+  # --mode=sample's settings (decode.SampleSettings), and how an encoder-decoder's held-out
+  # outputs are decoded at each evaluation (decode.EvalSettings).
+  config.eval = section_of(decode.EvalSettings)
+  config.sample = section_of(decode.SampleSettings)
   return config
 
 
 def section_of(settings: type[Settings]) -> ml_collections.ConfigDict:
   """The config section of a Settings class, its defaults; keys whose default is None become
   placeholders of their type."""
-  section, types = ml_collections.ConfigDict(), settings.placeholder_types()
-  for key, default in settings.defaults().items():
+  return _section(settings.defaults(), settings.placeholder_types())
+
+
+def _data_section() -> ml_collections.ConfigDict:
+  """config.data: the shared keys and those of every registered source's part."""
+  return _section(data.DataSettings.section_defaults(), data.DataSettings.section_types())
+
+
+def _section(defaults: dict, types: dict) -> ml_collections.ConfigDict:
+  section = ml_collections.ConfigDict()
+  for key, default in defaults.items():
     section[key] = config_dict.placeholder(types[key]) if default is None else default
   return section
 
 
 def smoke(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Shrinks a run to seconds: 2 blocks, 3 steps of batch 8, one eval batch (of which an
-  encoder-decoder decodes 8 pairs at most)."""
-  config.model.num_layers = min(config.model.num_layers, 2)
-  if config.model.get('num_decoder_layers'):
-    config.model.num_decoder_layers = min(config.model.num_decoder_layers, 2)
+  """Shrinks a run to seconds: 2 blocks per stack, 3 steps of batch 8, one eval batch (of which
+  an encoder-decoder decodes 8 pairs at most)."""
+  for key in models.registry.get(config.model.family).depth_keys:
+    if config.model[key]:
+      config.model[key] = min(config.model[key], 2)
   config.data.update(batch_size=8, eval_batch_size=8, eval_steps=1,
                      bleu_examples=min(config.data.bleu_examples, 8),
                      exact_match_examples=min(config.data.exact_match_examples, 8))
@@ -242,129 +220,27 @@ def _either(names: list[str]) -> str:
   return ' or '.join(filter(None, (', '.join(quoted[:-1]), quoted[-1])))
 
 
-# Every numeric key outside config.model (ModelConfig checks its own), with its valid range.
-RANGES = {
-    'seed': Range(0, integer=True),
-    'data.seq_len': COUNT,
-    'data.batch_size': COUNT,
-    'data.eval_batch_size': Range(1, integer=True, optional=True),
-    'data.eval_steps': Range(1, integer=True, special=(-1,), optional=True),
-    'data.eval_examples': COUNT,
-    'data.mlm_probability': Range(0, 1, open_low=True),
-    'data.seq2seq_min_len': COUNT,
-    'data.seq2seq_max_len': Range(1, integer=True, optional=True),
-    'data.vocab_size': Range(1, integer=True, optional=True),
-    'data.bleu_examples': Range(0, integer=True),  # 0: no BLEU
-    'data.exact_match_examples': Range(0, integer=True),  # 0: none
-    'data.image_size': COUNT,
-    'data.num_classes': Range(2, integer=True),
-    'data.num_threads': Range(0, integer=True),
-    'data.prefetch_buffer_size': Range(0, integer=True),
-    'data.mixup_alpha': Range(0),
-    'data.cutmix_alpha': Range(0),
-    'data.cutmix_prob': Range(0, 1),
-    'optimizer.learning_rate': Range(0, open_low=True),
-    'optimizer.warmup_steps': Range(0, integer=True),
-    'optimizer.min_lr_ratio': Range(0, 1),
-    'optimizer.b1': FRACTION,
-    'optimizer.b2': FRACTION,
-    'optimizer.eps': Range(0, open_low=True),  # 0 divides 0 by 0 for a never-used embedding row
-    'optimizer.weight_decay': Range(0),
-    'optimizer.grad_clip_norm': Range(0),  # 0: no clipping
-    'optimizer.muon_learning_rate': Range(0, open_low=True),
-    'optimizer.muon_momentum': FRACTION,
-    'optimizer.muon_ns_steps': COUNT,
-    'optimizer.muon_weight_decay': Range(0),
-    'training.steps': COUNT,
-    'training.grad_accum_steps': COUNT,
-    'training.label_smoothing': FRACTION,
-    'training.log_every': COUNT,
-    'training.eval_every': COUNT,
-    'training.checkpoint_every': COUNT,
-    'training.keep_checkpoints': COUNT,
-    'training.peak_flops_per_device': Range(0, open_low=True, optional=True, example=1e12),
-    'training.device_memory_gb': Range(0, open_low=True, optional=True, example=16),
-    'training.profile_start': Range(1, integer=True, optional=True, example=10),
-    'training.profile_steps': COUNT,
-    'lora.rank': Range(0, integer=True),  # 0: no adapters
-    'lora.alpha': Range(0, open_low=True, example=8),
-    'sample.max_new_tokens': COUNT,
-    **{f'sample.{name}': valid for name, (valid, _) in decode.SAMPLER_RANGES.items()},
-    'sample.seed': Range(0, integer=True),
-    'sample.num_samples': COUNT,
-    'sample.window': Range(0, integer=True, optional=True),  # 0: the whole context
-    'sample.beam_size': Range(0, integer=True),  # 0: sample
-    'sample.length_penalty': Range(0),
-    'eval.beam_size': Range(0, integer=True),  # 0: greedy
-    'eval.length_penalty': Range(0),
-}
-CHOICES = {'parallelism': ('jit', 'shard_map'), 'optimizer.name': ('adamw', 'muon'),
-           'optimizer.schedule': ('cosine', 'constant')}
-
-def _get(config, key: str):
-  section, _, name = key.rpartition('.')
-  return (config[section] if section else config).get(name)
+# The keys outside the typed sections (which check their own), with their valid values.
+RANGES = {'seed': Range(0, integer=True)}
+CHOICES = {'parallelism': ('jit', 'shard_map')}
 
 
-def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Checks every key of a run's config before anything is read or compiled: each value in its
-  range, the model's options (ModelConfig), and the keys that constrain each other. Fails with
-  a ConfigError naming the key and a value that works."""
-  defaults = base_config()
+def check_values(config: ml_collections.ConfigDict) -> None:
+  """Checks the top-level keys; each section's own settings check theirs when they are made."""
   for key, valid in RANGES.items():
-    value = _get(config, key)
-    valid.check(key, value, _get(defaults, key))
+    valid.check(key, config[key])
   for key, allowed in CHOICES.items():
-    if _get(config, key) not in allowed:
-      raise ConfigError(f'{key}={_get(config, key)!r} must be one of {list(allowed)}.')
-  cfg = models.model_config(config.model)
-  _validate_mesh(config)
-  _validate_profile(TrainingSettings.of(config.training))
-  _validate_lengths(config, cfg)
-  lora.check_targets(lora.LoraSettings.of(config.lora))
-  if config.init_from_hf and config.init_from_checkpoint:
-    raise ConfigError('Set one of init_from_hf and init_from_checkpoint, not both: a run starts '
-                      'from one set of parameters.')
-  return config
-
-
-def _validate_mesh(config) -> None:
-  axes, shape = tuple(config.mesh.axes), tuple(config.mesh.shape)
-  if len(axes) != len(shape) or len(set(axes)) != len(axes):
-    raise ConfigError(f'mesh.axes={axes} and mesh.shape={shape} must name distinct axes, one size '
-                      "each: for example --config.mesh.axes=\"('data',)\" "
-                      '--config.mesh.shape="(-1,)".')
-  if any(not isinstance(s, int) or (s < 1 and s != -1) for s in shape) or shape.count(-1) > 1:
-    raise ConfigError(f'mesh.shape={shape} must hold positive sizes and at most one -1 (all the '
-                      'remaining devices).')
-  for rule in config.sharding_rules:
-    if len(rule) != 2 or not isinstance(rule[0], str) or rule[1] not in (*axes, None):
-      raise ConfigError(f'sharding_rules entry {tuple(rule)} must be a pair (logical axis, mesh '
-                        f'axis) with the mesh axis one of {list(axes)} or None: for example '
-                        f'--config.sharding_rules="((\'embed\', \'{axes[0]}\'),)".')
-
-
-def _validate_profile(training: TrainingSettings) -> None:
-  if training.profile_start is not None and training.profile_start > training.steps:
-    raise ConfigError(f'training.profile_start={training.profile_start} is past the last step '
-                      f'(training.steps={training.steps}): for example '
-                      f'--config.training.profile_start={min(10, training.steps)}.')
-
-
-def _validate_lengths(config, cfg: ModelConfig) -> None:
-  """Sequences that the model's position table must cover."""
-  if models.registry.get(cfg.family).unit != 'token' or cfg.positions != 'learned':
-    return
-  if config.data.seq_len > cfg.max_len:
-    raise ConfigError(f'data.seq_len={config.data.seq_len} is longer than the learned position '
-                      f'table (model.max_len={cfg.max_len}): set --config.model.max_len='
-                      f'{config.data.seq_len} or --config.data.seq_len={cfg.max_len}.')
+    if config[key] not in allowed:
+      raise ConfigError(f'{key}={config[key]!r} must be one of {list(allowed)}.')
 
 
 # Keys that say where the data lies or how fast it is read, not what a run computes.
 LOCATION_KEYS = ('data.manual_dir', 'data.tfds_data_dir', 'data.download', 'data.num_threads',
                  'data.prefetch_buffer_size')
 SAVED_CONFIG = 'config.json'
+# Keys earlier versions saved that now follow the model: generated images took data.image_size
+# and data.num_classes, which were the model's in every run the project's configs made.
+_RETIRED_KEYS = {'data': ('image_size', 'num_classes')}
 
 
 def saved_config(workdir: str | None) -> dict | None:
@@ -375,6 +251,9 @@ def saved_config(workdir: str | None) -> dict | None:
     return None
   with open(path) as f:
     saved = json.load(f)
+  for section, keys in _RETIRED_KEYS.items():
+    for key in keys:
+      saved.get(section, {}).pop(key, None)
   if 'model' in saved:
     cfg = models.model_config(saved['model'])
     saved['model'] = {key: saved['model'][key] for key in names(type(cfg))

@@ -33,6 +33,7 @@ Our models decode as their family's registry entry says (`Family.decoding`); a m
 own decodes as its optional attribute `decoding` says ('decoder' by default), and an optional
 attribute `max_positions` bounds the tokens its position table covers.
 """
+import dataclasses
 import functools
 from typing import Any, Protocol, Sequence
 
@@ -44,7 +45,8 @@ import numpy as np
 from transformer_jax.layers import causal_mask
 from transformer_jax.models import registry
 from transformer_jax.models.common import TextConfig
-from transformer_jax.ranges import Range
+from transformer_jax.ranges import COUNT, Range
+from transformer_jax.settings import Settings
 
 __all__ = [
     'beam_search', 'Beams', 'cache_slots', 'check_inputs', 'check_positions', 'check_sampler',
@@ -679,3 +681,36 @@ def sample_settings(config) -> dict:
   if settings['window'] is None:
     settings['window'] = config.data.seq_len
   return settings
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleSettings(Settings):
+  """The keys of config.sample: sample_text's keyword arguments. window None: the context the run
+  trained on (data.seq_len); 0: the whole context."""
+  SECTION = 'sample'
+  prompt: str = 'ROMEO:'
+  max_new_tokens: int = 256
+  temperature: float = 0.8
+  top_k: int = 0
+  top_p: float = 1.0
+  seed: int = 0
+  num_samples: int = 1
+  window: int | None = None
+  beam_size: int = 0
+  length_penalty: float = 0.6
+
+  RANGES = {'max_new_tokens': COUNT, **{name: valid for name, (valid, _) in SAMPLER_RANGES.items()},
+            'seed': Range(0, integer=True), 'num_samples': COUNT,
+            'window': Range(0, integer=True, optional=True), 'beam_size': Range(0, integer=True),
+            'length_penalty': Range(0)}
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings(Settings):
+  """The keys of config.eval: how an encoder-decoder's held-out outputs are decoded at each
+  evaluation: greedily, or with beam_size > 0 the best beam under the length penalty."""
+  SECTION = 'eval'
+  beam_size: int = 0
+  length_penalty: float = 0.6
+
+  RANGES = {'beam_size': Range(0, integer=True), 'length_penalty': Range(0)}

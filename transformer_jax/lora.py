@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from flax import traverse_util
 
 from transformer_jax.errors import ConfigError
+from transformer_jax.ranges import Range
 from transformer_jax.settings import Settings
 
 __all__ = ['adapter_paths', 'check_targets', 'DEFAULT_TARGETS', 'init_adapters', 'LoraSettings',
@@ -42,6 +43,12 @@ class LoraSettings(Settings):
   # A regular expression searched in each parameter's '/'-joined path (decoder/block_0/attn/query
   # /kernel); every matrix it matches gets an adapter.
   targets: str = DEFAULT_TARGETS
+
+  RANGES = {'rank': Range(0, integer=True), 'alpha': Range(0, open_low=True, example=8)}
+
+  def check(self) -> None:
+    super().check()
+    check_targets(self)
 
   @property
   def scale(self) -> float:

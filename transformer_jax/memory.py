@@ -20,16 +20,13 @@ import dataclasses
 import functools
 import math
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
-from transformer_jax import accounting, decode, kernels, lora, models
+from transformer_jax import accounting, decode, kernels, models
 from transformer_jax.layers import axes
 from transformer_jax.model_config import ModelConfig
-from transformer_jax.train import optim, setup, sharding
-from transformer_jax.settings import MeshSettings, TrainingSettings
+from transformer_jax.train import run_settings, setup, sharding
 from transformer_jax.train.step import LoraState
 
 __all__ = ['kv_cache_bytes', 'activation_bytes', 'activation_terms', 'ACTIVATION_COPIES', 'Plan',
@@ -126,35 +123,24 @@ def _gathered_bytes(params, shardings, batch_axes: set[str]) -> int:
   return total
 
 
-def _block_tokens(cfg: ModelConfig, family, config) -> list[tuple[int, int, tuple[int, ...]]]:
-  """(blocks, tokens per example, keys of each attention of a block) of each stack the model
-  runs: an encoder-decoder's decoder blocks attend to their own tokens, then to the t sources."""
-  if family.unit == 'image':
-    tokens = cfg.num_patches + (cfg.pool == 'cls')
-    return [(cfg.num_layers, tokens, (tokens,))]
-  t = config.data.seq_len
-  if family.decoding == 'encoder_decoder':
-    return [(cfg.num_layers, t, (t,)), (cfg.decoder_layers, t, (t, t))]
-  return [(cfg.num_layers, t, (t,))]
-
-
-def activation_terms(cfg: ModelConfig, family, config, split,
-                     platform: str = 'cpu') -> dict[str, float]:
-  """Bytes per device of one copy of each term of ACTIVATION_COPIES, over every block (one block
-  under remat 'full', besides every block's input); `split(name)` says how many ways a logical
-  activation axis is split. On XLA:TPU each array is counted in its tiles, in the layout its
-  kernel reads (_tiled)."""
-  batch = config.data.batch_size // split(axes.BATCH)
+def activation_terms(settings, split, platform: str = 'cpu') -> dict[str, float]:
+  """Bytes per device of one copy of each term of ACTIVATION_COPIES, over every block of the
+  run's resolved settings (one block under remat 'full', besides every block's input);
+  `split(name)` says how many ways a logical activation axis is split. On XLA:TPU each array is
+  counted in its tiles, in the layout its kernel reads (_tiled)."""
+  cfg, family, data = settings.model, settings.family, settings.data
+  batch = data.batch_size // split(axes.BATCH)
   heads = cfg.num_heads // split(axes.HEADS)
   kv = cfg.kv_heads // split(axes.KV_HEADS)
   itemsize = cfg.compute_dtype.itemsize
   tiled = functools.partial(_tiled, platform)
   terms = dict.fromkeys(ACTIVATION_TERMS, 0.0)
-  for blocks, tokens, attentions in _block_tokens(cfg, family, config):
-    kept = batch * itemsize * (1 if cfg.remat_policy == 'full' else blocks)
+  for stack in family.stacks(cfg, data.seq_len):
+    tokens = stack.tokens
+    kept = batch * itemsize * (1 if cfg.remat_policy == 'full' else stack.blocks)
     terms['width'] += kept * tiled(cfg.width, tokens)
     terms['mlp'] += kept * tiled(cfg.hidden_dim // split(axes.MLP), tokens) * cfg.use_mlp
-    for keys in attentions:
+    for keys in stack.keys:
       # Queries and the attention's output over the tokens, keys and values over the keys, a
       # quarter of the four: a fused kernel reads them with the head's features along the
       # lanes, XLA's with the positions.
@@ -167,9 +153,11 @@ def activation_terms(cfg: ModelConfig, family, config, split,
       if tokens * keys >= LONG_ATTENTION:  # float32: the softmax's dtype
         terms['long_attention'] += weights * 4 / itemsize
     if cfg.remat_policy == 'full':
-      terms['block_inputs'] += blocks * batch * tiled(cfg.width, tokens) * itemsize
-  if family.unit == 'token':  # float32, whatever the compute dtype
-    terms['logits'] = 4 * batch * tiled(cfg.vocab_size // split(axes.VOCAB), config.data.seq_len)
+      terms['block_inputs'] += stack.blocks * batch * tiled(cfg.width, tokens) * itemsize
+  logits = family.logits_shape(cfg, data.seq_len)
+  if logits is not None:  # float32, whatever the compute dtype
+    positions, classes = logits
+    terms['logits'] = 4 * batch * tiled(classes // split(axes.VOCAB), positions)
   return terms
 
 
@@ -215,26 +203,18 @@ def kv_cache_bytes(cfg: ModelConfig, seq_len: int, dtype: str) -> int:
   return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(cache))
 
 
-def plan(config: ml_collections.ConfigDict, mesh: dict[str, int] | None = None,
-         cfg: ModelConfig | None = None, platform: str | None = None) -> Plan:
-  """The per-device plan of a run's config on a mesh of `mesh` ({axis: size}; default:
-  config.mesh with -1 resolved over this machine's devices), of `cfg` (default: config.model's
-  typed config), as XLA compiles for `platform` ('cpu', 'tpu', 'gpu'; default: that of
-  jax.devices()). No device memory is touched."""
-  platform = platform or jax.devices()[0].platform
-  cfg = (cfg or models.model_config(config.model)).on(platform)
-  cfg = dataclasses.replace(cfg, attention_kernel=models.attention_kernel(cfg, platform).name)
-  family = models.registry.get(cfg.family)
-  sizes = mesh or sharding.mesh_sizes(MeshSettings.of(config.mesh))
+def plan(config, mesh: dict[str, int] | None = None, platform: str | None = None) -> Plan:
+  """The per-device plan of a run (its RunSettings, or a config resolved here for `platform`:
+  'cpu', 'tpu', 'gpu', default that of jax.devices()) on a mesh of `mesh` ({axis: size};
+  default: the run's mesh with -1 resolved over this machine's devices), as XLA compiles for
+  the platform: the run's own layout (setup.layout) on an abstract mesh. No device memory is
+  touched."""
+  settings = run_settings.resolve(config, platform)
+  platform, cfg, family = settings.platform, settings.model, settings.family
+  sizes = mesh or sharding.mesh_sizes(settings.mesh)
   abstract_mesh = jax.sharding.AbstractMesh(tuple(sizes.values()), tuple(sizes))
-  sharding.check_rule_set(config)
-  rules = sharding.rules_of(config)
-  model = models.build(cfg)  # the kernel changes no shape of the state
-  tx, _ = optim.make_optimizer(config.optimizer, TrainingSettings.of(config.training).steps)
-  boxed = setup.boxed_abstract_state(model, tx, family.example_inputs(cfg),
-                                     lora.LoraSettings.of(config.lora))
-  shardings = sharding.state_shardings(boxed, abstract_mesh, rules)
-  state = nn.meta.unbox(boxed)
+  laid_out = setup.layout(settings, abstract_mesh)
+  state, shardings = laid_out.abstract_state, laid_out.state_sharding
   # With LoRA the state's params are the adapters, which alone have gradients and optimizer
   # state, beside the model's parameters: the frozen base.
   trained = params = _sharded_bytes(state.params, shardings.params, platform)
@@ -242,16 +222,19 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int] | None = None,
   if isinstance(state, LoraState):
     model_params, model_shardings = state.base, shardings.base
     params += _sharded_bytes(state.base, shardings.base, platform)
+  rules = settings.rules
   split = lambda name: math.prod(sizes[a] for a in sharding.mesh_axes_of(name, rules))
-  batch_bytes = sum(_array_bytes((shape[0] // split(axes.BATCH), *shape[1:]), itemsize, platform)
-                    for shape, itemsize in _batch_shapes(cfg, family, config))
+  batch = family.batch_shapes(cfg, settings.data.batch_size, settings.data.seq_len)
+  batch_bytes = sum(_array_bytes((x.shape[0] // split(axes.BATCH), *x.shape[1:]),
+                                 x.dtype.itemsize, platform) for x in batch.values())
   kv = None
   if family.decoding:
-    kv = kv_cache_bytes(cfg, config.data.seq_len, cfg.compute_dtype.name) // split(axes.KV_HEADS)
+    kv = (kv_cache_bytes(cfg, settings.data.seq_len, cfg.compute_dtype.name)
+          // split(axes.KV_HEADS))
   batch_axes = {a for name, a in rules if name == axes.BATCH and a}
   terms = {'gradients': trained,
            'gathered': _gathered_bytes(model_params, model_shardings, batch_axes),
-           **activation_terms(cfg, family, config, split, platform)}
+           **activation_terms(settings, split, platform)}
   copies = ACTIVATION_COPIES[platform]
   optimizer = _sharded_bytes(state.opt_state, shardings.opt_state, platform)
   return Plan(params=params, optimizer=optimizer,
@@ -259,15 +242,6 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int] | None = None,
               gathered=int(copies['gathered'] * terms['gathered']),
               batch=int(batch_bytes), activations=activation_bytes(terms, platform),
               kv_cache=kv, devices=math.prod(sizes.values()), terms=terms)
-
-
-def _batch_shapes(cfg, family, config):
-  """(shape, itemsize) of each array of a global training batch."""
-  b, t = config.data.batch_size, config.data.seq_len
-  if family.unit == 'image':
-    return [((b, cfg.image_size, cfg.image_size, cfg.num_channels), 4), ((b,), 4)]
-  streams = 4 if family.decoding == 'encoder_decoder' else 3  # ids, targets, weights, valid...
-  return [((b, t), 4)] * streams
 
 
 # Plan / XLA where the plan is more than 15% off, measured by experiments/fit_memory.py --cases:

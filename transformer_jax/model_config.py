@@ -10,7 +10,6 @@ out of range and inconsistent sizes fail with a ConfigError that names the setti
 import dataclasses
 from typing import Any, ClassVar, Mapping
 
-import jax
 import jax.numpy as jnp
 
 from transformer_jax.errors import ConfigError
@@ -32,13 +31,12 @@ _AUTO_DTYPES = {'cpu': ('float32', 'bfloat16 products run slower than float32 on
 _AUTO_DTYPE_DEFAULT = ('bfloat16', 'the matrix units of TPUs and GPUs run bfloat16 at full rate')
 
 
-def compute_dtype_of(dtype: str, platform: str | None = None) -> tuple[str, str]:
+def compute_dtype_of(dtype: str, platform: str) -> tuple[str, str]:
   """(name, why) of the compute dtype `dtype` means on `platform` ('cpu', 'gpu', 'tpu': the
-  platform the step is compiled for; None: this machine's default). Only 'auto' reads the
-  platform: bfloat16 on TPUs and GPUs, float32 on XLA:CPU."""
+  platform the step is compiled for). Only 'auto' reads the platform: bfloat16 on TPUs and GPUs,
+  float32 on XLA:CPU."""
   if dtype != 'auto':
     return dtype, 'chosen by name'
-  platform = platform or jax.default_backend()
   chosen, why = _AUTO_DTYPES.get(platform, _AUTO_DTYPE_DEFAULT)
   return chosen, f'auto on {platform}: {why}'
 
@@ -151,14 +149,20 @@ class ModelConfig:
       return self.d_ff
     return int(8 * self.width / 3) if self.mlp == 'swiglu' else 4 * self.width
 
-  def on(self, platform: str | None = None) -> 'ModelConfig':
+  def on(self, platform: str) -> 'ModelConfig':
     """This config with its compute dtype resolved for `platform` (see compute_dtype_of)."""
+    if self.dtype != 'auto':
+      return self
     return dataclasses.replace(self, dtype=compute_dtype_of(self.dtype, platform)[0])
 
   @property
   def compute_dtype(self):
-    """The compute dtype; 'auto' not yet resolved by `on` is this machine's default's."""
-    return jnp.dtype(compute_dtype_of(self.dtype)[0])
+    """The compute dtype, once 'auto' is resolved for a platform (`on`, models.resolved)."""
+    if self.dtype == 'auto':
+      raise ValueError("model.dtype='auto' means the platform's dtype: resolve the config for the "
+                       'platform its steps are compiled for first (models.resolved(cfg, '
+                       "platform), or ModelConfig.on).")
+    return jnp.dtype(self.dtype)
 
   @property
   def weight_dtype(self):

@@ -1,6 +1,7 @@
 """What launch.py calls: the config a command means, one entry point per mode, and the errors a
 user can fix printed as their message alone."""
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -11,7 +12,8 @@ from absl import logging as absl_logging
 import jax
 import ml_collections
 
-from transformer_jax import aot, config_lib, convert, data, decode, describe, errors, models, train
+from transformer_jax import (aot, config_lib, convert, data, decode, describe, errors, models,
+                             targets, train)
 from transformer_jax.train import checkpoint, setup
 
 __all__ = [
@@ -80,37 +82,44 @@ def resolve_config(config: ml_collections.ConfigDict, overrides: Mapping[str, An
 
 
 def run(config, workdir: str | None, mode: str):
-  config_lib.validate(config)
+  """Resolves the config once, for the platform the mode compiles for (a compile target's, else
+  this machine's), and runs the mode on those settings."""
+  target = config.compile.target
+  if mode == 'compile' and not target:
+    raise errors.ConfigError('--mode=compile needs --config.compile.target: a TPU topology '
+                             "('v5e:2x2'), a Cloud TPU type ('v4-8') or GPUs ('h100x8').")
+  on_target = target and mode in ('describe', 'compile')
+  settings = train.resolve(config, targets.target(target).platform if on_target else None)
   if mode == 'describe':
-    print(describe.describe(config))
+    print(describe.describe(settings))
     return None
   if mode == 'compile':
-    return compile_for_target(config)
-  starts_elsewhere = config.init_from_hf or config.init_from_checkpoint
+    return compile_for_target(settings)
+  starts_elsewhere = settings.init_from_hf or settings.init_from_checkpoint
   if not workdir and not (starts_elsewhere and mode in ('eval', 'sample')):
     raise errors.ConfigError(f'--mode={mode} needs --workdir (checkpoints, metrics and the config '
                              'go there).')
   if mode == 'train':
-    return train.train(config, workdir)
+    return train.train(settings, workdir)
   if mode == 'eval':
-    return train.evaluate(config, workdir)
+    return train.evaluate(settings, workdir)
   if mode == 'sample':
-    return sample(config, workdir)
+    return sample(settings, workdir)
   if mode == 'export':
-    return export(config, workdir)
+    return export(settings, workdir)
   raise errors.ConfigError(f'Unknown --mode={mode}: use train, eval, sample, export, describe or '
                            'compile.')
 
 
-def export(config, workdir: str) -> str:
+def export(settings: train.RunSettings, workdir: str) -> str:
   """--mode=export: the parameters of the workdir's latest checkpoint (with LoRA, the base with
   the adapters merged in) as a Hugging Face checkpoint in WORKDIR/hf (convert.save), for a model
   that a Hugging Face class expresses, with the run's tokenizer.json where it trained with one
   (a BPE's, or one it was given); returns its path."""
-  _, params, step = train.restore_trained(config, workdir)
+  run_, params, step = train.restore_trained(settings, workdir)
   path = os.path.join(workdir, 'hf')
   if jax.process_index() == 0:
-    convert.save(path, config.model, jax.device_get(params))
+    convert.save(path, run_.model_config, jax.device_get(params))
     tokenizer = os.path.join(setup.tokenizer_dir(workdir), 'tokenizer.json')
     if os.path.isfile(tokenizer):
       shutil.copy(tokenizer, path)
@@ -118,43 +127,45 @@ def export(config, workdir: str) -> str:
   return path
 
 
-def compile_for_target(config) -> aot.CompileReport:
+def compile_for_target(settings: train.RunSettings) -> aot.CompileReport:
   """--mode=compile: the report of aot.compile_for; a step that does not fit the target ends
   the command with status 1 after the report."""
-  if not config.compile.target:
-    raise errors.ConfigError('--mode=compile needs --config.compile.target: a TPU topology '
-                             "('v5e:2x2'), a Cloud TPU type ('v4-8') or GPUs ('h100x8').")
-  report = aot.compile_for(config)
+  report = aot.compile_for(settings)
   print('\n'.join(aot.report_lines(report)), flush=True)
   if not report.fits:
     sys.exit(1)
   return report
 
 
-def sample(config, workdir: str | None) -> list[str]:
+def sample(settings: train.RunSettings, workdir: str | None) -> list[str]:
   """--mode=sample: text from the parameters of the workdir's latest checkpoint, or from the
-  Hugging Face weights of config.init_from_hf (with their tokenizer), with the keys of
-  config.sample. Writes nothing."""
+  Hugging Face weights of config.init_from_hf (with their tokenizer), with the settings of
+  config.sample (its window unset: the context the run trained on, data.seq_len). Writes
+  nothing."""
   trained = workdir and checkpoint.latest_step(workdir) is not None
-  if trained or not config.init_from_hf:
-    run_, params, step = train.restore_trained(config, workdir)
+  hf = settings.init_from_hf
+  if trained or not hf:
+    run_, params, step = train.restore_trained(settings, workdir)
     model, vocab = run_.model, run_.data.vocab
-    origin = f'step {step}' if trained else config.init_from_checkpoint
+    origin = f'step {step}' if trained else settings.init_from_checkpoint
   else:
-    model = models.build(config.model)
-    params = convert.load_params(config.init_from_hf, config.model)
-    vocab, origin = None, config.init_from_hf
-  if config.init_from_hf:  # the checkpoint's tokenizer.json, stopping where its config says
-    vocab = data.tokenizer.HFTokenizer.from_file(
-        config.init_from_hf, key='init_from_hf', eos_id=convert.eos_token_id(config.init_from_hf))
+    model = models.build(settings.model)
+    params = convert.load_params(hf, settings.model)
+    vocab, origin = None, hf
+  if hf:  # the checkpoint's tokenizer.json, stopping where its config says
+    vocab = data.tokenizer.HFTokenizer.from_file(hf, key='init_from_hf',
+                                                 eos_id=convert.eos_token_id(hf))
+  wanted = settings.sample
+  if wanted.window is None:
+    wanted = dataclasses.replace(wanted, window=settings.data.seq_len)
   try:
-    vocab.encode(config.sample.prompt)
+    vocab.encode(wanted.prompt)
   except ValueError as error:
-    raise errors.ConfigError(f'sample.prompt={config.sample.prompt!r}: {error} Write the prompt '
-                             'with the tokens the model was trained on.') from None
-  texts = decode.sample_text(model, params, vocab, **decode.sample_settings(config))
+    raise errors.ConfigError(f'sample.prompt={wanted.prompt!r}: {error} Write the prompt with the '
+                             'tokens the model was trained on.') from None
+  texts = decode.sample_text(model, params, vocab, **dataclasses.asdict(wanted))
   continues = decode.decoding_of(model) == 'decoder'  # an encoder-decoder maps input to output
   for number, text in enumerate(texts):
     print(f'--- sample {number} ({origin}) ---\n'
-          f'{config.sample.prompt}{"" if continues else " -> "}{text}')
+          f'{wanted.prompt}{"" if continues else " -> "}{text}')
   return texts

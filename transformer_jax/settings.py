@@ -1,6 +1,7 @@
 """Settings: a config section resolved once into a frozen dataclass, every key with its type,
 default and valid values declared in one place, checked when it is made; the training and mesh
 sections' here, the others' beside the code that reads them (data, decode, train.optim, lora)."""
+import copy
 import dataclasses
 import types
 import typing
@@ -9,7 +10,7 @@ from typing import Any, Mapping
 from transformer_jax.errors import ConfigError
 from transformer_jax.ranges import COUNT, FRACTION, Range
 
-__all__ = ['MeshSettings', 'Settings', 'TrainingSettings']
+__all__ = ['MeshSettings', 'OptimizerSettings', 'Settings', 'TrainingSettings']
 
 
 class Settings:
@@ -104,3 +105,60 @@ class MeshSettings(Settings):
   SECTION = 'mesh'
   axes: tuple[str, ...] = ('data',)
   shape: tuple[int, ...] = (-1,)
+
+  def check(self) -> None:
+    axes, shape = tuple(self.axes), tuple(self.shape)
+    if len(axes) != len(shape) or len(set(axes)) != len(axes):
+      raise ConfigError(f'mesh.axes={axes} and mesh.shape={shape} must name distinct axes, one '
+                        "size each: for example --config.mesh.axes=\"('data',)\" "
+                        '--config.mesh.shape="(-1,)".')
+    if any(not isinstance(s, int) or (s < 1 and s != -1) for s in shape) or shape.count(-1) > 1:
+      raise ConfigError(f'mesh.shape={shape} must hold positive sizes and at most one -1 (all '
+                        'the remaining devices).')
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSettings(Settings):
+  """The keys of config.optimizer (train.optim.make_optimizer)."""
+  SECTION = 'optimizer'
+  # 'adamw'; 'muon': Muon on the blocks' projection matrices (train.optim.muon_dimension_numbers),
+  # this AdamW on the embeddings, norms, biases and heads.
+  name: str = 'adamw'
+  learning_rate: float = 1e-3
+  warmup_steps: int = 0
+  schedule: str = 'cosine'  # 'cosine' decays to min_lr_ratio * learning_rate; 'constant'
+  min_lr_ratio: float = 0.0
+  b1: float = 0.9
+  b2: float = 0.95
+  eps: float = 1e-8
+  weight_decay: float = 0.1
+  # Decay only the matmul kernels by default: norms, biases and embeddings are not decayed.
+  decay_norms_and_biases: bool = False
+  decay_embeddings: bool = False
+  grad_clip_norm: float = 1.0  # 0: no clipping (of all the gradients, Muon's too)
+  # Muon's settings: its peak learning rate (larger than AdamW's; the warmup and schedule above
+  # apply to it too), momentum (beta) and whether it is Nesterov's, the Newton-Schulz iterations
+  # that orthogonalize the momentum, and decoupled weight decay (times its rate).
+  muon_learning_rate: float = 0.02
+  muon_momentum: float = 0.95
+  muon_nesterov: bool = True
+  muon_ns_steps: int = 5
+  muon_weight_decay: float = 0.0
+
+  RANGES = {
+      'learning_rate': Range(0, open_low=True), 'warmup_steps': Range(0, integer=True),
+      'min_lr_ratio': Range(0, 1), 'b1': FRACTION, 'b2': FRACTION,
+      'eps': Range(0, open_low=True),  # 0 divides 0 by 0 for a never-used embedding row
+      'weight_decay': Range(0), 'grad_clip_norm': Range(0),
+      'muon_learning_rate': Range(0, open_low=True), 'muon_momentum': FRACTION,
+      'muon_ns_steps': COUNT, 'muon_weight_decay': Range(0),
+  }
+  CHOICES = {'name': ('adamw', 'muon'), 'schedule': ('cosine', 'constant')}
+
+  def with_traced(self, **numbers) -> 'OptimizerSettings':
+    """A copy holding traced numbers in place of these (a vmapped sweep's runs'), unchecked:
+    each run's numbers were checked when its own settings were made."""
+    traced = copy.copy(self)
+    for name, value in numbers.items():
+      object.__setattr__(traced, name, value)
+    return traced

@@ -1,5 +1,7 @@
 """Data for every family: `make_data(config.data, task, seed=...)`, the task a family's
-registry entry names (pipeline.TASKS).
+registry entry names (pipeline.TASKS; `register_task` adds one). The data section's settings are
+the shared DataSettings and the part each source owns beside its code (`register_part` adds one:
+images.ImageSettings, corpus.TextSettings, translation.TranslationSettings, seq2seq's).
 
 sources.py opens any TFDS image-classification dataset prepared in the data dir, and finds or
 prepares CIFAR-10 and TinyShakespeare (the project's own TF-free builders: builders.py), all read
@@ -11,9 +13,10 @@ BPE, a tokenizer.json) into memory-mapped token files (token_files.py), read as 
 packed rows of whole documents (packing.py, text.py; text_data.py puts these together).
 """
 from transformer_jax.data import tokenizer
-from transformer_jax.data.pipeline import TASKS, Data, DataSettings, make_data
+from transformer_jax.data.pipeline import TASKS, Data, make_data, register_task, Task
+from transformer_jax.data.settings import DataPart, DataSettings, register_part
 from transformer_jax.data.sources import DataNotFoundError
 from transformer_jax.data.vocab import Vocab
 
-__all__ = ['TASKS', 'Data', 'DataNotFoundError', 'DataSettings', 'make_data', 'tokenizer',
-           'Vocab']
+__all__ = ['TASKS', 'Data', 'DataNotFoundError', 'DataPart', 'DataSettings', 'make_data',
+           'register_part', 'register_task', 'Task', 'tokenizer', 'Vocab']

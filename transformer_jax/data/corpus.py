@@ -12,12 +12,38 @@ import os
 from typing import Any, Callable, Iterator
 
 from transformer_jax.data import sources
-from transformer_jax.data.settings import DataSettings
+from transformer_jax.data.settings import DataPart, DataSettings, register_part
 from transformer_jax.errors import ConfigError
+from transformer_jax.ranges import Range
 
-__all__ = ['Corpus', 'open_corpus', 'tfds_split']
+__all__ = ['Corpus', 'open_corpus', 'tfds_split', 'TextSettings']
 
 JSONL_HELD_OUT_EVERY = 10  # without data.eval_path, every tenth JSONL document is held out
+
+
+@register_part
+@dataclasses.dataclass(frozen=True)
+class TextSettings(DataPart):
+  """The keys of config.data that text corpora and their tokenizers read."""
+  PART = 'text'
+  path: str | None = None  # text_file: any UTF-8 file; jsonl: a JSONL file or a glob of them
+  eval_path: str | None = None  # jsonl: the held-out documents; None: every tenth of data.path
+  text_key: str = 'text'  # jsonl and TFDS text: the text feature of a record
+  # 'chars'; 'bpe', a byte-level BPE trained on the training documents; or the path of a
+  # tokenizer.json (or of a Hugging Face checkpoint holding one).
+  tokenizer: str = 'chars'
+  # The tokenizer's ids: a trained BPE's size; a character vocabulary or a tokenizer.json has at
+  # most this many. model.vocab_size follows it where unset. None: whatever the data has.
+  vocab_size: int | None = None
+  packing: bool = False  # whole documents packed into rows, with segment ids (data.packing)
+  token_dir: str | None = None  # tokenized corpora; None: $TRANSFORMER_JAX_CACHE/tokens or ~/.cache
+  mlm_probability: float = 0.15  # encoder: share of positions selected for the MLM loss
+
+  RANGES = {'vocab_size': Range(1, integer=True, optional=True),
+            'mlm_probability': Range(0, 1, open_low=True)}
+
+  def sizes(self) -> dict[str, int]:
+    return {'vocab_size': self.vocab_size} if self.vocab_size else {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,10 +64,14 @@ def open_corpus(settings: DataSettings, name: str) -> tuple[Corpus, Corpus]:
                                                     settings.download)
     return _in_memory(name, train, held_out)
   if name == 'text_file':
-    return _in_memory(name, *sources.load_text_file(settings.path))
+    return _in_memory(name, *sources.load_text_file(_text(settings).path))
   if name == 'jsonl':
     return _jsonl(settings)
   return tuple(tfds_split(settings, name, key) for key in ('train_split', 'eval_split'))
+
+
+def _text(settings: DataSettings) -> TextSettings:
+  return settings.part(TextSettings)
 
 
 def _in_memory(name: str, train: str, held_out: str) -> tuple[Corpus, Corpus]:
@@ -66,13 +96,14 @@ def _file_identity(files: list[str]) -> list:
 def _jsonl(settings: DataSettings) -> tuple[Corpus, Corpus]:
   """data.path's JSONL files (a file or a glob) in sorted order, data.text_key of each record;
   held out: data.eval_path's files, else every tenth record."""
-  if not settings.path:
+  text = _text(settings)
+  if not text.path:
     raise ConfigError('data.name=jsonl reads --config.data.path=FILE_OR_GLOB (JSONL, one '
                       'document per line under data.text_key).')
-  text_key, files = settings.text_key, _files(settings.path, 'path')
+  text_key, files = text.text_key, _files(text.path, 'path')
   identity = {'files': _file_identity(files), 'text_key': text_key}
-  if settings.eval_path:
-    held_out_files = _files(settings.eval_path, 'eval_path')
+  if text.eval_path:
+    held_out_files = _files(text.eval_path, 'eval_path')
     read = lambda fs: lambda: _records(fs, text_key)
     return (Corpus('jsonl', 'train', read(files), identity),
             Corpus('jsonl', 'held_out', read(held_out_files),
@@ -108,7 +139,7 @@ def _records(files: list[str], text_key: str) -> Iterator[str]:
 def tfds_split(settings: DataSettings, name: str, key: str, text_key: str | None = None) -> Corpus:
   """The split data.`key` of the TFDS dataset `name`, the documents under `text_key` (default:
   data.text_key)."""
-  text_key = text_key or settings.text_key
+  text_key = text_key or _text(settings).text_key
   source, identity = sources.open_text_split(
       name, data_dir=settings.tfds_data_dir, key=key, split=getattr(settings, key),
       text_key=text_key)

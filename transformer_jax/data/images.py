@@ -13,9 +13,37 @@ import dataclasses
 import numpy as np
 
 from transformer_jax.data import mixing, preprocess, rng
+from transformer_jax.data.settings import DataPart, register_part
 from transformer_jax.errors import ConfigError
+from transformer_jax.ranges import Range
 
-__all__ = ['ArraySource', 'channel_stats', 'ImageTask', 'Mixing', 'synthetic_images']
+__all__ = ['ArraySource', 'channel_stats', 'ImageSettings', 'ImageTask', 'Mixing',
+           'synthetic_images']
+
+
+@register_part
+@dataclasses.dataclass(frozen=True)
+class ImageSettings(DataPart):
+  """The keys of config.data that image datasets read."""
+  PART = 'image'
+  image_key: str = 'image'  # the image and ClassLabel features of an image dataset
+  label_key: str = 'label'
+  # Preprocessing of each training and held-out image, a spec of ops (data.preprocess), e.g.
+  # 'decode|inception_crop(224)|flip_lr|randaug(2, 10)|value_range(-1, 1)'. None: the image
+  # brought to model.image_size (resize_small + central crop), plus with `augment` a random
+  # crop of the image padded by an eighth of its side and a flip, to values in [-1, 1].
+  pp_train: str | None = None
+  pp_eval: str | None = None
+  augment: bool = True
+  mixup_alpha: float = 0.0  # mixup (Zhang et al. 2018) of training images in pairs; 0: none
+  cutmix_alpha: float = 0.0  # CutMix (Yun et al. 2019); 0: none
+  cutmix_prob: float = 0.5  # with both: the share of pairs CutMix mixes
+
+  RANGES = {'mixup_alpha': Range(0), 'cutmix_alpha': Range(0), 'cutmix_prob': Range(0, 1)}
+
+  @property
+  def mixing(self) -> 'Mixing':
+    return Mixing(self.mixup_alpha, self.cutmix_alpha, self.cutmix_prob)
 
 
 class ArraySource:

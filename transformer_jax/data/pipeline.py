@@ -1,29 +1,50 @@
-"""make_data: config.data and a task -> this process's share of every batch."""
+"""make_data: the data settings and a task -> this process's share of every batch. A task is a
+name in the registry of tasks (`register_task`), which a model family's registry entry names."""
+import dataclasses
 import logging
 import sys
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import grain
 import numpy as np
 
 from transformer_jax.errors import ConfigError
 from transformer_jax.data import images, preprocess, rng, seq2seq, sources, text_data, translation
-from transformer_jax.data.settings import DATA_DEFAULTS, DATA_TYPES, DataSettings
+from transformer_jax.data.settings import DataSettings
 
-__all__ = ['Data', 'DATA_DEFAULTS', 'DATA_TYPES', 'DATASETS', 'DataSettings', 'make_data', 'TASKS',
-           'TEXT']
+__all__ = ['Data', 'DataSettings', 'make_data', 'register_task', 'Task', 'TASKS', 'tasks']
 
 log = logging.getLogger(__name__)
 
-# The tasks a model family trains on (its registry entry names one), and the datasets that feed
-# each: images with labels; text windows for next-token prediction or masked-token prediction;
-# source and target strings. Any other name is a TFDS dataset: image classification for an
-# image model, text for a text model, translation pairs for an encoder-decoder.
-TASKS = ('image', 'next_token', 'masked', 'seq2seq')
-TEXT = ('next_token', 'masked')
-DATASETS = {'cifar10': ('image',), 'tiny_shakespeare': TEXT, 'text_file': TEXT, 'jsonl': TEXT,
-            'seq2seq_reverse': ('seq2seq',), 'seq2seq_sort': ('seq2seq',), 'synthetic': TASKS}
 
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """A kind of batch a family trains on, and how to make it.
+
+  make: (settings, seed, tokenizer_dir, **sizes) -> a task object (train_batch, eval_examples,
+    num_eval_examples, info, vocab; see Data), where `sizes` are the model's (its family's
+    `data_sizes`: image_size, num_classes, vocab_size, ...), which generated data takes and a
+    source's defaults follow; a maker ignores those it does not read.
+  sources: the data.name values of data made by this package for it ('synthetic', files...);
+    any other name is a TFDS dataset, which `make` opens by name.
+  """
+  name: str
+  make: Callable[..., Any]
+  sources: tuple[str, ...] = ('synthetic',)
+
+
+TASKS: dict[str, Task] = {}
+TEXT_SOURCES = ('tiny_shakespeare', 'text_file', 'jsonl', 'synthetic')
+
+
+def register_task(task: Task) -> Task:
+  """Adds (or replaces) a task: a family whose entry names it trains on its data."""
+  TASKS[task.name] = task
+  return task
+
+
+def tasks() -> list[str]:
+  return sorted(TASKS)
 
 
 class Data:
@@ -93,20 +114,20 @@ def _eval_steps(requested: int | None, num_examples: int, batch_size: int) -> in
   return requested
 
 
-def make_data(config, task: str, *, seed: int, process_index: int | None = None,
-              process_count: int | None = None, image_size: int | None = None,
-              vocab_size: int | None = None, tokenizer_dir: str | None = None) -> Data:
-  """The data of config.data (DataSettings, or a ConfigDict or dict of its keys) for a
-  `task` (one of TASKS), as a model family's registry entry names it.
+def make_data(settings: 'DataSettings | Any', task: str, *, seed: int,
+              process_index: int | None = None, process_count: int | None = None,
+              tokenizer_dir: str | None = None, **sizes) -> Data:
+  """The data of the data settings (DataSettings, or a ConfigDict or dict of config.data's
+  keys) for `task` (a name of TASKS), as a model family's registry entry names it.
 
   Opens, and where needed prepares, the dataset now, so that missing data fails before any
   compile. process_index/process_count default to jax.process_index()/jax.process_count().
-  image_size: the side of the model's images, which the default preprocessing brings images
-  to (default: data.image_size). vocab_size: the model's, the size of a trained BPE where
-  data.vocab_size is unset. tokenizer_dir: where a run saved its tokenizer, used instead of
-  data.tokenizer where it holds one.
+  sizes: the model's sizes that the data follows (image_size: the side the default
+  preprocessing brings images to and generated images have; num_classes; vocab_size: a trained
+  BPE's where data.vocab_size is unset). tokenizer_dir: where a run saved its tokenizer, used
+  instead of data.tokenizer where it holds one.
   """
-  settings = DataSettings.of(config)
+  settings = DataSettings.of(settings)
   if process_index is None or process_count is None:
     import jax  # only here: the data package itself needs no accelerator
     process_index, process_count = jax.process_index(), jax.process_count()
@@ -114,14 +135,7 @@ def make_data(config, task: str, *, seed: int, process_index: int | None = None,
   eval_batch_size = settings.eval_batch_size or batch_size
   _check_shares(batch_size, eval_batch_size, process_index, process_count)  # before any reading
   check_name(settings.name, task)
-  if task in TEXT:
-    made = text_data.make_text_task(settings, task, seed, vocab_size=vocab_size,
-                                    tokenizer_dir=tokenizer_dir)
-  elif task == 'seq2seq' and settings.name not in DATASETS:
-    made = translation.make_translation_task(settings, seed, vocab_size=vocab_size,
-                                             tokenizer_dir=tokenizer_dir)
-  else:
-    made = _make_task(settings, task, seed, image_size)
+  made = TASKS[task].make(settings, seed, tokenizer_dir, **sizes)
   return Data(made, batch_size=batch_size,
               eval_batch_size=eval_batch_size, eval_steps=settings.eval_steps,
               process_index=process_index, process_count=process_count,
@@ -130,58 +144,81 @@ def make_data(config, task: str, *, seed: int, process_index: int | None = None,
 
 
 def check_name(name, task: str) -> None:
-  """data.name feeds `task`: a name of DATASETS that feeds it, or a TFDS name (whose features
-  the task checks)."""
+  """data.name feeds `task`: a source of the package that feeds it, or a TFDS name (whose
+  features the task checks)."""
+  if task not in TASKS:
+    raise ConfigError(f'Unknown data task {task!r}: one of {tasks()}, or register one '
+                      '(transformer_jax.data.register_task).')
+  ours = {source: [t for t in TASKS if source in TASKS[t].sources]
+          for entry in TASKS.values() for source in entry.sources}
   if not name:
-    raise ConfigError(f'data.name={name!r} is not one of {sorted(DATASETS)}.')
-  if name in DATASETS and task not in DATASETS[name]:
-    feeds = [n for n, tasks in DATASETS.items() if task in tasks]
-    raise ConfigError(f'data.name={name!r} feeds {" and ".join(DATASETS[name])} models, not '
+    raise ConfigError(f'data.name={name!r}: set it to one of {sorted(ours)} or a TFDS dataset.')
+  if name in ours and task not in ours[name]:
+    feeds = sorted(TASKS[task].sources)
+    raise ConfigError(f'data.name={name!r} feeds {" and ".join(ours[name])} models, not '
                       f'{task!r} ones: set data.name to one of {feeds}.')
 
 
-def _make_task(settings: DataSettings, task: str, seed: int, image_size: int | None):
-  name = settings.name
-  if task == 'image':
-    return _image_task(settings, name, seed, image_size or settings.image_size)
-  seq_len = settings.seq_len
+def _text_task(task: str):
+  def make(settings: DataSettings, seed: int, tokenizer_dir, vocab_size=None, **unused):
+    del unused
+    return text_data.make_text_task(settings, task, seed, vocab_size=vocab_size,
+                                     tokenizer_dir=tokenizer_dir)
+  return make
+
+
+def _seq2seq_task(settings: DataSettings, seed: int, tokenizer_dir, vocab_size=None, **unused):
+  del unused
+  if settings.name not in seq2seq.TASKS:
+    return translation.make_translation_task(settings, seed, vocab_size=vocab_size,
+                                             tokenizer_dir=tokenizer_dir)
+  own, seq_len = settings.part(seq2seq.Seq2SeqSettings), settings.seq_len
   return seq2seq.Seq2SeqTask(
-      name, alphabet=settings.alphabet, seq_len=seq_len, min_len=settings.seq2seq_min_len,
-      max_len=settings.seq2seq_max_len or seq_len - 1, seed=seed,
-      num_eval=settings.eval_examples, exact_match_examples=settings.exact_match_examples)
+      settings.name, alphabet=settings.part(seq2seq.GeneratedSettings).alphabet,
+      seq_len=seq_len, min_len=own.seq2seq_min_len, max_len=own.seq2seq_max_len or seq_len - 1,
+      seed=seed, num_eval=settings.eval_examples, exact_match_examples=own.exact_match_examples)
 
 
-def _image_task(settings: DataSettings, name: str, seed: int, image_size: int) -> images.ImageTask:
-  mix = images.Mixing(settings.mixup_alpha, settings.cutmix_alpha, settings.cutmix_prob)
+# Generated images for a model that states no size of its own.
+SYNTHETIC_IMAGE_SIZE, SYNTHETIC_CLASSES = 32, 10
+
+
+def _image_task(settings: DataSettings, seed: int, tokenizer_dir=None, image_size=None,
+                num_classes=None, **unused) -> images.ImageTask:
+  """Image classification: generated images of the model's size and classes, or a TFDS dataset
+  (CIFAR-10 prepared from its archive where needed) preprocessed to the model's size."""
+  del tokenizer_dir, unused
+  name, own = settings.name, settings.part(images.ImageSettings)
+  image_size = image_size or SYNTHETIC_IMAGE_SIZE
   if name == 'synthetic':
-    size, count = settings.image_size, settings.eval_examples
-    train, held_out, num_classes = (
-        images.synthetic_images(9 * count, size, settings.num_classes, (rng.GENERATE,)),
-        images.synthetic_images(count, size, settings.num_classes, (rng.HELD_OUT,)),
-        settings.num_classes)
+    size, count = image_size, settings.eval_examples
+    num_classes = num_classes or SYNTHETIC_CLASSES
+    train, held_out = (
+        images.synthetic_images(9 * count, size, num_classes, (rng.GENERATE,)),
+        images.synthetic_images(count, size, num_classes, (rng.HELD_OUT,)))
     # In memory, generated images are standardized with their exact channel statistics.
     scale = 'normalize({}, {})'.format(*images.channel_stats(train.images))
-    pp_train, pp_eval = _preprocessing(settings, image_size, scale)
+    pp_train, pp_eval = _preprocessing(own, image_size, scale)
     source, splits = name, ('generated', 'generated')
   else:
-    pp_train, pp_eval = _preprocessing(settings, image_size)  # checked before reading
+    pp_train, pp_eval = _preprocessing(own, image_size)  # checked before reading
     if name == 'cifar10':
       name = sources.prepare_cifar10(settings.tfds_data_dir, settings.manual_dir,
                                      settings.download)
     dataset = sources.open_image_dataset(
         name, data_dir=settings.tfds_data_dir, manual_dir=settings.manual_dir,
         train_split=settings.train_split, eval_split=settings.eval_split,
-        image_key=settings.image_key, label_key=settings.label_key)
+        image_key=own.image_key, label_key=own.label_key)
     train, held_out, num_classes = dataset.train, dataset.held_out, dataset.num_classes
     source, splits = name, dataset.splits
   task = images.ImageTask(train, held_out, num_classes=num_classes, seed=seed, pp_train=pp_train,
-                          pp_eval=pp_eval, image_key=settings.image_key,
-                          label_key=settings.label_key, mix=mix)
+                          pp_eval=pp_eval, image_key=own.image_key,
+                          label_key=own.label_key, mix=own.mixing)
   task.info.update(source=source, splits=splits)
   return task
 
 
-def _preprocessing(settings: DataSettings, size: int, scale: str = 'value_range(-1, 1)'):
+def _preprocessing(settings: images.ImageSettings, size: int, scale: str = 'value_range(-1, 1)'):
   """The training and held-out preprocessing: data.pp_train / data.pp_eval, else the image
   brought to size x size and scaled, with `augment` randomly cropped from a padded copy and
   flipped."""
@@ -191,3 +228,10 @@ def _preprocessing(settings: DataSettings, size: int, scale: str = 'value_range(
   held_out = settings.pp_eval or f'{fit}|{scale}'
   return (preprocess.build(train, key='data.pp_train'),
           preprocess.build(held_out, key='data.pp_eval'))
+
+
+for _task in (Task('image', _image_task, ('cifar10', 'synthetic')),
+              Task('next_token', _text_task('next_token'), TEXT_SOURCES),
+              Task('masked', _text_task('masked'), TEXT_SOURCES),
+              Task('seq2seq', _seq2seq_task, tuple(seq2seq.TASKS))):
+  register_task(_task)

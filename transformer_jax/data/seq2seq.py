@@ -1,11 +1,38 @@
 """Synthetic sequence-to-sequence tasks whose accuracy means something: reverse, sort, copy."""
+import dataclasses
+
 import numpy as np
 
 from transformer_jax.data import rng
+from transformer_jax.data.settings import DataPart, register_part
 from transformer_jax.data.vocab import Vocab
 from transformer_jax.errors import ConfigError
+from transformer_jax.ranges import COUNT, Range
 
-__all__ = ['copy', 'decode_held_out', 'exact_match', 'reverse', 'Seq2SeqTask', 'sort', 'TASKS']
+__all__ = ['copy', 'decode_held_out', 'exact_match', 'GeneratedSettings', 'reverse',
+           'Seq2SeqSettings', 'Seq2SeqTask', 'sort', 'TASKS']
+
+
+@register_part
+@dataclasses.dataclass(frozen=True)
+class GeneratedSettings(DataPart):
+  """The symbols of generated text and of the seq2seq tasks."""
+  PART = 'generated'
+  alphabet: str = 'abcdefghijklmnopqrstuvwxyz'
+
+
+@register_part
+@dataclasses.dataclass(frozen=True)
+class Seq2SeqSettings(DataPart):
+  """The keys of config.data that encoder-decoder data reads: the generated tasks' lengths, and
+  how many held-out pairs evaluation decodes (a translation's and a seq2seq task's)."""
+  PART = 'seq2seq'
+  seq2seq_min_len: int = 1  # shortest source, in symbols
+  seq2seq_max_len: int | None = None  # longest source; None: seq_len - 1 (the target needs its EOS)
+  exact_match_examples: int = 0  # held-out pairs decoded for eval_exact_match; 0: none
+
+  RANGES = {'seq2seq_min_len': COUNT, 'seq2seq_max_len': Range(1, integer=True, optional=True),
+            'exact_match_examples': Range(0, integer=True)}
 
 
 def reverse(sources: np.ndarray, lengths: np.ndarray) -> np.ndarray:

@@ -11,26 +11,29 @@ import os
 import numpy as np
 
 from transformer_jax.data import corpus as corpus_lib
-from transformer_jax.data import text, token_files
+from transformer_jax.data import seq2seq, text, token_files
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.data.vocab import Vocab
+from transformer_jax.data.corpus import TextSettings
 from transformer_jax.data.settings import DataSettings
 from transformer_jax.errors import ConfigError
 
-__all__ = ['make_text_task', 'resolve_tokenizer']
+__all__ = ['make_text_task', 'resolve_tokenizer', 'TextSettings']
 
 log = logging.getLogger(__name__)
+
 
 
 def make_text_task(settings: DataSettings, task: str, seed: int, *, vocab_size: int | None,
                    tokenizer_dir: str | None):
   """The 'next_token' or 'masked' task of data.name `settings.name`; vocab_size: a trained
   BPE's size where data.vocab_size is unset (the model's)."""
-  name, seq_len, packed = settings.name, settings.seq_len, settings.packing
+  text_settings = settings.part(TextSettings)
+  name, seq_len, packed = settings.name, settings.seq_len, text_settings.packing
   mask = task == 'masked'
   if name == 'synthetic':
-    train_text, held_out_text = text.synthetic_text(settings.alphabet, settings.eval_examples,
-                                                    seq_len)
+    alphabet = settings.part(seq2seq.GeneratedSettings).alphabet
+    train_text, held_out_text = text.synthetic_text(alphabet, settings.eval_examples, seq_len)
     vocab = Vocab.of_text(train_text + held_out_text, mask=mask)
     train, held_out = (np.array(vocab.encode(t), np.int32) for t in (train_text, held_out_text))
     return _windows(task, train, held_out, vocab, settings, seed)
@@ -44,7 +47,7 @@ def make_text_task(settings: DataSettings, task: str, seed: int, *, vocab_size: 
       raise ConfigError(f'The {tokenizer.kind} tokenizer has no EOS token to end each document '
                         'of the corpus with: use one that has (</s>, <|endoftext|>, <eos>).')
     separator = tokenizer.eos_id
-  root = settings.token_dir or token_files.default_root()
+  root = text_settings.token_dir or token_files.default_root()
   train_tokens, held_out_tokens = (token_files.tokenized(c, tokenizer, root, separator)
                                    for c in (train, held_out))
   if not packed:
@@ -54,7 +57,7 @@ def make_text_task(settings: DataSettings, task: str, seed: int, *, vocab_size: 
                       f'{tokenizer.kind} tokenizer lacks: use data.tokenizer=bpe.')
   if mask:
     return text.PackedMaskedTask(train_tokens, held_out_tokens, tokenizer, seq_len=seq_len,
-                                 seed=seed, probability=settings.mlm_probability)
+                                 seed=seed, probability=text_settings.mlm_probability)
   return text.PackedNextTokenTask(train_tokens, held_out_tokens, tokenizer, seq_len=seq_len,
                                   seed=seed)
 
@@ -63,7 +66,7 @@ def _windows(task: str, train, held_out, tokenizer, settings: DataSettings, seed
   if task == 'next_token':
     return text.NextTokenTask(train, held_out, tokenizer, seq_len=settings.seq_len, seed=seed)
   return text.MaskedTask(train, held_out, tokenizer, seq_len=settings.seq_len, seed=seed,
-                         probability=settings.mlm_probability)
+                         probability=settings.part(TextSettings).mlm_probability)
 
 
 def resolve_tokenizer(settings: DataSettings, train: corpus_lib.Corpus,
@@ -75,16 +78,24 @@ def resolve_tokenizer(settings: DataSettings, train: corpus_lib.Corpus,
   if saved is not None:
     log.info('Tokenizer: the run\'s own, %s (%d ids).', saved_dir, saved.size)
     return saved
-  kind = settings.tokenizer
+  text_settings = settings.part(TextSettings)
+  kind = text_settings.tokenizer
+  if kind == 'bpe':
+    return _trained_bpe(text_settings, train, text_settings.vocab_size or vocab_size)
   if kind == 'chars':
     everything = ''.join(d for c in (train, held_out) for d in c.documents())
-    return Vocab.of_text(everything, mask=mask, eos=separated)
-  if kind == 'bpe':
-    return _trained_bpe(settings, train, settings.vocab_size or vocab_size)
-  return tokenizer_lib.HFTokenizer.from_file(os.path.expanduser(kind))
+    tokenizer = Vocab.of_text(everything, mask=mask, eos=separated)
+  else:
+    tokenizer = tokenizer_lib.HFTokenizer.from_file(os.path.expanduser(kind))
+  stated = text_settings.vocab_size
+  if stated and tokenizer.size > stated:
+    raise ConfigError(f'The {tokenizer.kind} tokenizer of the data has {tokenizer.size} ids but '
+                      f'data.vocab_size={stated}: set --config.data.vocab_size={tokenizer.size}, '
+                      'or leave it unset.')
+  return tokenizer
 
 
-def _trained_bpe(settings: DataSettings, train: corpus_lib.Corpus, vocab_size: int | None):
+def _trained_bpe(settings: TextSettings, train: corpus_lib.Corpus, vocab_size: int | None):
   """A BPE of `vocab_size` ids trained on the training documents, once: it is kept in the token
   root, keyed by the documents and the size."""
   if not vocab_size:

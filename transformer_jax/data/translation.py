@@ -33,8 +33,10 @@ import sacrebleu
 from transformer_jax.data import corpus as corpus_lib
 from transformer_jax.data import packing, rng, seq2seq, sources, text_data, token_files
 from transformer_jax.data import tokenizer as tokenizer_lib
-from transformer_jax.data.settings import DataSettings
+from transformer_jax.data.settings import DataPart, DataSettings, register_part
+from transformer_jax.data.corpus import TextSettings
 from transformer_jax.errors import ConfigError
+from transformer_jax.ranges import Range
 
 __all__ = ['bleu', 'languages', 'make_translation_task', 'TranslationTask']
 
@@ -43,6 +45,20 @@ _DIRECTION = re.compile(r'([a-z]+)(?:-|_to_)([a-z]+)')
 _NEEDS_BOS_AND_EOS = ('An encoder-decoder writes each translation from BOS to EOS, which the {} '
                       "tokenizer lacks: use data.tokenizer='bpe' (a byte-level BPE trained on "
                       'both sides) or a tokenizer.json that has both.')
+
+
+@register_part
+@dataclasses.dataclass(frozen=True)
+class TranslationSettings(DataPart):
+  """The keys of config.data that a TFDS translation dataset reads."""
+  PART = 'translation'
+  # The languages translated from and to; None: as the config name says ('de-en': de to en,
+  # 'pt_to_en': pt to en).
+  source_language: str | None = None
+  target_language: str | None = None
+  bleu_examples: int = 256  # held-out pairs decoded for eval_bleu at each evaluation; 0: none
+
+  RANGES = {'bleu_examples': Range(0, integer=True)}
 
 
 def make_translation_task(settings: DataSettings, seed: int, *, vocab_size: int | None,
@@ -54,21 +70,22 @@ def make_translation_task(settings: DataSettings, seed: int, *, vocab_size: int 
   train, held_out = ([_side(settings, name, key, language) for language in (source, target)]
                      for key in ('train_split', 'eval_split'))
   saved = tokenizer_dir and tokenizer_lib.saved(tokenizer_dir)
-  if settings.tokenizer == 'chars' and not saved:  # before reading every text for nothing
+  text_settings, own = settings.part(TextSettings), settings.part(TranslationSettings)
+  if text_settings.tokenizer == 'chars' and not saved:  # before reading every text for nothing
     raise ConfigError(_NEEDS_BOS_AND_EOS.format("data.tokenizer='chars'"))
   tokenizer = text_data.resolve_tokenizer(settings, _both(*train), _both(*held_out), mask=False,
                                           separated=True, vocab_size=vocab_size,
                                           saved_dir=tokenizer_dir)
   if tokenizer.bos_id is None or tokenizer.eos_id is None:
     raise ConfigError(_NEEDS_BOS_AND_EOS.format(tokenizer.kind))
-  root = settings.token_dir or token_files.default_root()
+  root = text_settings.token_dir or token_files.default_root()
 
   def tokenized(sides):  # the targets end with EOS, the sources with nothing
     return tuple(token_files.tokenized(side, tokenizer, root, separator)
                  for side, separator in zip(sides, (None, tokenizer.eos_id)))
   return TranslationTask(tokenized(train), tokenized(held_out), tokenizer,
-                         seq_len=settings.seq_len, seed=seed, packed=settings.packing,
-                         bleu_examples=settings.bleu_examples, references=held_out[1],
+                         seq_len=settings.seq_len, seed=seed, packed=text_settings.packing,
+                         bleu_examples=own.bleu_examples, references=held_out[1],
                          languages=(source, target))
 
 
@@ -81,8 +98,9 @@ def languages(settings: DataSettings, name: str) -> tuple[str, str]:
                       'translation dataset (records of a Translation feature): give one such as '
                       'ted_hrlr_translate/pt_to_en or wmt14_translate/de-en.')
   direction = _DIRECTION.fullmatch(name.partition('/')[2])
-  source = settings.source_language or (direction and direction[1])
-  target = settings.target_language or (direction and direction[2])
+  own = settings.part(TranslationSettings)
+  source = own.source_language or (direction and direction[1])
+  target = own.target_language or (direction and direction[2])
   for key, language in (('source_language', source), ('target_language', target)):
     if language not in available:
       given = f'={language!r} is not one of them' if language else ' is unset'

@@ -30,8 +30,8 @@ import jax
 
 from transformer_jax.kernels import cache, cpu, cudnn, masks, reference, xla
 
-__all__ = ['Choice', 'Kernel', 'cache', 'current_name', 'keeps_weights', 'masks', 'names',
-           'reference', 'register', 'resolve']
+__all__ = ['Choice', 'Kernel', 'cache', 'current_name', 'function', 'keeps_weights', 'masks',
+           'names', 'reference', 'register', 'resolve']
 
 Kernel = Callable  # (q, k, v, mask=None, *, scale) -> out
 
@@ -111,6 +111,22 @@ def names() -> list[str]:
   return ['auto', *_KERNELS, *_RENAMED]
 
 
+def function(kernel: str | Kernel) -> Kernel:
+  """The function of a kernel's name (or the function itself), without choosing anything: 'auto'
+  is the function that runs each platform's kernel where the step is lowered. An unknown name
+  fails, naming those there are."""
+  if callable(kernel):
+    return kernel
+  name = current_name(kernel)
+  if name == 'auto':
+    return _auto
+  if name not in _KERNELS:
+    raise ValueError(f'Unknown attention kernel {kernel!r}: use one of {names()}, a function '
+                     '(q, k, v, mask=None, *, scale) -> out, or register one '
+                     '(transformer_jax.kernels.register).')
+  return _KERNELS[name]
+
+
 def resolve(kernel: str | Kernel, platform: str | None = None) -> Choice:
   """The kernel to run for `platform` ('cpu', 'gpu', 'tpu': the platform of the devices the step
   is compiled for, which need not be the machine's own). Only 'auto' reads the platform; without
@@ -125,9 +141,5 @@ def resolve(kernel: str | Kernel, platform: str | None = None) -> Choice:
   if name == 'auto':
     chosen, why = _AUTO.get(platform, _AUTO_DEFAULT)
     return Choice(chosen, _KERNELS[chosen], f'auto on {platform}: {why}')
-  if name not in _KERNELS:
-    raise ValueError(f'Unknown attention kernel {kernel!r}: use one of {names()}, a function '
-                     '(q, k, v, mask=None, *, scale) -> out, or register one '
-                     '(transformer_jax.kernels.register).')
-  return Choice(name, _KERNELS[name], 'chosen by name' if name == kernel else
+  return Choice(name, function(name), 'chosen by name' if name == kernel else
                 f'{kernel!r} is the former name of {name!r}')

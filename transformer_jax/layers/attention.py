@@ -122,7 +122,7 @@ class Attention(nn.Module):
     check_kv_heads(self.num_heads, self.num_kv_heads)
     if self.rope_base is not None:
       check_rope(self.head_dim, self.rope_base)
-    kernels.resolve(self.kernel)  # an unknown name fails here
+    kernels.function(self.kernel)  # an unknown name fails here
     kernels.cache.check_layout(self.cache_layout)
     super().__post_init__()
 
@@ -164,7 +164,7 @@ class Attention(nn.Module):
       out = kernels.cache.attention(q, k, v, kernels.masks.dense(mask, q.shape[1], slots),
                                     scale=scale, layout=self.cache_layout)
     else:
-      fn = kernels.resolve(self.kernel).fn
+      fn = kernels.function(self.kernel)
       out = fn(q, k, v, kernels.masks.for_kernel(fn, mask, q.shape[1], k.shape[1]), scale=scale)
       if self.is_mutable_collection('intermediates'):
         dense_mask = kernels.masks.dense(mask, q.shape[1], k.shape[1])

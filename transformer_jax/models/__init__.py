@@ -10,12 +10,12 @@ import jax.numpy as jnp
 
 from transformer_jax import kernels
 from transformer_jax.layers.block import LAYERS
-from transformer_jax.model_config import ModelConfig, defaults, names
+from transformer_jax.model_config import ModelConfig, compute_dtype_of, defaults, names
 from transformer_jax.models import decoder, encoder, encoder_decoder, registry, styles, vit
 
 __all__ = ['abstract_variables', 'attention_kernel', 'build', 'decoder', 'encoder',
            'encoder_decoder', 'example_inputs', 'family_of', 'init_params', 'model_config',
-           'registry', 'stack_layers', 'styles', 'unstack_layers', 'vit']
+           'registry', 'resolved', 'stack_layers', 'styles', 'unstack_layers', 'vit']
 
 
 def model_config(model: ModelConfig | Mapping[str, Any]) -> ModelConfig:
@@ -35,9 +35,13 @@ def model_config(model: ModelConfig | Mapping[str, Any]) -> ModelConfig:
   return config_class.from_dict(_own_settings(values, config_class))
 
 
+# Defaults other families' settings had in earlier versions, which their saved configs hold.
+_FORMER_DEFAULTS = {'num_classes': [10]}  # a ViT's, before it followed the data's classes
+
+
 def _own_settings(values: dict[str, Any], config_class: type[ModelConfig]) -> dict[str, Any]:
   own = set(names(config_class))
-  elsewhere: dict[str, list] = {}
+  elsewhere: dict[str, list] = {key: list(old) for key, old in _FORMER_DEFAULTS.items()}
   for name in registry.names():
     for key, default in defaults(registry.get(name).config).items():
       elsewhere.setdefault(key, []).append(default)
@@ -56,11 +60,25 @@ def attention_kernel(model: ModelConfig | Mapping[str, Any],
   return kernels.resolve(model_config(model).attention_kernel, platform)
 
 
+def resolved(model: ModelConfig | Mapping[str, Any], platform: str
+             ) -> tuple[ModelConfig, kernels.Choice, str]:
+  """(the config with its compute dtype and attention kernel decided for `platform` ('cpu',
+  'gpu', 'tpu': that of the devices the steps are compiled for), the kernel chosen, why the
+  dtype): what a run decides once, at the top."""
+  cfg = model_config(model)
+  dtype, dtype_reason = compute_dtype_of(cfg.dtype, platform)
+  kernel = attention_kernel(cfg, platform)
+  return dataclasses.replace(cfg, dtype=dtype, attention_kernel=kernel.name), kernel, dtype_reason
+
+
 def build(model: ModelConfig | Mapping[str, Any], platform: str | None = None) -> nn.Module:
-  """The Flax module of `model.family`, after validating every option, with the attention kernel
-  and the compute dtype for `platform` (see `attention_kernel`, ModelConfig.on)."""
-  cfg = model_config(model).on(platform)
-  cfg = dataclasses.replace(cfg, attention_kernel=attention_kernel(cfg, platform).name)
+  """The Flax module of `model.family`, after validating every option. A config resolved for a
+  platform (`resolved`: what a run builds) is built as it is; one that leaves the dtype or the
+  kernel to 'auto' is resolved for `platform` (default: this machine's, for a module used
+  outside a run)."""
+  cfg = model_config(model)
+  if 'auto' in (cfg.dtype, cfg.attention_kernel):
+    cfg = resolved(cfg, platform or jax.default_backend())[0]
   return registry.get(cfg.family).module(cfg)
 
 

@@ -20,16 +20,17 @@ from transformer_jax.ranges import COUNT, Range
 
 __all__ = [
     'attention', 'attention_weights', 'block', 'block_params', 'block_weights', 'both_masks',
-    'check_text_data', 'decoder_mask', 'default_positions', 'key_mask', 'lm_head', 'LmHead',
+    'decoder_mask', 'default_positions', 'key_mask', 'lm_head', 'LmHead',
     'mlp_weights', 'norm', 'norm_params', 'packed_arguments', 'stack', 'text_embed',
     'text_embedding_params', 'text_example_inputs', 'text_flops', 'text_lengths', 'TextConfig',
-    'untied_head_params', 'with_total']
+    'untied_head_params', 'with_total', 'text_data_sizes', 'follow_text_data', 'text_logits_shape',
+    'checked_vocab_size', 'text_family']
 
 
 @dataclasses.dataclass(frozen=True)
 class TextConfig(ModelConfig):
   """The blocks, and the ends of a family that reads and writes token ids."""
-  vocab_size: int = 0
+  vocab_size: int = 0  # 0: the data's (data.vocab_size, else its tokenizer's ids)
   max_len: int = 1024  # rows of a learned position table; longest sequence
   tie_embeddings: bool = True
   # Token rows times sqrt(width) before the positions are added (Vaswani et al. 2017, section
@@ -38,13 +39,6 @@ class TextConfig(ModelConfig):
 
   RANGES: ClassVar = {**ModelConfig.RANGES, 'vocab_size': Range(0, integer=True, example=65),
                       'max_len': COUNT}
-
-  def check(self) -> None:
-    super().check()
-    if not COUNT.admits(self.vocab_size):
-      raise ConfigError(f'model.vocab_size must be set for family {self.family!r} to the number '
-                        f"of token ids of the data, not {self.vocab_size!r} (65 for "
-                        "TinyShakespeare's characters): for example --config.model.vocab_size=65.")
 
 
 def norm(cfg: ModelConfig) -> functools.partial:
@@ -83,7 +77,8 @@ def stack(cfg: ModelConfig, num_layers: int, cross_attention: bool = False, **kw
 
 def text_embed(cfg: TextConfig, type_vocab_size: int = 0, **kwargs) -> TextEmbed:
   return TextEmbed(
-      cfg.vocab_size, cfg.width, positions=cfg.positions if cfg.positions != 'rope' else 'none',
+      checked_vocab_size(cfg), cfg.width,
+      positions=cfg.positions if cfg.positions != 'rope' else 'none',
       max_len=cfg.max_len, type_vocab_size=type_vocab_size, scale=cfg.scale_embeddings,
       init_std=cfg.embed_init_std, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
       **kwargs)
@@ -173,10 +168,35 @@ def text_example_inputs(cfg: TextConfig, batch: int = 1, seq_len: int | None = N
   return (tokens,) * streams
 
 
-def check_text_data(info: dict, cfg: TextConfig) -> None:
-  if info['vocab_size'] > cfg.vocab_size:
-    raise ConfigError(f'The data has {info["vocab_size"]} token ids but model.vocab_size='
-                      f'{cfg.vocab_size}: set --config.model.vocab_size={info["vocab_size"]}.')
+def text_data_sizes(cfg: TextConfig) -> dict:
+  return {'vocab_size': cfg.vocab_size or None}
+
+
+def follow_text_data(cfg: TextConfig, sizes: dict, source: str) -> TextConfig:
+  """model.vocab_size, unset (0), takes the data's; one set may exceed it (a vocabulary padded to
+  a multiple of 64) but not fall short."""
+  found = sizes.get('vocab_size')
+  if not found:
+    return cfg
+  if not cfg.vocab_size:
+    return dataclasses.replace(cfg, vocab_size=found)
+  if found > cfg.vocab_size:
+    raise ConfigError(f'{source} has {found} token ids but model.vocab_size={cfg.vocab_size}: '
+                      'leave model.vocab_size unset (0) to follow the data, or set '
+                      f'--config.model.vocab_size={found}.')
+  return cfg
+
+
+def text_logits_shape(cfg: TextConfig, seq_len: int) -> tuple[int, int]:
+  return seq_len, cfg.vocab_size
+
+
+def checked_vocab_size(cfg: TextConfig) -> int:
+  if not cfg.vocab_size:
+    raise ConfigError('model.vocab_size is unset and nothing states the data\'s: set '
+                      '--config.data.vocab_size (the tokenizer\'s ids; 65 for TinyShakespeare\'s '
+                      'characters) or --config.model.vocab_size.')
+  return cfg.vocab_size
 
 
 def text_lengths(batch: dict) -> tuple[int, None]:
@@ -236,3 +256,10 @@ def text_flops(cfg: ModelConfig, t: int, head: int) -> dict[str, int]:
   """Forward FLOPs of `t` tokens through the blocks and a head of `head` weights."""
   return {'dense': 2 * t * (cfg.num_layers * block_weights(cfg) + head),
           'attention': 4 * cfg.width * cfg.use_attention * cfg.num_layers * t * t, 'tokens': t}
+
+
+def text_family(**entry) -> dict:
+  """The registry questions every text family answers alike, with `entry` on top."""
+  return {'example_inputs': text_example_inputs, 'lengths': text_lengths,
+          'data_sizes': text_data_sizes, 'follow_data': follow_text_data,
+          'logits_shape': text_logits_shape, **entry}

@@ -59,9 +59,8 @@ def forward_flops(cfg: ModelConfig, seq_len=None, target_len=None) -> dict[str, 
   return common.text_flops(cfg, seq_len or cfg.max_len, head=cfg.width * cfg.vocab_size)
 
 
-FAMILY = registry.register(registry.Family(
-    name='decoder', module=DecoderLM, example_inputs=common.text_example_inputs,
+FAMILY = registry.register(registry.Family(**common.text_family(
+    name='decoder', module=DecoderLM,
     logits=lambda apply, batch: apply(batch['inputs'], **common.packed_arguments(batch)),
-    task='next_token', config=DecoderConfig,
-    decoding='decoder', check_data=common.check_text_data, lengths=common.text_lengths,
-    param_counts=param_counts, forward_flops=forward_flops))
+    task='next_token', config=DecoderConfig, decoding='decoder',
+    param_counts=param_counts, forward_flops=forward_flops)))

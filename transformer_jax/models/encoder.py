@@ -98,11 +98,10 @@ def forward_flops(cfg: EncoderConfig, seq_len=None, target_len=None) -> dict[str
                            head=cfg.width * cfg.vocab_size + cfg.width * cfg.width)
 
 
-FAMILY = registry.register(registry.Family(
-    name='encoder', module=EncoderMLM, example_inputs=common.text_example_inputs,
+FAMILY = registry.register(registry.Family(**common.text_family(
+    name='encoder', module=EncoderMLM,
     # Packed, the segment mask also hides the padding (segment 0) from every real token.
     logits=lambda apply, batch: apply(batch['inputs'], valid=batch.get('valid'),
                                       **common.packed_arguments(batch)),
     task='masked',
-    config=EncoderConfig, check_data=common.check_text_data, lengths=common.text_lengths,
-    param_counts=param_counts, forward_flops=forward_flops))
+    config=EncoderConfig, param_counts=param_counts, forward_flops=forward_flops)))

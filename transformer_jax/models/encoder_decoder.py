@@ -4,6 +4,8 @@ import dataclasses
 from typing import ClassVar
 
 import flax.linen as nn
+import jax
+import jax.numpy as jnp
 
 from transformer_jax.kernels import masks
 from transformer_jax.models import common, registry
@@ -135,12 +137,26 @@ def _logits(apply, batch: dict):
   return apply(batch['inputs'], batch['decoder_inputs'], batch.get('input_valid'), **packed)
 
 
-FAMILY = registry.register(registry.Family(
+def _stacks(cfg: EncoderDecoderConfig, seq_len: int) -> list[registry.Stack]:
+  """The decoder's blocks attend to their own tokens, then to the seq_len sources."""
+  return [registry.Stack('encoder', cfg.num_layers, seq_len, (seq_len,)),
+          registry.Stack('decoder', cfg.decoder_layers, seq_len, (seq_len, seq_len))]
+
+
+def _batch_shapes(cfg: EncoderDecoderConfig, batch_size: int, seq_len: int) -> dict:
+  """A pair's batch (data.seq2seq.Seq2SeqTask): the source and its valid positions, the decoder's
+  inputs, the targets and their weights."""
+  shapes = registry.text_batch_shapes(cfg, batch_size, seq_len)
+  return {**shapes, 'decoder_inputs': shapes['inputs'],
+          'input_valid': jax.ShapeDtypeStruct((batch_size, seq_len), jnp.bool_)}
+
+
+FAMILY = registry.register(registry.Family(**common.text_family(
     name='encoder_decoder', module=EncoderDecoder,
     example_inputs=lambda cfg, batch=1, seq_len=None: common.text_example_inputs(
         cfg, batch, seq_len, streams=2),
     logits=_logits,
     task='seq2seq', config=EncoderDecoderConfig, decoding='encoder_decoder',
-    check_data=common.check_text_data,
     lengths=lambda batch: (batch['inputs'].shape[1], batch['decoder_inputs'].shape[1]),
-    param_counts=param_counts, forward_flops=forward_flops))
+    param_counts=param_counts, forward_flops=forward_flops, stacks=_stacks,
+    batch_shapes=_batch_shapes, depth_keys=('num_layers', 'num_decoder_layers'))))

@@ -1,9 +1,10 @@
 """The registry of model families: everything the library knows of a family, in one entry.
 
-Training, evaluation, decoding, the accounting and `--mode=describe` read a family only through
-its `Family`, so adding one is a module, the dataclass of its settings and one
-`register(Family(...))`: see transformer_jax/models/decoder.py, or the family with a setting of
-its own in tests/conv_family.py.
+Training, evaluation, decoding, the accounting, the memory plan, `--mode=compile` and
+`--mode=describe` read a family only through its `Family`, so adding one is a module, the
+dataclass of its settings and one `register(Family(...))`: see transformer_jax/models/decoder.py,
+the family with a setting of its own in tests/conv_family.py, or one whose inputs are a 1-D
+signal, with a data task of its own, in tests/signal_family.py.
 """
 import dataclasses
 from typing import Any, Callable
@@ -14,7 +15,8 @@ import jax.numpy as jnp
 from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import ModelConfig
 
-__all__ = ['Apply', 'EMBEDDING_NAMES', 'Family', 'get', 'names', 'of_module', 'PARTS', 'register']
+__all__ = ['Apply', 'EMBEDDING_NAMES', 'Family', 'get', 'names', 'of_module', 'PARTS', 'register',
+           'Stack', 'text_batch_shapes']
 
 Apply = Callable[..., jax.Array]  # the module applied to its params (and rngs, deterministic)
 
@@ -31,6 +33,39 @@ def _no_checks(*args) -> None:
 def _no_lengths(batch: dict) -> tuple[int | None, int | None]:
   del batch
   return None, None
+
+
+@dataclasses.dataclass(frozen=True)
+class Stack:
+  """A stack of blocks as the memory plan counts it: `blocks` blocks over `tokens` positions per
+  example, each block's attentions over `keys` keys each (self-attention, then cross-attention)."""
+  name: str
+  blocks: int
+  tokens: int
+  keys: tuple[int, ...]
+
+
+def _one_stack(cfg: ModelConfig, seq_len: int) -> list[Stack]:
+  return [Stack('blocks', cfg.num_layers, seq_len, (seq_len,))]
+
+
+def text_batch_shapes(cfg: ModelConfig, batch_size: int, seq_len: int) -> dict:
+  """A next-token or masked batch: ids and targets (int32) and their weights (float32)."""
+  del cfg
+  shape = (batch_size, seq_len)
+  return {'inputs': jax.ShapeDtypeStruct(shape, jnp.int32),
+          'targets': jax.ShapeDtypeStruct(shape, jnp.int32),
+          'weights': jax.ShapeDtypeStruct(shape, jnp.float32)}
+
+
+def _no_sizes(cfg: ModelConfig) -> dict:
+  del cfg
+  return {}
+
+
+def _follows_nothing(cfg: ModelConfig, sizes: dict, source: str) -> ModelConfig:
+  del sizes, source
+  return cfg
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +97,21 @@ class Family:
     the initialized tree is counted.
   forward_flops: (cfg, seq_len, target_len) -> {'dense', 'attention', 'tokens'} analytic FLOPs
     of one example's forward pass; None: XLA's cost analysis of the forward pass.
+
+  What the rest of the library asks of a family instead of reading its settings:
+  stacks: (cfg, seq_len) -> [Stack]: the blocks it runs and the positions they see (the memory
+    plan, describe); seq_len is data.seq_len, which a family of fixed inputs ignores.
+  batch_shapes: (cfg, batch_size, seq_len) -> {key: ShapeDtypeStruct} of a global training
+    batch of its task, unpacked (the memory plan).
+  logits_shape: (cfg, seq_len) -> (positions, classes) of one example's float32 logits where
+    they matter to the memory plan (a vocabulary at every position); None: they do not.
+  data_sizes: cfg -> {size: value} of its settings that the data shares (image_size,
+    num_classes, vocab_size...): passed to the task's maker; 0 or None: unset.
+  follow_data: (cfg, sizes, source) -> cfg whose unset sizes take those the data states
+    (`sizes`: the data settings' at the top, the data's info once read, named by `source`); a
+    size set that the data cannot fit is refused, naming both.
+  describe: cfg -> what else sizes the model, for describe ('32x32 images in patches of 4').
+  depth_keys: the settings that count its blocks (config_lib.smoke shrinks each).
   """
   name: str
   module: Callable[[ModelConfig], Any]
@@ -77,6 +127,13 @@ class Family:
   lengths: Callable[[dict], tuple[int | None, int | None]] = _no_lengths
   param_counts: Callable[[ModelConfig], dict[str, int]] | None = None
   forward_flops: Callable[[ModelConfig, int | None, int | None], dict[str, int]] | None = None
+  stacks: Callable[[ModelConfig, int], list[Stack]] = _one_stack
+  batch_shapes: Callable[[ModelConfig, int, int], dict] = text_batch_shapes
+  logits_shape: Callable[[ModelConfig, int], tuple[int, int] | None] = lambda cfg, seq_len: None
+  data_sizes: Callable[[ModelConfig], dict] = _no_sizes
+  follow_data: Callable[[ModelConfig, dict, str], ModelConfig] = _follows_nothing
+  describe: Callable[[ModelConfig], str] = lambda cfg: ''
+  depth_keys: tuple[str, ...] = ('num_layers',)
 
   def weights(self, batch: dict) -> jax.Array:
     """Float32 weight of each target: the batch's 'weights', else one per target."""

@@ -4,13 +4,14 @@ import dataclasses
 from typing import ClassVar
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from transformer_jax.errors import ConfigError
 from transformer_jax.layers import Linear, PatchEmbed, resize_position_grid
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.models import common, registry
-from transformer_jax.ranges import COUNT
+from transformer_jax.ranges import COUNT, Range
 
 __all__ = [
     'check_data', 'FAMILY', 'forward_flops', 'num_tokens', 'param_counts', 'POOLS',
@@ -39,11 +40,11 @@ class ViTConfig(ModelConfig):
   image_size: int = 32
   patch_size: int = 4
   num_channels: int = 3
-  num_classes: int = 10
+  num_classes: int = 0  # 0: the data's classes
   pool: str = 'cls'  # 'cls' prepends a [CLS] token; 'mean' averages the patch tokens
 
   RANGES: ClassVar = {**ModelConfig.RANGES, 'image_size': COUNT, 'patch_size': COUNT,
-                      'num_channels': COUNT, 'num_classes': COUNT}
+                      'num_channels': COUNT, 'num_classes': Range(0, integer=True, example=10)}
   CHOICES: ClassVar = {**ModelConfig.CHOICES, 'pool': POOLS}
 
   def check(self) -> None:
@@ -97,6 +98,9 @@ class ViT(nn.Module):
     self.dropout = nn.Dropout(cfg.dropout_rate)
     self.encoder = common.stack(cfg, cfg.num_layers)
     self.final_norm = common.norm(cfg)() if cfg.final_norm else None
+    if not cfg.num_classes:
+      raise ConfigError('model.num_classes is unset and no data states it: set '
+                        '--config.model.num_classes (10 for CIFAR-10).')
     self.head = Linear((cfg.num_classes,), ('embed',), ('classes',), use_bias=True, init_std=0.0,
                        dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
                        out_dtype=jnp.float32)
@@ -125,10 +129,19 @@ class ViT(nn.Module):
     return self.head(self.encode(images, deterministic=deterministic))
 
 
+def follow_data(cfg: ViTConfig, sizes: dict, source: str) -> ViTConfig:
+  """model.num_classes, unset (0), takes the data's; one set must equal it."""
+  found = sizes.get('num_classes')
+  if not found or found == cfg.num_classes:
+    return cfg
+  if cfg.num_classes:
+    raise ConfigError(f'{source} has {found} classes but model.num_classes={cfg.num_classes}: '
+                      'leave model.num_classes unset (0) to follow the data, or set '
+                      f'--config.model.num_classes={found}.')
+  return dataclasses.replace(cfg, num_classes=found)
+
+
 def check_data(info: dict, cfg: ViTConfig) -> None:
-  if info['num_classes'] != cfg.num_classes:
-    raise ConfigError(f'The data has {info["num_classes"]} classes but model.num_classes='
-                      f'{cfg.num_classes}: set --config.model.num_classes={info["num_classes"]}.')
   height, width, channels = info['image_shape']
   if (height, width, channels) != (cfg.image_size, cfg.image_size, cfg.num_channels):
     raise ConfigError(f'The preprocessed images are {height}x{width}x{channels} but the model '
@@ -157,10 +170,28 @@ def forward_flops(cfg: ViTConfig, seq_len=None, target_len=None) -> dict[str, in
           'tokens': 1}
 
 
+def _batch_shapes(cfg: ViTConfig, batch_size: int, seq_len=None) -> dict:
+  del seq_len
+  side = cfg.image_size
+  return {'image': jax.ShapeDtypeStruct((batch_size, side, side, cfg.num_channels), jnp.float32),
+          'label': jax.ShapeDtypeStruct((batch_size,), jnp.int32)}
+
+
+def _describe(cfg: ViTConfig) -> str:
+  named = [name for name, size in VIT_SIZES.items()
+           if size == (cfg.width, cfg.num_layers, cfg.num_heads)]
+  return (f'{cfg.image_size}x{cfg.image_size} images in patches of {cfg.patch_size}'
+          + (f' (ViT-{named[0]}/{cfg.patch_size})' if named else ''))
+
+
 FAMILY = registry.register(registry.Family(
     name='vit', module=ViT,
     example_inputs=lambda cfg, batch=1, seq_len=None: (jnp.zeros(
         (batch, cfg.image_size, cfg.image_size, cfg.num_channels), jnp.float32),),
     logits=lambda apply, batch: apply(batch['image']), task='image', targets='label',
     config=ViTConfig, classification=True, unit='image', check_data=check_data,
-    param_counts=param_counts, forward_flops=forward_flops))
+    param_counts=param_counts, forward_flops=forward_flops,
+    stacks=lambda cfg, seq_len=None: [
+        registry.Stack('encoder', cfg.num_layers, num_tokens(cfg), (num_tokens(cfg),))],
+    batch_shapes=_batch_shapes, describe=_describe, follow_data=follow_data,
+    data_sizes=lambda cfg: {'image_size': cfg.image_size, 'num_classes': cfg.num_classes or None}))

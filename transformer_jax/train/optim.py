@@ -8,15 +8,14 @@ import optax
 from optax.contrib import MuonDimensionNumbers
 from optax.contrib._muon import scale_by_shape  # optax.contrib.muon's own; not exported
 
-from transformer_jax.config_lib import CHOICES
-from transformer_jax.errors import ConfigError
+from transformer_jax.settings import OptimizerSettings
 from transformer_jax.layers.block import LAYERS
 from transformer_jax.models.registry import EMBEDDING_NAMES
 
 __all__ = ['decay_mask', 'learning_rate_schedule', 'make_optimizer', 'muon_dimension_numbers']
 
 
-def learning_rate_schedule(opt, total_steps: int, peak=None) -> optax.Schedule:
+def learning_rate_schedule(opt: OptimizerSettings, total_steps: int, peak=None) -> optax.Schedule:
   """Linear warmup, peak * (step + 1) / warmup_steps at steps 0 .. warmup_steps - 1, so that the
   first update is a real one (a warmup from 0 would waste it), then cosine decay to
   min_lr_ratio * peak (or constant) from step warmup_steps. peak: default opt.learning_rate.
@@ -26,8 +25,6 @@ def learning_rate_schedule(opt, total_steps: int, peak=None) -> optax.Schedule:
   warmup_steps and min_lr_ratio may be a traced scalar.
   """
   peak = opt.learning_rate if peak is None else peak
-  if opt.schedule not in ('cosine', 'constant'):
-    raise ConfigError(f'Unknown optimizer.schedule {opt.schedule!r}: use "cosine" or "constant".')
   warmup_steps, floor = opt.warmup_steps, opt.min_lr_ratio
 
   def schedule(step):
@@ -116,12 +113,12 @@ def _is_set(number) -> bool:
   return isinstance(number, jax.Array) or bool(number)
 
 
-def make_optimizer(opt, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """The optimizer of config.optimizer `opt` and its (AdamW's) learning-rate schedule; Muon's
-  follows the same schedule from its own peak, muon_learning_rate."""
-  if opt.name not in CHOICES['optimizer.name']:
-    raise ConfigError(f'Unknown optimizer.name {opt.name!r}: use one of '
-                      f'{list(CHOICES["optimizer.name"])}.')
+def make_optimizer(opt: OptimizerSettings, total_steps: int
+                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """The optimizer of the settings `opt` (config.optimizer's, or the section itself) and its
+  (AdamW's) learning-rate schedule; Muon's follows the same schedule from its own peak,
+  muon_learning_rate."""
+  opt = opt if isinstance(opt, OptimizerSettings) else OptimizerSettings.of(opt)
   schedule = learning_rate_schedule(opt, total_steps)
   tx = optax.adamw(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps,
                    weight_decay=opt.weight_decay, mask=lambda p: decay_mask(p, opt))

@@ -14,36 +14,61 @@ import optax
 
 from transformer_jax import config_lib, convert, data, lora, models
 from transformer_jax.errors import CheckpointMismatchError, ConfigError, UserError
-from transformer_jax.model_config import ModelConfig
-from transformer_jax.models.registry import Family
 from transformer_jax.train import checkpoint, optim, sharding
-from transformer_jax.settings import MeshSettings, TrainingSettings
+from transformer_jax.train.run_settings import RunSettings, resolve
 from transformer_jax.train.step import (LoraState, StepSettings, TrainState, make_eval_step,
                                         make_train_step)
 
 __all__ = [
-    'boxed_abstract_state', 'build_run', 'checkpoint_dir', 'initial_state', 'restore_or_init',
-    'restore_trained', 'Run', 'save_config', 'save_tokenizer', 'starting_params', 'state_of',
-    'tokenizer_dir']
+    'boxed_abstract_state', 'build_run', 'checkpoint_dir', 'initial_state', 'layout', 'Layout',
+    'restore_or_init', 'restore_trained', 'Run', 'save_config', 'save_tokenizer',
+    'starting_params', 'state_of', 'tokenizer_dir']
 
 log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
-class Run:
-  """What a config builds before anything compiles."""
-  config: ml_collections.ConfigDict
-  model_config: ModelConfig
-  family: Family
+class Layout:
+  """The model, the optimizer and the train state's shapes and shardings on a mesh: what the
+  run builds and the memory plan counts (on an abstract mesh), before anything compiles."""
   model: nn.Module
-  data: data.Data
-  training: TrainingSettings
-  mesh: jax.sharding.Mesh
   tx: optax.GradientTransformation
   schedule: optax.Schedule
-  step_settings: StepSettings
   state_sharding: TrainState  # a NamedSharding per leaf
   abstract_state: TrainState  # ShapeDtypeStructs, with those shardings
+
+
+def layout(settings: RunSettings, mesh) -> Layout:
+  """The Layout of resolved settings on `mesh` (a Mesh, or an AbstractMesh to plan on)."""
+  model = models.build(settings.model)
+  tx, schedule = optim.make_optimizer(settings.optimizer, settings.training.steps)
+  boxed = boxed_abstract_state(model, tx, settings.family.example_inputs(settings.model),
+                               settings.lora)
+  state_sharding = sharding.state_shardings(boxed, mesh, settings.rules)
+  abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                          nn.meta.unbox(boxed), state_sharding)
+  return Layout(model, tx, schedule, state_sharding, abstract)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """What a config builds before anything compiles."""
+  settings: RunSettings
+  data: data.Data
+  mesh: jax.sharding.Mesh
+  layout: Layout
+  step_settings: StepSettings
+
+  config = property(lambda self: self.settings.config)  # to save and compare, not to read
+  model_config = property(lambda self: self.settings.model)
+  family = property(lambda self: self.settings.family)
+  training = property(lambda self: self.settings.training)
+  lora = property(lambda self: self.settings.lora)
+  model = property(lambda self: self.layout.model)
+  tx = property(lambda self: self.layout.tx)
+  schedule = property(lambda self: self.layout.schedule)
+  state_sharding = property(lambda self: self.layout.state_sharding)
+  abstract_state = property(lambda self: self.layout.abstract_state)
 
   @functools.cached_property
   def train_step(self):
@@ -58,10 +83,6 @@ class Run:
     mesh, parameter shardings and rules."""
     return make_eval_step(self.model, self.family, self.mesh, self.param_sharding,
                           self.step_settings.rules, self.data.token_bytes)
-
-  @property
-  def lora(self) -> 'lora.LoraSettings':
-    return lora.LoraSettings.of(self.config.lora)
 
   @property
   def param_sharding(self):
@@ -81,38 +102,26 @@ class Run:
     return jax.jit(LoraState.model_params, out_shardings=self.param_sharding)(state)
 
 
-def build_run(config: ml_collections.ConfigDict, workdir: str | None = None,
+def build_run(config: 'ml_collections.ConfigDict | RunSettings', workdir: str | None = None,
               devices=None) -> Run:
-  """Finds the data and lays out the state of a config that config_lib.validate passed (run.run
-  validates it) on `devices` (default: all; a target's compile-only devices for
-  --mode=compile); compiles nothing. A text run reads the tokenizer `workdir` saved, if any."""
-  sharding.check_rule_set(config)
-  rules = sharding.rules_of(config)
-  cfg = models.model_config(config.model)
-  family = models.registry.get(cfg.family)
-  # The default preprocessing brings images to the model's size.
-  dataset = data.make_data(data.DataSettings.of(config.data), family.task, seed=config.seed,
-                           image_size=getattr(cfg, 'image_size', None),
-                           vocab_size=getattr(cfg, 'vocab_size', None),
-                           tokenizer_dir=workdir and tokenizer_dir(workdir))
+  """Finds the data and lays out the state of a run (its RunSettings, or a config resolved here)
+  on `devices` (default: all; a target's compile-only devices for --mode=compile); compiles
+  nothing. A text run reads the tokenizer `workdir` saved, if any; the model's sizes that the
+  data states (a tokenizer's ids, a dataset's classes) fill those left unset."""
+  devices = devices if devices is not None else jax.devices()
+  settings = resolve(config, devices[0].platform)
+  family = settings.family
+  dataset = data.make_data(settings.data, family.task, seed=settings.seed,
+                           tokenizer_dir=workdir and tokenizer_dir(workdir),
+                           **family.data_sizes(settings.model))
+  cfg = family.follow_data(settings.model, dataset.info, 'The data')
   family.check_data(dataset.info, cfg)
-  training = TrainingSettings.of(config.training)
-  mesh = sharding.make_mesh(MeshSettings.of(config.mesh), devices)
-  sharding.check_batches_divide(config.data.batch_size, dataset.eval_batch_size, mesh,
-                                training.grad_accum_steps)
-  platform = mesh.devices.flat[0].platform
-  cfg = cfg.on(platform)  # the compute dtype of 'auto' on the devices compiled for
-  kernel = models.attention_kernel(cfg, platform)
-  log.info('Attention kernel: %s (%s).', kernel.name, kernel.reason)
-  model = models.build(cfg, platform)
-  tx, schedule = optim.make_optimizer(config.optimizer, training.steps)
-  boxed = boxed_abstract_state(model, tx, family.example_inputs(cfg),
-                               lora.LoraSettings.of(config.lora))
-  state_sharding = sharding.state_shardings(boxed, mesh, rules)
-  abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                          nn.meta.unbox(boxed), state_sharding)
-  return Run(config, cfg, family, model, dataset, training, mesh, tx, schedule,
-             StepSettings.of(config, training, rules), state_sharding, abstract)
+  settings = settings.with_model(cfg)
+  mesh = sharding.make_mesh(settings.mesh, devices)
+  sharding.check_batches_divide(settings.data.batch_size, dataset.eval_batch_size, mesh,
+                                settings.training.grad_accum_steps)
+  log.info('Attention kernel: %s (%s).', settings.kernel.name, settings.kernel.reason)
+  return Run(settings, dataset, mesh, layout(settings, mesh), StepSettings.of(settings))
 
 
 def state_of(tx: optax.GradientTransformation, params) -> TrainState:
@@ -172,7 +181,7 @@ def restore_or_init(run: Run, checkpoints: checkpoint.Checkpoints, workdir: str)
     log.info('Resumed from the checkpoint at step %d.', step)
     return state
   params = starting_params(run)
-  init_rng = jax.random.fold_in(jax.random.key(run.config.seed), 0)
+  init_rng = jax.random.fold_in(jax.random.key(run.settings.seed), 0)
   init = functools.partial(initial_state, run.model, run.tx,
                            run.family.example_inputs(run.model_config), adapters=run.lora)
   if params is None:
@@ -187,27 +196,27 @@ def restore_or_init(run: Run, checkpoints: checkpoint.Checkpoints, workdir: str)
 
 def starting_params(run: Run):
   """The parameters of config.init_from_checkpoint or config.init_from_hf; None for neither."""
-  config = run.config
-  if config.init_from_checkpoint:
-    workdir, _, step = config.init_from_checkpoint.rpartition(':')
+  settings = run.settings
+  if settings.init_from_checkpoint:
+    workdir, _, step = settings.init_from_checkpoint.rpartition(':')
     if not workdir or not step.isdigit():
-      workdir, step = config.init_from_checkpoint, None
+      workdir, step = settings.init_from_checkpoint, None
     params, found = _params_of_run(run, workdir, int(step) if step else None)
     log.info('Starting from the parameters of %s at step %d, with a fresh optimizer.', workdir,
              found)
     return params
-  if config.init_from_hf:
-    log.info('Starting from the Hugging Face checkpoint %s.', config.init_from_hf)
-    return convert.load_params(config.init_from_hf, run.model_config)
+  if settings.init_from_hf:
+    log.info('Starting from the Hugging Face checkpoint %s.', settings.init_from_hf)
+    return convert.load_params(settings.init_from_hf, run.model_config)
   return None
 
 
 def _params_of_run(run: Run, workdir: str, step: int | None):
   """The parameters of another run's checkpoint (its latest readable one, or `step`), read-only."""
   if not os.path.isdir(checkpoint_dir(workdir)):
-    raise ConfigError(f'init_from_checkpoint={run.config.init_from_checkpoint}: {workdir} holds no '
-                      'checkpoints/ folder; give the workdir of a trained run, optionally with '
-                      ':STEP.')
+    raise ConfigError(f'init_from_checkpoint={run.settings.init_from_checkpoint}: {workdir} '
+                      'holds no checkpoints/ folder; give the workdir of a trained run, optionally '
+                      'with :STEP.')
   source = checkpoint.Checkpoints(checkpoint_dir(workdir), read_only=True)
   # With LoRA, the other run's parameters are the base: the state of a run without adapters.
   wanted = TrainState(step=run.abstract_state.step, params=run.abstract_params, opt_state=None)
@@ -220,7 +229,7 @@ def _params_of_run(run: Run, workdir: str, step: int | None):
   finally:
     source.close()
   if params is None:
-    raise ConfigError(f'init_from_checkpoint={run.config.init_from_checkpoint}: no readable '
+    raise ConfigError(f'init_from_checkpoint={run.settings.init_from_checkpoint}: no readable '
                       f'checkpoint{"" if step is None else f" at step {step}"} in {workdir} '
                       f'(steps there: {steps}).')
   return params, found
@@ -237,7 +246,7 @@ def restore_trained(config, workdir: str | None) -> tuple[Run, dict, int]:
     try:
       params, step = checkpoints.restore_latest(run.abstract_state, params_only=True)
     except CheckpointMismatchError as error:
-      advice = (f'{_saved_differences(config, workdir)}\nUse the run\'s saved config: omit the '
+      advice = (f'{_saved_differences(run.config, workdir)}\nUse the run\'s saved config: omit the '
                 'flags that change the model.')
       raise CheckpointMismatchError(f'{error}\n{advice}', error.params_differ) from None
     finally:

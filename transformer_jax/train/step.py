@@ -18,7 +18,6 @@ from transformer_jax.lora import LoraSettings
 from transformer_jax.errors import ConfigError
 from transformer_jax.models.registry import Family
 from transformer_jax.train import losses, sharding
-from transformer_jax.settings import TrainingSettings
 from transformer_jax.train.sharding import DATA_AXIS
 
 __all__ = ['dropout_root', 'LoraState', 'make_eval_step', 'make_stacked_train_step',
@@ -56,12 +55,13 @@ class StepSettings:
   rules: tuple = ()  # logical axis -> mesh axis, for the activations (sharding.rules_of)
 
   @classmethod
-  def of(cls, config, training: TrainingSettings, rules: tuple) -> 'StepSettings':
-    """The settings of the run's config and training settings, with its sharding rules."""
-    return cls(seed=config.seed, grad_accum_steps=training.grad_accum_steps,
+  def of(cls, settings) -> 'StepSettings':
+    """The step's part of a run's settings (train.run_settings.RunSettings)."""
+    training = settings.training
+    return cls(seed=settings.seed, grad_accum_steps=training.grad_accum_steps,
                label_smoothing=training.label_smoothing,
-               dropout=config.model.dropout_rate > 0, parallelism=config.parallelism,
-               rules=rules)
+               dropout=settings.model.dropout_rate > 0, parallelism=settings.parallelism,
+               rules=settings.rules)
 
 
 def _microbatches(batch, num: int):

@@ -19,7 +19,6 @@ import dataclasses
 import json
 import logging
 import time
-import types
 
 import jax
 import jax.numpy as jnp
@@ -71,11 +70,11 @@ def groups(configs) -> list[list[int]]:
 
 def _numbers(run: Run, traced: tuple[str, ...]) -> dict:
   """The run's own numbers of the stacked step: its optimizer's and its dropout key's data."""
-  opt = run.config.optimizer
-  return {**{name: np.float32(opt[name]) for name in traced},
-          'dropout_root': np.asarray(jax.random.key_data(dropout_root(run.config.seed))),
+  opt = run.settings.optimizer
+  return {**{name: np.float32(getattr(opt, name)) for name in traced},
+          'dropout_root': np.asarray(jax.random.key_data(dropout_root(run.settings.seed))),
           # 1 - rate rounded once, as nn.Dropout's Python float is
-          'dropout_keep': np.float32(1.0 - run.config.model.dropout_rate)}
+          'dropout_keep': np.float32(1.0 - run.model_config.dropout_rate)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,15 +87,13 @@ class _Program:
   @classmethod
   def of(cls, runs: list[Run]) -> '_Program':
     first = runs[0]
-    opt = first.config.optimizer
+    opt = first.settings.optimizer
     traced = tuple(name for name in _OPTIMIZER_NUMBERS
-                   if not (f'optimizer.{name}' in _SWITCHES and not opt[name]))
-    section = opt.to_dict()
+                   if not (f'optimizer.{name}' in _SWITCHES and not getattr(opt, name)))
 
     def make_optimizer(numbers):
-      traced_section = types.SimpleNamespace(**{**section,
-                                                **{name: numbers[name] for name in traced}})
-      return optim.make_optimizer(traced_section, first.training.steps)
+      own = opt.with_traced(**{name: numbers[name] for name in traced})
+      return optim.make_optimizer(own, first.training.steps)
 
     sharding = jax.tree.map(lambda s: NamedSharding(s.mesh, P(None, *s.spec)),
                             first.state_sharding)
@@ -158,8 +155,6 @@ def train_group(configs, workdirs: list[str]) -> list[str | None]:
   if len(groups(configs)) != 1:
     raise ValueError('These runs differ in more than the vmapped numbers '
                      f'({", ".join(VMAPPED_KEYS)}): split them with vmapped.groups.')
-  for config in configs:
-    config_lib.validate(config)
   runs = [setup.build_run(c, w) for c, w in zip(configs, workdirs)]
   with contextlib.ExitStack() as stack:
     members = []

@@ -1,0 +1,111 @@
+"""A run's config resolved once, at the top: every section typed and checked, the platform its
+steps are compiled for, and the model's compute dtype and attention kernel decided for it.
+
+launch.py's walk resolves the config once (`resolve`) and passes the RunSettings down; code below
+it reads these, never the ConfigDict, which they keep only to save it (config.json) and compare
+it with a saved one. Library entry points (train.build_run, memory.plan, describe...) also take
+a ConfigDict, which they resolve themselves.
+"""
+import dataclasses
+from typing import Any
+
+import jax
+import ml_collections
+
+from transformer_jax import config_lib, kernels, lora, models
+from transformer_jax.data import DataSettings
+from transformer_jax.errors import ConfigError
+from transformer_jax.model_config import ModelConfig
+from transformer_jax.models.registry import Family
+from transformer_jax.settings import MeshSettings, OptimizerSettings, TrainingSettings
+from transformer_jax.train import sharding
+
+__all__ = ['resolve', 'RunSettings']
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+  """What a run's config means on `platform`."""
+  config: ml_collections.ConfigDict  # saved and compared, never read below the top
+  platform: str  # of the devices the steps are compiled for: 'cpu', 'gpu', 'tpu'
+  model: ModelConfig  # its dtype and attention kernel decided for the platform
+  kernel: kernels.Choice
+  dtype_reason: str
+  data: DataSettings
+  training: TrainingSettings
+  optimizer: OptimizerSettings
+  mesh: MeshSettings
+  lora: lora.LoraSettings
+  eval: Any  # decode's settings of the held-out decoding (beam_size, length_penalty)
+  sample: Any  # decode's settings of --mode=sample
+  seed: int
+  rule_set: str
+  sharding_rules: tuple
+  rules: tuple  # the sharding rules in force: sharding_rules, then the rule set's
+  parallelism: str
+  init_from_hf: str
+  init_from_checkpoint: str
+  compile_target: str
+
+  @property
+  def family(self) -> Family:
+    return models.registry.get(self.model.family)
+
+  def with_model(self, cfg: ModelConfig) -> 'RunSettings':
+    """These settings with the model's sizes the data filled in (build_run)."""
+    return dataclasses.replace(self, model=cfg)
+
+
+def resolve(config: 'ml_collections.ConfigDict | RunSettings',
+            platform: str | None = None) -> RunSettings:
+  """The settings of `config` on `platform` ('cpu', 'gpu', 'tpu'; default: this machine's
+  devices'), every key checked before anything is read or compiled: a ConfigError names the
+  key and a value that works. RunSettings are returned as they are."""
+  if isinstance(config, RunSettings):
+    if platform and platform != config.platform:
+      raise ValueError(f'The settings were resolved for {config.platform}, not {platform}: '
+                       'resolve the config for the platform it runs on.')
+    return config
+  platform = platform or jax.devices()[0].platform
+  config_lib.check_values(config)
+  data = DataSettings.of(config.data)
+  cfg = models.model_config(config.model)
+  family = models.registry.get(cfg.family)
+  cfg = family.follow_data(cfg, data.stated_sizes(), 'The data settings')
+  cfg, kernel, dtype_reason = models.resolved(cfg, platform)
+  mesh = MeshSettings.of(config.mesh)
+  _check_rules(config, mesh)
+  sharding.check_rule_set(config)
+  _check_lengths(family, cfg, data)
+  if config.init_from_hf and config.init_from_checkpoint:
+    raise ConfigError('Set one of init_from_hf and init_from_checkpoint, not both: a run starts '
+                      'from one set of parameters.')
+  from transformer_jax import decode  # decode's settings; decode reads models, not train
+  return RunSettings(
+      config=config, platform=platform, model=cfg, kernel=kernel, dtype_reason=dtype_reason,
+      data=data, training=TrainingSettings.of(config.training),
+      optimizer=OptimizerSettings.of(config.optimizer), mesh=mesh,
+      lora=lora.LoraSettings.of(config.lora), eval=decode.EvalSettings.of(config.eval),
+      sample=decode.SampleSettings.of(config.sample), seed=config.seed,
+      rule_set=config.rule_set, sharding_rules=tuple(map(tuple, config.sharding_rules)),
+      rules=sharding.rules_of(config), parallelism=config.parallelism,
+      init_from_hf=config.init_from_hf, init_from_checkpoint=config.init_from_checkpoint,
+      compile_target=config.compile.target)
+
+
+def _check_rules(config, mesh: MeshSettings) -> None:
+  for rule in config.sharding_rules:
+    if len(rule) != 2 or not isinstance(rule[0], str) or rule[1] not in (*mesh.axes, None):
+      raise ConfigError(f'sharding_rules entry {tuple(rule)} must be a pair (logical axis, mesh '
+                        f'axis) with the mesh axis one of {list(mesh.axes)} or None: for example '
+                        f'--config.sharding_rules="((\'embed\', \'{mesh.axes[0]}\'),)".')
+
+
+def _check_lengths(family: Family, cfg: ModelConfig, data: DataSettings) -> None:
+  """Sequences that the model's position table must cover."""
+  if family.unit != 'token' or cfg.positions != 'learned':
+    return
+  if data.seq_len > cfg.max_len:
+    raise ConfigError(f'data.seq_len={data.seq_len} is longer than the learned position '
+                      f'table (model.max_len={cfg.max_len}): set --config.model.max_len='
+                      f'{data.seq_len} or --config.data.seq_len={cfg.max_len}.')
