@@ -12,7 +12,7 @@ from helpers import ROOT
 # From the bottom up: a node may import only nodes of lower rows.
 LAYERING = (
     ('errors', 'kernels'),
-    ('ranges', 'layers', 'settings', 'targets'),
+    ('ranges', 'layers', 'settings', 'targets', 'diffusion'),
     ('model_config', 'lora'),
     ('models',),
     ('accounting', 'decode', 'convert', 'data'),
