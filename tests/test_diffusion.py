@@ -318,6 +318,8 @@ def test_ddim_with_eta_1_is_ddpm_with_the_posterior_variance():
   np.testing.assert_allclose(ddim, ddpm, atol=1e-5)
   eta_0 = diffusion.ddim_sample(schedule, model_fn, noise, jax.random.key(6))
   assert np.abs(eta_0 - ddpm).max() > 0.1
+  with pytest.raises(ValueError, match='pass an rng'):
+    diffusion.ddim_sample(schedule, model_fn, noise, eta=0.5)
 
 
 def test_a_sampler_compiles_to_one_loop_over_the_steps():

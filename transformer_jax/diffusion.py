@@ -330,8 +330,8 @@ def ddim_sample(schedule: Schedule, model_fn: ModelFn, noise: jax.Array,
 
   def step(x, i):
     eps, pred_x0 = _ddim_eps_and_x0(schedule, model_fn, x, i, clip_denoised)
-    acp, acp_prev = jnp.asarray(schedule.alphas_cumprod)[i], jnp.asarray(
-        schedule.alphas_cumprod_prev)[i]
+    acp = jnp.asarray(schedule.alphas_cumprod)[i]
+    acp_prev = jnp.asarray(schedule.alphas_cumprod_prev)[i]
     sigma = eta * jnp.sqrt((1 - acp_prev) / (1 - acp)) * jnp.sqrt(1 - acp / acp_prev)
     x = jnp.sqrt(acp_prev) * pred_x0 + jnp.sqrt(1 - acp_prev - sigma ** 2) * eps
     if eta != 0:
