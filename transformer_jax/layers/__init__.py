@@ -1,5 +1,5 @@
 """Layers shared by every family, each usable alone with plain arguments: one attention, one MLP,
-one block and its stack, the norms and the embeddings."""
+one block and its stack, the norms, the embeddings and T5's relative position bias."""
 from transformer_jax.layers.attention import Attention, causal_mask, padding_mask, segment_mask
 from transformer_jax.layers.block import Block, BlockStack
 from transformer_jax.layers.embeddings import (PatchEmbed, TextEmbed, apply_rope,
@@ -7,7 +7,8 @@ from transformer_jax.layers.embeddings import (PatchEmbed, TextEmbed, apply_rope
 from transformer_jax.layers.linear import Linear
 from transformer_jax.layers.mlp import MLP
 from transformer_jax.layers.norms import LayerNorm, RMSNorm
+from transformer_jax.layers.relative_position import RelativePositionBias
 
 __all__ = ['Attention', 'Block', 'BlockStack', 'LayerNorm', 'Linear', 'MLP', 'PatchEmbed',
-           'RMSNorm', 'TextEmbed', 'apply_rope', 'causal_mask', 'padding_mask',
-           'resize_position_grid', 'segment_mask', 'sinusoidal']
+           'RelativePositionBias', 'RMSNorm', 'TextEmbed', 'apply_rope', 'causal_mask',
+           'padding_mask', 'resize_position_grid', 'segment_mask', 'sinusoidal']
