@@ -56,7 +56,7 @@ class SignalClassifier(nn.Module):
     x = layers.Linear((cfg.width,), ('frame',), ('embed',), dtype=cfg.compute_dtype,
                       param_dtype=cfg.weight_dtype, name='embed')(frames)
     x = x + self.param('pos_embed', nn.with_logical_partitioning(
-        nn.initializers.normal(0.02), ('positions', 'embed')), (cfg.num_frames, cfg.width))
+        nn.initializers.normal(0.02), ('positions', 'embed')), (cfg.num_frames, cfg.width))[None]
     x = common.stack(cfg, cfg.num_layers, name='encoder')(x, deterministic=deterministic)
     x = common.norm(cfg)(name='final_norm')(x).mean(axis=1)
     return layers.Linear((cfg.num_classes,), ('embed',), ('classes',), dtype=cfg.compute_dtype,

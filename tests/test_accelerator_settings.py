@@ -72,8 +72,11 @@ def test_an_explicit_dtype_wins_on_every_platform():
   assert models.build(config.model, 'gpu').cfg.dtype == 'bfloat16'
   float32 = small_config(**{'model.dtype': 'float32'}).model
   assert models.build(float32, 'tpu').cfg.dtype == 'float32'
+  # A named config leaves the dtype to the platform: GPT-2 small computes in float32 on a CPU.
   gpt2 = config_lib.from_file(ROOT / 'configs' / 'gpt2_small.py')
-  assert gpt2.model.dtype == 'bfloat16'  # the configs that set one keep it
+  assert gpt2.model.dtype == 'auto'
+  assert train.resolve(gpt2, 'cpu').model.dtype == 'float32'
+  assert train.resolve(gpt2, 'tpu').model.dtype == 'bfloat16'
 
 
 def test_describe_states_the_resolved_compute_dtype():

@@ -174,3 +174,17 @@ def test_a_vmapped_sweeps_step_compiles_for_one_tpu_chip_holding_every_runs_stat
   alone, _ = aot.compiled_train_step(runs[0])
   ratio = metrics.compiled_memory(stacked)['argument'] / metrics.compiled_memory(alone)['argument']
   assert 2.9 < ratio < 3.2
+
+
+def test_a_family_of_ones_own_compiles_from_its_own_file(tmp_path):
+  """tests/signal_family.py's 1-D signals: the stand-in batch, the plan and the report come from
+  its registry entry and its data task."""
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  done = subprocess.run([sys.executable, os.path.join(ROOT, 'launch.py'), '--config',
+                         os.path.join(ROOT, 'tests', 'signal_family.py'), '--mode=compile',
+                         '--config.compile.target=v5e:1x1'],
+                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  result = json.loads(done.stdout.strip().splitlines()[-1])
+  assert result['target'] == 'v5e:1x1' and result['fits']
+  assert result['plan_bytes_per_device']['argument'] > 16 * 256 * 4  # the signals' batch

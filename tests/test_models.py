@@ -192,7 +192,8 @@ def test_vit_runs_at_a_new_resolution_with_resized_positions(rng):
     (dict(mlp='geglu'), "Unknown mlp 'geglu'"),
     (dict(positions='alibi'), "Unknown positions 'alibi'"),
     (dict(num_heads=32, positions='rope', width=96), 'RoPE rotates pairs'),
-    (dict(vocab_size=0), 'vocab_size must be set'),
+    (dict(vocab_size=0), 'model.vocab_size is unset and no data has stated it'),
+    (dict(family='vit', num_classes=0), 'model.num_classes is unset'),
     (dict(hidden=3), "Unknown model config key"),
     (dict(family='vit', vocab_size=10),  # a setting of the text families, not at its default
      r"Unknown model config key\(s\) \['vocab_size'\] for family 'vit'"),

@@ -79,7 +79,7 @@ def test_tensor_parallel_steps_reduce_activations_and_never_gather_a_split_weigh
   if rule_set == 'tp':
     # Per block, the attention output and the MLP down projection each sum their partial
     # products over 'model': (tokens per data shard) x width, forward.
-    tokens = run.config.data.batch_size // 4 * run.config.data.seq_len
+    tokens = run.settings.data.batch_size // 4 * run.settings.data.seq_len
     reduced = [op for op, size in collectives if size == tokens * run.model_config.width]
     assert len(reduced) >= 2 * run.model_config.num_layers
 
@@ -101,11 +101,11 @@ def test_a_dimension_the_mesh_does_not_divide_is_refused_before_compiling(tmp_pa
 def test_a_rule_set_needs_its_mesh_axis():
   config = small_config(rule_set='tp')  # the mesh has only 'data'
   with pytest.raises(ConfigError, match=r"rule_set='tp' splits over the mesh axis 'model'"):
-    sharding.check_rule_set(config)
+    train.resolve(config)
 
 
 def test_explicit_rules_come_before_the_rule_set():
   config = small_config(rule_set='tp', sharding_rules=(('mlp', None),))
-  rules = sharding.rules_of(config)
+  rules = sharding.rules_of(config.rule_set, config.sharding_rules)
   assert rules[0] == ('mlp', None) and ('mlp', 'model') in rules
-  assert sharding.rules_of(small_config(rule_set='fsdp'))[1] == ('embed', 'data')
+  assert sharding.rules_of('fsdp')[1] == ('embed', 'data')

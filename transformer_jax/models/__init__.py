@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax import kernels
+from transformer_jax.errors import ConfigError
 from transformer_jax.layers.block import LAYERS
 from transformer_jax.model_config import ModelConfig, compute_dtype_of, defaults, names
 from transformer_jax.models import decoder, encoder, encoder_decoder, registry, styles, vit
@@ -77,9 +78,16 @@ def build(model: ModelConfig | Mapping[str, Any], platform: str | None = None) -
   kernel to 'auto' is resolved for `platform` (default: this machine's, for a module used
   outside a run)."""
   cfg = model_config(model)
+  family = registry.get(cfg.family)
+  unset = [size for size, value in family.data_sizes(cfg).items() if not value]
+  if unset:
+    raise ConfigError(f'model.{unset[0]} is unset and no data has stated it: set '
+                      f'--config.model.{unset[0]}'
+                      + (' or --config.data.vocab_size (the tokenizer\'s ids)'
+                         if unset[0] == 'vocab_size' else '') + '.')
   if 'auto' in (cfg.dtype, cfg.attention_kernel):
     cfg = resolved(cfg, platform or jax.default_backend())[0]
-  return registry.get(cfg.family).module(cfg)
+  return family.module(cfg)
 
 
 def example_inputs(cfg: ModelConfig, batch: int = 1, seq_len: int | None = None) -> tuple:

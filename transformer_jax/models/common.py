@@ -20,11 +20,10 @@ from transformer_jax.ranges import COUNT, Range
 
 __all__ = [
     'attention', 'attention_weights', 'block', 'block_params', 'block_weights', 'both_masks',
-    'decoder_mask', 'default_positions', 'key_mask', 'lm_head', 'LmHead',
-    'mlp_weights', 'norm', 'norm_params', 'packed_arguments', 'stack', 'text_embed',
-    'text_embedding_params', 'text_example_inputs', 'text_flops', 'text_lengths', 'TextConfig',
-    'untied_head_params', 'with_total', 'text_data_sizes', 'follow_text_data', 'text_logits_shape',
-    'checked_vocab_size', 'text_family']
+    'decoder_mask', 'default_positions', 'follow_text_data', 'key_mask', 'lm_head', 'LmHead',
+    'mlp_weights', 'norm', 'norm_params', 'packed_arguments', 'stack', 'text_data_sizes',
+    'text_embed', 'text_embedding_params', 'text_example_inputs', 'text_family', 'text_flops',
+    'text_lengths', 'text_logits_shape', 'TextConfig', 'untied_head_params', 'with_total']
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +76,7 @@ def stack(cfg: ModelConfig, num_layers: int, cross_attention: bool = False, **kw
 
 def text_embed(cfg: TextConfig, type_vocab_size: int = 0, **kwargs) -> TextEmbed:
   return TextEmbed(
-      checked_vocab_size(cfg), cfg.width,
+      cfg.vocab_size, cfg.width,
       positions=cfg.positions if cfg.positions != 'rope' else 'none',
       max_len=cfg.max_len, type_vocab_size=type_vocab_size, scale=cfg.scale_embeddings,
       init_std=cfg.embed_init_std, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
@@ -189,14 +188,6 @@ def follow_text_data(cfg: TextConfig, sizes: dict, source: str) -> TextConfig:
 
 def text_logits_shape(cfg: TextConfig, seq_len: int) -> tuple[int, int]:
   return seq_len, cfg.vocab_size
-
-
-def checked_vocab_size(cfg: TextConfig) -> int:
-  if not cfg.vocab_size:
-    raise ConfigError('model.vocab_size is unset and nothing states the data\'s: set '
-                      '--config.data.vocab_size (the tokenizer\'s ids; 65 for TinyShakespeare\'s '
-                      'characters) or --config.model.vocab_size.')
-  return cfg.vocab_size
 
 
 def text_lengths(batch: dict) -> tuple[int, None]:

@@ -98,9 +98,6 @@ class ViT(nn.Module):
     self.dropout = nn.Dropout(cfg.dropout_rate)
     self.encoder = common.stack(cfg, cfg.num_layers)
     self.final_norm = common.norm(cfg)() if cfg.final_norm else None
-    if not cfg.num_classes:
-      raise ConfigError('model.num_classes is unset and no data states it: set '
-                        '--config.model.num_classes (10 for CIFAR-10).')
     self.head = Linear((cfg.num_classes,), ('embed',), ('classes',), use_bias=True, init_std=0.0,
                        dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
                        out_dtype=jnp.float32)

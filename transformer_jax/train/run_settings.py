@@ -75,7 +75,7 @@ def resolve(config: 'ml_collections.ConfigDict | RunSettings',
   cfg, kernel, dtype_reason = models.resolved(cfg, platform)
   mesh = MeshSettings.of(config.mesh)
   _check_rules(config, mesh)
-  sharding.check_rule_set(config)
+  sharding.check_rule_set(config.rule_set, mesh.axes)
   _check_lengths(family, cfg, data)
   if config.init_from_hf and config.init_from_checkpoint:
     raise ConfigError('Set one of init_from_hf and init_from_checkpoint, not both: a run starts '
@@ -88,7 +88,8 @@ def resolve(config: 'ml_collections.ConfigDict | RunSettings',
       lora=lora.LoraSettings.of(config.lora), eval=decode.EvalSettings.of(config.eval),
       sample=decode.SampleSettings.of(config.sample), seed=config.seed,
       rule_set=config.rule_set, sharding_rules=tuple(map(tuple, config.sharding_rules)),
-      rules=sharding.rules_of(config), parallelism=config.parallelism,
+      rules=sharding.rules_of(config.rule_set, config.sharding_rules),
+      parallelism=config.parallelism,
       init_from_hf=config.init_from_hf, init_from_checkpoint=config.init_from_checkpoint,
       compile_target=config.compile.target)
 

@@ -37,23 +37,23 @@ RULE_SETS = {
 }
 
 
-def check_rule_set(config) -> None:
-  """Raises ConfigError unless config.rule_set is one of RULE_SETS and config.mesh.axes has the
+def check_rule_set(rule_set: str, axes: tuple[str, ...]) -> None:
+  """Raises ConfigError unless `rule_set` is one of RULE_SETS and the mesh's `axes` have the
   mesh axes it splits over."""
-  if config.rule_set not in RULE_SETS:
-    raise ConfigError(f'rule_set={config.rule_set!r} must be one of {list(RULE_SETS)}.')
-  axes = tuple(config.mesh.axes)
-  missing = sorted({mesh_axis for _, mesh_axis in RULE_SETS[config.rule_set]} - set(axes))
+  if rule_set not in RULE_SETS:
+    raise ConfigError(f'rule_set={rule_set!r} must be one of {list(RULE_SETS)}.')
+  axes = tuple(axes)
+  missing = sorted({mesh_axis for _, mesh_axis in RULE_SETS[rule_set]} - set(axes))
   if missing:
-    raise ConfigError(f'rule_set={config.rule_set!r} splits over the mesh axis {missing[0]!r}, '
+    raise ConfigError(f'rule_set={rule_set!r} splits over the mesh axis {missing[0]!r}, '
                       f'which mesh.axes={axes} lacks: for example --config.mesh.axes="(\'data\', '
                       f'\'{missing[0]}\')" --config.mesh.shape="(-1, 2)", or rule_set=\'fsdp\'.')
 
 
-def rules_of(config) -> tuple[tuple[str, str | None], ...]:
+def rules_of(rule_set: str, sharding_rules=()) -> tuple[tuple[str, str | None], ...]:
   """The rules a run uses: config.sharding_rules first (the first rule for an axis wins), then
-  the named config.rule_set (see check_rule_set)."""
-  return tuple(tuple(rule) for rule in config.sharding_rules) + RULE_SETS[config.rule_set]
+  the named rule set's (see check_rule_set)."""
+  return tuple(tuple(rule) for rule in sharding_rules) + RULE_SETS[rule_set]
 
 
 def make_mesh(mesh_config, devices=None) -> jax.sharding.Mesh:
