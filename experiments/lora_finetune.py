@@ -55,22 +55,6 @@ QUICK_PRETRAIN = {'training.steps': 4, 'training.eval_every': 4, 'training.check
                   'training.log_every': 2, 'optimizer.warmup_steps': 1}
 QUICK_FINETUNE = {'training.steps': 4, 'training.eval_every': 2, 'training.checkpoint_every': 4,
                   'training.log_every': 2, 'optimizer.warmup_steps': 1}
-# What the committed run shows: written by hand for the figures of that run; a rerun that changes
-# them should change this too.
-FINDINGS = (
-    'Fine-tuning lowers the held-out loss from the base\'s 3.644 nats per token to 3.243 with '
-    'every parameter trained (at 1e-3) and to 3.395 with LoRA rank 8 (at 1e-2): the adapters, '
-    '16,384 parameters (1.9% of 875,264), win 62% of full fine-tuning\'s gain in 300 steps. '
-    'Both best rates are the largest of their grids, so either method may do better at a '
-    'larger one: the grids do not bracket the optimum. LoRA\'s step was faster (585-628 ms '
-    'against 658-934 ms; the spread is the shared CPU\'s, read the ratio roughly: about 15%), '
-    'as the frozen base needs no weight gradients outside the adapted kernels. Its memory is '
-    'not smaller here: the optimizer state falls from 6.7 to 0.1 MiB and the arguments from '
-    '10.0 to 3.6 MiB, but at this size the step\'s activations dominate, and XLA:CPU plans '
-    '20 MiB more temporaries for the LoRA step (354.8 against 334.5 MiB, not investigated), so '
-    'its total is 4% larger. LoRA pays in memory where the parameters and their optimizer '
-    'state outweigh the activations (large models, small batches), not at 0.9M parameters. '
-    'One seed per run.')
 DESCRIPTION = (
     'No pretrained GPT-2 can be downloaded where this ran, so the base is made here: a GPT-2 of '
     '4 blocks, width 128, 4 heads (configs/gpt_shakespeare.py\'s family: LayerNorm, GELU, '
@@ -257,8 +241,6 @@ def report(pretrained: dict, base: dict, results: list[dict], costs: dict, comma
                  f'{r["overrides"]["optimizer.learning_rate"]:g} | {held_out} | '
                  f'{"-" if bpb is None else f"{bpb:.3f}"} | {final} | '
                  f'{"-" if ms is None else f"{ms:.0f}"} | {r["status"]} |')
-  if FINDINGS:
-    lines += ['', '## What it shows', '', FINDINGS]
   return '\n'.join(lines) + '\n'
 
 

@@ -39,15 +39,6 @@ QUICK = {'data.name': 'synthetic', 'data.seq_len': 16, 'data.batch_size': 16,
          'model.scan_layers': False, 'training.steps': 6, 'training.log_every': 2,
          'training.eval_every': 6, 'training.checkpoint_every': 6}
 QUICK_DEPTHS = (1,)
-# What the committed run shows: written by hand for the figures above; a rerun that changes them
-# should change this too.
-FINDINGS = (
-    'Post-LN without warmup is the worst setting at 24 blocks: its training loss sits on a '
-    'plateau near 3.3 (the unigram level) until about step 130 (norm_order.png), and warmup buys '
-    'it twice what it buys pre-LN (0.181 against 0.090); at 6 blocks warmup changes neither '
-    'order. No run diverged (Adam, clipping at norm 1): at this size the claim that post-LN needs '
-    'warmup (Xiong et al. 2020) shows as a dependence on warmup that grows with depth, not as a '
-    'failure to train.')
 
 
 def sweep_runs(quick: bool, warmup: int = WARMUP) -> list[sweep.SweepRun]:
@@ -97,7 +88,6 @@ def report(results: list[dict], command: str) -> str:
                  f'{setting(r, "model.norm_position")}-LN | '
                  f'{setting(r, "optimizer.warmup_steps")} steps | {held_out} | {loss_50} | '
                  f'{grad} | {r["status"]} |')
-  lines += ['', '## What it shows', '', FINDINGS]
   return '\n'.join(lines) + '\n'
 
 

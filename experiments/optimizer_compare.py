@@ -33,17 +33,6 @@ QUICK = {'data.name': 'synthetic', 'data.seq_len': 16, 'data.batch_size': 16,
          'data.eval_batch_size': 16, 'data.eval_steps': 2, 'model.width': 32,
          'model.num_layers': 1, 'training.steps': 6, 'training.eval_every': 6,
          'training.checkpoint_every': 6, 'training.log_every': 3}
-# What the committed run shows: written by hand for the figures of that run; a rerun that changes
-# them should change this too.
-FINDINGS = (
-    'At its best rate Muon ends 0.077 lower in held-out loss than AdamW at its best (1.679 at '
-    'a Muon rate of 0.01 against 1.756 at 3e-3, the reference\'s rate), and two of its three '
-    'rates beat every AdamW run. Its best rate is the lowest tried, so a lower one may do better '
-    'still: the grid brackets AdamW\'s best, not Muon\'s. A step costs about 15% more (279 '
-    'against 245 ms on this CPU): five Newton-Schulz iterations on each of the 28 matrices, '
-    'which at width 128 weigh more against the model\'s own matmuls than they would at a larger '
-    'width. One seed per run: differences of a few hundredths are within what another seed '
-    'could change.')
 
 
 def sweep_runs() -> list[sweep.SweepRun]:
@@ -111,8 +100,6 @@ def report(results: list[dict], command: str) -> str:
     ms = step_ms(r)
     lines.append(f'| {optimizer(r)}{mark} | {rate(r):g} | {held_out} | {final} | '
                  f'{"-" if ms is None else f"{ms:.0f}"} | {r["status"]} |')
-  if FINDINGS:
-    lines += ['', '## What it shows', '', FINDINGS]
   return '\n'.join(lines) + '\n'
 
 

@@ -58,14 +58,6 @@ QUICK = {'data.name': 'synthetic', 'data.image_size': 16, 'model.image_size': 16
          'training.steps': 6, 'training.log_every': 2, 'training.eval_every': 6,
          'training.checkpoint_every': 6}
 QUICK_PATCHES = (2, 4, 8)
-# What the committed run shows: written by hand for the figures above; a rerun that changes them
-# should change this too.
-FINDINGS = (
-    'Patch 4 is best at this budget, and patch 2, at 5.6 times its FLOPs, does not beat it yet. '
-    'With the resize the patch-4 model loses a little against dropping its patch positions: '
-    'after half an epoch it leans so little on positions that the resize buys nothing. Both '
-    'findings are limited by this budget; a longer one (STEPS in the script), for example on the '
-    'Colab TPU, would settle them.')
 RESIZE_PATCH = 4  # the run whose position grid is resized
 JPEG_NOTE = ('CIFAR-10 here is a JPEG q75 copy of the test and train images: accuracies are '
              'about 2 to 3 points lower than on the original images.')
@@ -197,7 +189,6 @@ def report(results: list[dict], resize: dict, command: str) -> str:
             'anyway: drop the patch positions (zeros, [CLS] row kept), or load the old rows first '
             'and zeros after.', '', '| evaluation | test accuracy |', '|---|---|']
   lines += [f'| {name} | {accuracy:.2%} |' for name, accuracy in resize['accuracy'].items()]
-  lines += ['', '## What it shows', '', FINDINGS]
   return '\n'.join(lines) + '\n'
 
 

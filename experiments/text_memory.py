@@ -13,7 +13,8 @@ memory (ru_maxrss, which counts the pages of the memory-mapped token files it to
 peak anonymous memory (heap, sampled from /proc) beside the corpus's size and its token files'
 size on disk, and the rate at which the training documents were tokenized (from the token
 folder's info.json). A benchmark,
-not a test: it prints figures and writes experiments/results/text_memory/.
+not a test: it prints figures and writes experiments/results/text_memory/ (results.json, and
+README.md's tables, keeping its reading).
 """
 import json
 import pathlib
@@ -24,24 +25,10 @@ import time
 from absl import app, flags
 
 from peak_memory import peak_memory_mib
+from transformer_jax import sweep
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / 'experiments' / 'results' / 'text_memory'
-# What the committed run shows: written by hand for the table; a rerun that changes it should
-# change this too. The breakdown was read from /proc/self/status (RssAnon, RssFile, VmHWM) in a
-# process that opened the 100-copy run's token files, packed them (text.PackedNextTokenTask) and
-# drew its 200 training batches.
-FINDINGS = (
-    'The anonymous memory (the heap: arrays, the model, the optimizer state, the batches in '
-    'flight) stays at 642 to 670 MiB from 1 to 100 copies of the corpus: the tokens and the '
-    'packing index (piece offsets, lengths and row boundaries, built a chunk of documents at a '
-    'time) are files, memory-mapped. The peak resident set does grow, by 152 MiB at 100 copies: '
-    'it counts the pages of those files that the run touched (the 200 steps\' random rows reach '
-    'nearly every page of the 103 MB tokens.bin and of the packing index), which are file-backed '
-    'and dropped by the kernel under memory pressure. Tokenization runs at 2.1 to 2.9 MB/s (1.1 '
-    'to 1.5 million tokens/s) from 1 to 100 MB of text. An earlier version that held the packing '
-    'index in memory grew the heap by 54 MiB at 100 copies (about 55 bytes per packed row) and '
-    'by 117 MiB more while building it.')
 _TEXT = flags.DEFINE_string('text', None, 'The UTF-8 text file to cut into documents.',
                             required=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Where the corpora and the runs go.',
@@ -132,7 +119,7 @@ def report(rows: list[dict], command: str) -> str:
       f'{last["copies"] / first["copies"]:g} times the corpus ({last["corpus_mib"]:,.1f} against '
       f'{first["corpus_mib"]:,.1f} MiB of JSONL): {growth:+,.0f} MiB of peak resident memory '
       f'({growth / first["peak_rss_mib"]:+.1%}), {anon:+,.0f} MiB of peak anonymous memory '
-      f'({anon / first["peak_anon_mib"]:+.1%}).', '', '## What it shows', '', FINDINGS, ''])
+      f'({anon / first["peak_anon_mib"]:+.1%}).', ''])
 
 
 def main(argv):
@@ -148,7 +135,7 @@ def main(argv):
   RESULTS.mkdir(parents=True, exist_ok=True)
   (RESULTS / 'results.json').write_text(json.dumps({'command': command, 'rows': rows}, indent=1)
                                         + '\n')
-  (RESULTS / 'README.md').write_text(report(rows, command))
+  sweep.write_readme(RESULTS, report(rows, command))
   print(table(rows))
 
 

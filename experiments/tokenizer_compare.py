@@ -27,21 +27,6 @@ TITLE = 'Characters and byte-level BPEs at the same training FLOPs'
 CONFIG = pathlib.Path(__file__).resolve().parent.parent / 'configs' / 'llama_shakespeare.py'
 QUICK = {'data.eval_steps': 2, 'training.log_every': 2}
 QUICK_STEPS = 6
-# What the committed run shows: written by hand for the table; a rerun that changes it should
-# change this too.
-FINDINGS = (
-    'On TinyShakespeare both BPEs reach about 2.30 held-out bits per byte where characters reach '
-    '2.53 (the character run\'s 1.756 nats per character is the reference run\'s 1.757). At '
-    'equal FLOPs a BPE run reads 1.8 (512) and 2.2 (2048) times the text, and its 64-token '
-    'context spans 1.9 and 2.9 times the bytes, so the comparison is of tokenizers at a fixed '
-    'budget, not at a fixed context in bytes. BPE 2048 gains nothing over 512 here: its head '
-    'costs it 18% of BPE 512\'s steps, and 948 thousand tokens may leave its 2,048 rows little '
-    'trained (not tested). '
-    'Each split\'s loss is over its own tokens (nats per token grow with the vocabulary); the '
-    'bits per byte divide by the same held-out text, up to the last partial batch, which '
-    'evaluation leaves out (0.8%, 0.2% and 1.2% of the held-out windows). A BPE compresses the '
-    'text it was trained on better than held-out text (1.94 against 1.87 bytes per token for '
-    'BPE 512): bytes seen are counted at the training split\'s rate.')
 _TEXT = flags.DEFINE_string('text', None, 'The UTF-8 text file: its first 90% trains, the rest '
                             'is held out.')
 _STEPS = flags.DEFINE_integer('steps', 600, 'Training steps of the character run.')
@@ -125,7 +110,6 @@ def report(results: list[dict], command: str) -> str:
     lines.append(f'| {r["name"]} | {r["vocab_size"]:,} | {r["steps"]:,} | {r["tokens_seen"]:,} '
                  f'| {r["bytes_per_token"]:.3f} | {r["bytes_seen"]:,.0f} | '
                  f'{r["train_flops"]:.4g} | {loss} | {bpb} | {r["train_seconds"]:.0f} s |')
-  lines += ['', '## What it shows', '', FINDINGS]
   return '\n'.join(lines) + '\n'
 
 

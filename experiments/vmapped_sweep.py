@@ -37,21 +37,6 @@ TARGET = 'v5e:1x1'
 FULL = {'training.steps': TIMED_STEPS, 'training.eval_every': TIMED_STEPS,
         'training.checkpoint_every': TIMED_STEPS}
 QUICK_SEED_VALUES = (0, 1)
-# What the committed run shows: written by hand for the figures of that run; a rerun that changes
-# them should change this too.
-FINDINGS = (
-    'On this 2-core CPU the stacked program does not pay: the three runs\' training steps ran at '
-    '132 examples/s together against 147 one at a time (0.90x), and the wall time fell by 5% '
-    '(177 to 168 s) only because the group compiles once instead of three times. Each run\'s '
-    'logged training losses equal its run alone to 4e-7, and its held-out loss to the 4 digits '
-    'shown. Compiled for one v5e chip, every group of the ablation sweep fits with room to '
-    'spare (at most 259 MiB of 16,128), but a stacked step needs more than its runs one after '
-    'another would: 258 against 54 MiB for the full model\'s 3 runs (4.8x). Its arguments grow '
-    'with the runs (13.8 to 41.5 MiB for 3); its temporaries grow faster (13.8, 74.1 and 184.7 '
-    'MiB for 1, 2 and 3 runs), as if XLA:TPU kept in memory activations that it fuses away in '
-    'a single run\'s step; why, this run does not show, nor why XLA reports no temporaries for '
-    'the stacked no-attention step. Whether the stacked step is faster on a TPU, where one small '
-    'model leaves most of the chip idle, no run here shows: none was available.')
 
 
 def timed_runs(quick: bool) -> list[sweep.SweepRun]:
@@ -173,7 +158,7 @@ def report(timing: dict, memory: dict, alone: list[dict], command: str) -> str:
   lines += ['', f'The largest group needs {mib(largest)} MiB of the chip\'s '
             f'{mib(memory["memory_bytes"])} MiB; the groups train one after another, so that '
             f'is the most the sweep holds at once (the {len(memory["groups"])} groups\' steps '
-            f'together: {mib(total)} MiB).', '', '## What it shows', '', FINDINGS]
+            f'together: {mib(total)} MiB).']
   return '\n'.join(lines) + '\n'
 
 

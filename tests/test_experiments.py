@@ -82,6 +82,17 @@ def test_a_run_whose_loss_turns_non_finite_is_recorded_as_diverged(tmp_path):
   assert result['eval_loss'] is None
 
 
+def test_a_rerun_rewrites_the_report_and_keeps_the_hand_written_reading(tmp_path):
+  sweep.write_results(tmp_path, {}, '# Old\n\n| a | 1 |\n', {})
+  assert (tmp_path / 'README.md').read_text() == '# Old\n\n| a | 1 |\n'
+  reading = f'\n{sweep.READING}\n\nA is small.\n\n## Samples, by hand\n\nb\n'
+  (tmp_path / 'README.md').write_text('# Old\n\n| a | 1 |\n' + reading)
+  sweep.write_results(tmp_path, {}, '# New\n\n| a | 2 |\n', {})
+  assert (tmp_path / 'README.md').read_text() == '# New\n\n| a | 2 |\n' + reading
+  sweep.write_results(tmp_path, {}, '# Smoke\n', {}, smoke=True)
+  assert (tmp_path / 'README.md').read_text() == '# Smoke\n'
+
+
 def test_scaling_fit_recovers_a_known_law_within_its_intervals():
   scaling = load_experiment('scaling')
   truth = {'E': 1.3, 'A': 30.0, 'alpha': 0.35, 'B': 400.0, 'beta': 0.4}

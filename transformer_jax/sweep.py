@@ -7,6 +7,8 @@ them, as big_vision's sweeps do. `run_all` trains each run in its own workdir wi
 `run.run`: a finished run is read back instead of repeated, one that stopped midway resumes
 from its latest checkpoint. `summary` reads a run's metrics.jsonl, and
 `write_results` writes an experiment's results folder: results.json, README.md and PNG plots.
+A results README is the generated report followed by its reading, written by hand under
+`READING`: a rerun rewrites the report and keeps the reading, which the figures may then outdate.
 """
 import dataclasses
 import functools
@@ -31,12 +33,14 @@ from transformer_jax.train.metrics import read_metrics
 
 __all__ = [
     'args', 'config_for', 'CURVE_KEYS', 'DATA_FLAGS', 'finish', 'machine_seconds', 'main',
-    'named', 'override', 'parse_flags', 'product', 'run_all', 'SMOKE_NOTE', 'smoke_report',
-    'STATUS_FILE', 'summary', 'SweepRun', 'train_once', 'values', 'write_results']
+    'named', 'override', 'parse_flags', 'product', 'READING', 'run_all', 'SMOKE_NOTE',
+    'smoke_report', 'STATUS_FILE', 'summary', 'SweepRun', 'train_once', 'values', 'write_readme',
+    'write_results']
 
 log = logging.getLogger(__name__)
 
 STATUS_FILE = 'sweep.json'
+READING = '## What it shows'  # the heading of a results README's hand-written part
 CURVE_KEYS = ('step', 'loss', 'accuracy', 'grad_norm', 'learning_rate')  # of each training row
 
 
@@ -255,18 +259,31 @@ def finish(title: str, command: str, results: list[dict], report: Callable[[], s
 
 def write_results(results_dir, payload: dict, markdown: str, figures: Mapping[str, Any],
                   smoke: bool = False) -> None:
-  """results.json (payload), README.md (markdown) and each matplotlib Figure as <name>.png;
-  a smoke run's figures say so across their top."""
+  """results.json (payload), README.md (markdown, followed by the reading of the README it
+  replaces unless `smoke`) and each matplotlib Figure as <name>.png; a smoke run's figures say
+  so across their top."""
   results_dir = pathlib.Path(results_dir)
   results_dir.mkdir(parents=True, exist_ok=True)
   (results_dir / 'results.json').write_text(json.dumps(payload, indent=1) + '\n')
-  (results_dir / 'README.md').write_text(markdown)
+  if smoke:
+    (results_dir / 'README.md').write_text(markdown)
+  else:
+    write_readme(results_dir, markdown)
   for name, figure in figures.items():
     if smoke:
       figure.suptitle('Smoke run (--quick): tiny models on synthetic data, no conclusions',
                       color='#b91c1c')
     figure.savefig(results_dir / f'{name}.png', dpi=120, bbox_inches='tight')
   log.info('Results in %s', results_dir)
+
+
+def write_readme(results_dir, report: str) -> None:
+  """results_dir/README.md: `report` (which ends with a newline), then the hand-written reading
+  (from `READING` to the end) of the README it replaces, if that had one."""
+  path = pathlib.Path(results_dir) / 'README.md'
+  previous = path.read_text() if path.exists() else ''
+  start = previous.find(f'\n{READING}\n')
+  path.write_text(report if start < 0 else f'{report}{previous[start:]}')
 
 
 def machine_seconds(results: list[dict]) -> float:
