@@ -98,6 +98,13 @@ class Family:
   forward_flops: (cfg, seq_len, target_len) -> {'dense', 'attention', 'tokens'} analytic FLOPs
     of one example's forward pass; None: XLA's cost analysis of the forward pass.
 
+  loss: (apply, batch, rng, label_smoothing) -> the summed loss terms of a batch ({'loss',
+    'weight', and any metrics, summed over the batch's examples as losses.loss_sums's are}) of a
+    family whose objective is not the cross-entropy of `logits` (a diffusion model's noise
+    regression, a contrastive loss); rng: a key of the step's own for the family's noise
+    (fixed at evaluation); apply: the module applied as for `logits`. None: loss_sums of the
+    logits against `targets`.
+
   What the rest of the library asks of a family instead of reading its settings:
   stacks: (cfg, seq_len) -> [Stack]: the blocks it runs and the positions they see (the memory
     plan, describe); seq_len is data.seq_len, which a family of fixed inputs ignores.
@@ -127,6 +134,7 @@ class Family:
   lengths: Callable[[dict], tuple[int | None, int | None]] = _no_lengths
   param_counts: Callable[[ModelConfig], dict[str, int]] | None = None
   forward_flops: Callable[[ModelConfig, int | None, int | None], dict[str, int]] | None = None
+  loss: Callable[[Apply, dict, jax.Array, float], dict] | None = None
   stacks: Callable[[ModelConfig, int], list[Stack]] = _one_stack
   batch_shapes: Callable[[ModelConfig, int, int], dict] = text_batch_shapes
   logits_shape: Callable[[ModelConfig, int], tuple[int, int] | None] = lambda cfg, seq_len: None

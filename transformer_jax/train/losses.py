@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from transformer_jax.models.registry import Family
 
-__all__ = ['cross_entropy', 'logits_targets_weights', 'loss_sums', 'mixed_targets']
+__all__ = ['batch_sums', 'cross_entropy', 'logits_targets_weights', 'loss_sums', 'mixed_targets']
 
 
 def logits_targets_weights(model, family: Family, params, batch, *, deterministic=True,
@@ -19,6 +19,21 @@ def logits_targets_weights(model, family: Family, params, batch, *, deterministi
   apply = lambda *args, **kw: model.apply({'params': params}, *args, deterministic=deterministic,
                                           rngs=rngs, **kw)
   return family.logits(apply, batch), batch[family.targets], family.weights(batch)
+
+
+def batch_sums(model, family: Family, params, batch, rng, *, deterministic=True,
+               label_smoothing: float = 0.0, top5: bool = False) -> dict[str, jax.Array]:
+  """The summed loss terms of a batch for any family: its own `loss` where it registers one
+  (given fold_in(rng, 1) for its noise), else loss_sums of its logits (with the batch's mixing);
+  rng also draws the dropout masks."""
+  rngs = {'dropout': rng}
+  if family.loss is not None:
+    apply = lambda *args, **kw: model.apply({'params': params}, *args,
+                                            deterministic=deterministic, rngs=rngs, **kw)
+    return family.loss(apply, batch, jax.random.fold_in(rng, 1), label_smoothing)
+  out = logits_targets_weights(model, family, params, batch, deterministic=deterministic,
+                               rngs=rngs)
+  return loss_sums(*out, label_smoothing=label_smoothing, mix=mixed_targets(batch), top5=top5)
 
 
 def mixed_targets(batch: dict):

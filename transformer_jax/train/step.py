@@ -74,11 +74,9 @@ def _grads_and_sums(model, family, settings, state, params, batch, rng, total_we
   """Gradient with respect to the trained `params` of sum(loss) / total_weight over the batch,
   and the summed metrics."""
   def loss_fn(p, micro, micro_rng):
-    out = losses.logits_targets_weights(model, family, state.model_params(p), micro,
-                                        deterministic=not settings.dropout,
-                                        rngs={'dropout': micro_rng})
-    sums = losses.loss_sums(*out, label_smoothing=settings.label_smoothing,
-                            mix=losses.mixed_targets(micro))
+    sums = losses.batch_sums(model, family, state.model_params(p), micro, micro_rng,
+                             deterministic=not settings.dropout,
+                             label_smoothing=settings.label_smoothing)
     return sums['loss'] / total_weight, sums
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
@@ -220,10 +218,12 @@ def make_eval_step(model, family: Family, mesh, param_sharding, rules=(), token_
   `token_bytes` (the UTF-8 bytes of each token id) also the weighted bytes of the targets."""
   def eval_step(params, batch):
     with sharding.activation_rules(mesh, rules):
-      logits, targets, weights = losses.logits_targets_weights(model, family, params, batch)
-    sums = losses.loss_sums(logits, targets, weights, top5=family.classification)
+      # A family's own noise is fixed at evaluation: every evaluation scores the same draws.
+      sums = losses.batch_sums(model, family, params, batch, jax.random.key(0),
+                               top5=family.classification)
     if token_bytes is not None:
-      sums['bytes'] = jnp.sum(jnp.asarray(token_bytes, jnp.float32)[targets] * weights)
+      sums['bytes'] = jnp.sum(jnp.asarray(token_bytes, jnp.float32)[batch[family.targets]]
+                              * family.weights(batch))
     return sums
   batch_sharding = jax.sharding.NamedSharding(mesh, P(DATA_AXIS))
   return jax.jit(eval_step, in_shardings=(param_sharding, batch_sharding))
