@@ -12,7 +12,8 @@ from helpers import ROOT
 # From the bottom up: a node may import only nodes of lower rows.
 LAYERING = (
     ('errors', 'kernels'),
-    ('ranges', 'layers', 'settings', 'targets'),
+    ('ranges', 'layers', 'targets'),
+    ('settings',),
     ('model_config', 'lora'),
     ('models',),
     ('accounting', 'decode', 'convert', 'data'),
