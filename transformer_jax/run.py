@@ -152,7 +152,8 @@ def sample(config, workdir: str | None) -> list[str]:
   except ValueError as error:
     raise errors.ConfigError(f'sample.prompt={config.sample.prompt!r}: {error} Write the prompt '
                              'with the tokens the model was trained on.') from None
-  texts = decode.sample_text(model, params, vocab, **decode.sample_settings(config))
+  texts = decode.sample_text(model, params, vocab, decode.SampleSettings.of(config.sample),
+                             seq_len=config.data.seq_len)
   continues = decode.decoding_of(model) == 'decoder'  # an encoder-decoder maps input to output
   for number, text in enumerate(texts):
     print(f'--- sample {number} ({origin}) ---\n'

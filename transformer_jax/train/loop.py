@@ -300,7 +300,7 @@ def evaluate_params(run: Run, eval_step, params) -> dict:
 def _decoded(run: Run, params, **keywords) -> np.ndarray:
   """decode.generate's tokens (B, N) with `keywords`, greedy or, with config.eval.beam_size,
   the best beam of decode.beam_search."""
-  settings = run.config.eval
+  settings = decode.EvalSettings.of(run.config.eval)
   if not settings.beam_size:
     return jax.device_get(decode.generate(run.model, params, **keywords).tokens)
   beams = decode.beam_search(run.model, params, beam_size=settings.beam_size,
