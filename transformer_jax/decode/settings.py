@@ -20,7 +20,7 @@ class SampleSettings(Settings):
   top_k: int = 0  # 0: every token
   top_p: float = 1.0  # 1: every token
   seed: int = 0
-  num_samples: int = 1  # drawn in one batch
+  num_samples: int = 1  # drawn in one batch, or the best of beam_size beams
   # Each new token attends to its last `window` tokens; unset: data.seq_len, the context the run
   # trained on; 0: all.
   window: int | None = None
