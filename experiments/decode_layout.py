@@ -4,14 +4,15 @@
                                                  # h100x1 (about 5 minutes on 2 cores)
   python experiments/decode_layout.py --targets=cpu --dtype=float32 --batch=32
 
-For each target and each layout of `kernels.cache.LAYOUTS`, compiles `decode._generate` (the one
-program `generate` runs: the prefill, then a `lax.while_loop` of one token per step) for GPT-2
-small (configs/gpt2_small.py) with abstract parameters, a prompt of --prompt_len tokens and
-enough new ones to fill --context cache slots, and prints XLA's temporary and total bytes and
-the copies and transposes in the compiled HLO whose shape is one layer's key or value cache
-(dimensions of size 1 aside), inside the loop (paid at every step) and outside it. The TPU and
-GPU targets compile on compile-only devices (`pip install -e '.[compile]'`); 'cpu' is this
-machine's XLA. The models build 'folded' on every platform; this binds each layout in turn.
+For each target and each layout of `kernels.cache.LAYOUTS`, compiles
+`decode.generation._generate` (the one program `generate` runs: the prefill, then a
+`lax.while_loop` of one token per step) for GPT-2 small (configs/gpt2_small.py) with abstract
+parameters, a prompt of --prompt_len tokens and enough new ones to fill --context cache slots,
+and prints XLA's temporary and total bytes and the copies and transposes in the compiled HLO
+whose shape is one layer's key or value cache (dimensions of size 1 aside), inside the loop (paid
+at every step) and outside it. The TPU and GPU targets compile on compile-only devices
+(`pip install -e '.[compile]'`); 'cpu' is this machine's XLA. The models build 'folded' on every
+platform; this binds each layout in turn.
 Measured figures: the docstring of transformer_jax/kernels/cache.py.
 """
 import collections
@@ -61,7 +62,7 @@ def cache_layout(layout: str):
 
 def compiled_generate(model_config, device: jax.Device, batch: int, prompt_len: int,
                       new_tokens: int, window: int | None = None):
-  """`decode._generate` of the model for `device`'s platform, compiled with abstract
+  """`decode.generation._generate` of the model for `device`'s platform, compiled with abstract
   parameters and prompts (greedy, no stop token)."""
   cfg = models.model_config(model_config)
   model = models.build(cfg, device.platform)
@@ -70,7 +71,7 @@ def compiled_generate(model_config, device: jax.Device, batch: int, prompt_len: 
   params = jax.tree.map(lambda x: abstract(x.dtype, x.shape),
                         nn.meta.unbox(models.abstract_variables(cfg)['params']))
   key = jax.eval_shape(lambda: jax.random.key(0))
-  return decode._generate.lower(  # pylint: disable=protected-access
+  return decode.generation._generate.lower(  # pylint: disable=protected-access
       model, params, abstract(jnp.int32, (batch, prompt_len)), abstract(jnp.int32, (batch,)),
       None, None, abstract(key.dtype, key.shape), abstract(jnp.int32), abstract(jnp.int32),
       max_new_tokens=new_tokens, temperature=0.0, top_k=0, top_p=1.0, window=window,

@@ -87,8 +87,9 @@ def measure(config, run_dir: str, max_rows: int | None, sample: dict) -> dict:
       'bands': {method: band_means(loss, window) for method, loss in losses.items()},
       'curve': {method: binned(loss, window // 4) for method, loss in losses.items()},
       'cache_vs_banded_max_logit_difference': float(jnp.abs(cached - banded).max()),
-      'samples': {label: decode.sample_text(model, params, vocab, window=w, **sample)[0]
-                  for label, w in (('window', window), ('whole context', None))},
+      'samples': {label: decode.sample_text(model, params, vocab,
+                                            decode.SampleSettings(window=w, **sample))[0]
+                  for label, w in (('window', window), ('whole context', 0))},
   }
 
 

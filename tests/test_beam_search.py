@@ -127,13 +127,11 @@ def test_meaningless_beam_settings_fail(settings, message):
 def test_sample_text_with_beams_gives_the_best_beams_decoded():
   model, params = build('llama-mqa')
   vocab = CharVocab()
-  texts = decode.sample_text(model, params, vocab, 'to be', max_new_tokens=6, beam_size=3,
-                             num_samples=2, length_penalty=0.0)
+  texts = decode.sample_text(model, params, vocab, decode.SampleSettings(
+      prompt='to be', max_new_tokens=6, beam_size=3, num_samples=2, length_penalty=0.0))
   beams = decode.beam_search(model, params, jnp.array([vocab.encode('to be')]), beam_size=3,
                              max_new_tokens=6, length_penalty=0.0)
   assert texts == [vocab.decode(beams.tokens[0, k].tolist()) for k in range(2)]
-  with pytest.raises(ValueError, match='num_samples=4 beams of beam_size=3'):
-    decode.sample_text(model, params, vocab, 'to be', beam_size=3, num_samples=4)
 
 
 @SLOW

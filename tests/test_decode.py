@@ -1,4 +1,5 @@
 """Decoding: cached generation against the uncached forward pass, the samplers, the cache size."""
+import dataclasses
 import functools
 
 import flax.linen as nn
@@ -9,7 +10,7 @@ import optax
 import pytest
 
 from helpers import tiny
-from transformer_jax import accounting, config_lib, decode, kernels, layers, models
+from transformer_jax import accounting, decode, kernels, layers, models
 from transformer_jax.models import styles
 from transformer_jax.train import losses
 
@@ -428,28 +429,36 @@ class CharVocab:
 def test_sample_text_continues_the_prompt_and_cuts_at_eos():
   model, params = build('llama-mqa')
   vocab = CharVocab()
-  greedy = dict(max_new_tokens=NEW_TOKENS, temperature=0.0)
-  (text,) = decode.sample_text(model, params, vocab, 'to be', **greedy)
+  greedy = decode.SampleSettings(prompt='to be', max_new_tokens=NEW_TOKENS, temperature=0.0)
+  (text,) = decode.sample_text(model, params, vocab, greedy)
   (tokens,) = decode.generate(model, params, jnp.array([vocab.encode('to be')]),
                               max_new_tokens=NEW_TOKENS).tokens
   assert text == vocab.decode(tokens.tolist())
   last = max(i for i, c in enumerate(text) if c not in text[:i])  # a first occurrence
   eos_vocab = CharVocab(eos_id=int(tokens[last]))
-  assert decode.sample_text(model, params, eos_vocab, 'to be', **greedy) == [text[:last]]
-  assert decode.sample_text(model, params, vocab, 'to be', window=0, **greedy) == [text]
+  assert decode.sample_text(model, params, eos_vocab, greedy) == [text[:last]]
   (windowed,) = decode.generate(model, params, jnp.array([vocab.encode('to be')]), window=2,
                                 max_new_tokens=NEW_TOKENS).tokens
-  assert decode.sample_text(model, params, vocab, 'to be', window=2, **greedy) == [
+  assert decode.sample_text(model, params, vocab, dataclasses.replace(greedy, window=2)) == [
       vocab.decode(windowed.tolist())]
 
 
-def test_sample_mode_windows_to_the_training_context_unless_told():
-  config = config_lib.base_config()
-  config.data.seq_len = 48
-  assert decode.sample_settings(config) == dict(config.sample, window=48)
-  for window in (0, 100):  # 0: the whole context, for sample_text
-    config.sample.window = window
-    assert decode.sample_settings(config) == dict(config.sample)
+def test_sample_text_windows_to_the_training_context_unless_told():
+  """An unset window is the context the model trained on (seq_len), 0 the whole context."""
+  model, params = build('llama-mqa')
+  vocab = CharVocab()
+  greedy = decode.SampleSettings(prompt='to be', max_new_tokens=NEW_TOKENS, temperature=0.0)
+  text = lambda settings, seq_len=None: decode.sample_text(model, params, vocab, settings,
+                                                           seq_len=seq_len)
+  (whole,) = decode.generate(model, params, jnp.array([vocab.encode('to be')]),
+                             max_new_tokens=NEW_TOKENS).tokens
+  (windowed,) = decode.generate(model, params, jnp.array([vocab.encode('to be')]), window=2,
+                                max_new_tokens=NEW_TOKENS).tokens
+  assert whole.tolist() != windowed.tolist()  # the window changes what this model writes
+  assert text(greedy) == [vocab.decode(whole.tolist())]
+  assert text(greedy, seq_len=2) == [vocab.decode(windowed.tolist())]
+  assert text(dataclasses.replace(greedy, window=0), seq_len=2) == text(greedy)
+  assert text(dataclasses.replace(greedy, window=2), seq_len=100) == text(greedy, seq_len=2)
 
 
 class SizedCharVocab(CharVocab):
@@ -465,8 +474,8 @@ def test_sample_text_draws_only_ids_the_vocabulary_decodes():
   unrestricted = decode.generate(model, params, jnp.array([[0, 1]] * 64), max_new_tokens=8,
                                  rng=jax.random.key(0), temperature=2.0)
   assert (unrestricted.tokens >= SizedCharVocab.size).any()  # the model itself draws past 27
-  texts = decode.sample_text(model, params, SizedCharVocab(), 'ab', max_new_tokens=8,
-                             temperature=2.0, num_samples=64)
+  texts = decode.sample_text(model, params, SizedCharVocab(), decode.SampleSettings(
+      prompt='ab', max_new_tokens=8, temperature=2.0, num_samples=64))
   assert len(texts) == 64 and all(len(text) == 8 for text in texts)
 
 

@@ -76,7 +76,7 @@ def test_the_decoding_loop_compiles_for_a_target(target, window):
                         nn.meta.unbox(models.abstract_variables(config)['params']))
   scalar = lambda dtype, shape=(): jax.ShapeDtypeStruct(shape, dtype, sharding=on_device)
   key = jax.eval_shape(lambda: jax.random.key(0))
-  lowered = decode._generate.lower(  # pylint: disable=protected-access
+  lowered = decode.generation._generate.lower(  # pylint: disable=protected-access
       model, params, scalar(jnp.int32, (4, 16)), scalar(jnp.int32, (4,)), None, None,
       jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=on_device), scalar(jnp.int32),
       scalar(jnp.int32), max_new_tokens=32, temperature=0.0, top_k=0, top_p=1.0, window=window,

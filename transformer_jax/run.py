@@ -1,7 +1,6 @@
 """What launch.py calls: the config a command means, one entry point per mode, and the errors a
 user can fix printed as their message alone."""
 import contextlib
-import dataclasses
 import logging
 import os
 import shutil
@@ -156,14 +155,12 @@ def sample(settings: train.RunSettings, workdir: str | None) -> list[str]:
     vocab = data.tokenizer.HFTokenizer.from_file(hf, key='init_from_hf',
                                                  eos_id=convert.eos_token_id(hf))
   wanted = settings.sample
-  if wanted.window is None:
-    wanted = dataclasses.replace(wanted, window=settings.data.seq_len)
   try:
     vocab.encode(wanted.prompt)
   except ValueError as error:
     raise errors.ConfigError(f'sample.prompt={wanted.prompt!r}: {error} Write the prompt with the '
                              'tokens the model was trained on.') from None
-  texts = decode.sample_text(model, params, vocab, **dataclasses.asdict(wanted))
+  texts = decode.sample_text(model, params, vocab, wanted, seq_len=settings.data.seq_len)
   continues = decode.decoding_of(model) == 'decoder'  # an encoder-decoder maps input to output
   for number, text in enumerate(texts):
     print(f'--- sample {number} ({origin}) ---\n'

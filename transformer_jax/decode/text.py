@@ -1,0 +1,69 @@
+"""Text in, text out: what `launch.py --mode=sample` runs."""
+from typing import Protocol, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from transformer_jax.decode.beam import beam_search
+from transformer_jax.decode.cache import decoding_of
+from transformer_jax.decode.generation import generate
+from transformer_jax.decode.settings import SampleSettings
+
+__all__ = ['sample_text', 'TextVocab']
+
+
+class TextVocab(Protocol):
+  """What sample_text needs of a tokenizer; `eos_id` (stop there), `bos_id` (the decoder prompt
+  of an encoder-decoder) and `size` (the ids it decodes; a model's larger vocabulary is never
+  drawn from past it) are optional attributes."""
+
+  def encode(self, text: str) -> Sequence[int]: ...
+
+  def decode(self, ids: Sequence[int]) -> str: ...
+
+
+def sample_text(model, params, vocab: TextVocab, settings: SampleSettings, *,
+                seq_len: int | None = None) -> list[str]:
+  """`settings.num_samples` continuations of `settings.prompt` (decoded, cut before EOS), drawn
+  in one batch, or with beam_size > 0 the `num_samples` best of beam_search's beams (the sampler
+  settings unused).
+
+  The sample mode calls sample_text(model, params, vocab, SampleSettings.of(config.sample),
+  seq_len=config.data.seq_len). A decoder-only model continues the prompt; an encoder-decoder
+  reads it as its encoder input and writes from `vocab.bos_id`. settings.window: as in
+  `generate`, 0 the whole context; unset, `seq_len` (the context the model trained on), or the
+  whole context without one.
+  """
+  encoder_decoder = decoding_of(model) == 'encoder_decoder'
+  ids = list(vocab.encode(settings.prompt))
+  if not ids:
+    raise ValueError('The prompt encodes to no tokens: give at least one character.')
+  eos_id = getattr(vocab, 'eos_id', None)
+  rows = 1 if settings.beam_size else settings.num_samples
+  extra = {}
+  if encoder_decoder:
+    bos_id = getattr(vocab, 'bos_id', None)
+    if bos_id is None:
+      raise ValueError('An encoder-decoder starts its output from a BOS token: the vocabulary '
+                       'needs a bos_id.')
+    extra['inputs'] = jnp.asarray([ids] * rows, jnp.int32)
+    ids = [bos_id]
+  window = seq_len if settings.window is None else settings.window
+  common = dict(max_new_tokens=settings.max_new_tokens, eos_id=eos_id, window=window or None,
+                token_limit=getattr(vocab, 'size', None), **extra)
+  if settings.beam_size:
+    out = beam_search(model, params, jnp.asarray([ids], jnp.int32), beam_size=settings.beam_size,
+                      length_penalty=settings.length_penalty, **common)
+    kept = settings.num_samples
+    tokens, lengths = jax.device_get((out.tokens[0, :kept], out.lengths[0, :kept]))
+  else:
+    out = generate(model, params, jnp.asarray([ids] * rows, jnp.int32),
+                   rng=jax.random.key(settings.seed), temperature=settings.temperature,
+                   top_k=settings.top_k, top_p=settings.top_p, **common)
+    tokens, lengths = jax.device_get((out.tokens, out.lengths))
+  texts = []
+  for row, length in zip(tokens, lengths):
+    row = row[:length].tolist()
+    texts.append(vocab.decode(row[:-1] if row and row[-1] == eos_id else row))
+  return texts
+
