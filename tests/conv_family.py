@@ -52,8 +52,6 @@ class ConvLM(nn.Module):
     return embed.attend(common.norm(cfg)(name='final_norm')(x))
 
 
-FAMILY = registry.register(registry.Family(
-    name='conv_lm', module=ConvLM, example_inputs=common.text_example_inputs,
-    logits=lambda apply, batch: apply(batch['inputs']), task='next_token', config=ConvLMConfig,
-    check_data=common.check_text_data,
-    lengths=common.text_lengths))
+FAMILY = registry.register(registry.Family(**common.text_family(
+    name='conv_lm', module=ConvLM,
+    logits=lambda apply, batch: apply(batch['inputs']), task='next_token', config=ConvLMConfig)))

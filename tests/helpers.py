@@ -10,7 +10,7 @@ import tensorflow_datasets as tfds
 from tensorflow_datasets.core.data_sources import array_record
 from tensorflow_datasets.core.features import image_feature
 
-from transformer_jax import config_lib, models
+from transformer_jax import config_lib, models, train
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONFIG_FILES = sorted((ROOT / 'configs').glob('*.py'))
@@ -42,7 +42,13 @@ def tiny(family, **overrides):
   cfg.update(dict(image_size=8, patch_size=4, num_classes=5) if family == 'vit' else
              dict(vocab_size=40, max_len=16))
   cfg.update(overrides)
-  return models.model_config(cfg)
+  return models.model_config(cfg).on('cpu')  # the platform the tests run on
+
+
+def model_of(config):
+  """The model settings a run of `config` resolves on this machine (the tests' CPU): a size the
+  data states (data.vocab_size) filled in, the dtype decided."""
+  return train.resolve(config, 'cpu').model
 
 
 def init(cfg, rng, *inputs):

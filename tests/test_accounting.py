@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import pytest
 from jax.extend import core as jax_core
 
-from helpers import CONFIG_FILES, ROOT, load_config
+from helpers import CONFIG_FILES, ROOT, load_config, model_of
 from transformer_jax import accounting, layers, models
 from transformer_jax.models import common, styles
 
@@ -67,7 +67,7 @@ def test_one_block_at_768_has_12d2_plus_13d(rng):
   assert blocks == 7_087_872
   # A Block initialized alone, and GPT-2's checkpoint, whose block holds ln_1, attn.c_attn
   # (768, 2304), attn.c_proj (768, 768), ln_2, mlp.c_fc (768, 3072) and mlp.c_proj (3072, 768).
-  alone = jax.eval_shape(common.block(models.model_config(block))().init, rng,
+  alone = jax.eval_shape(common.block(models.model_config(block).on('cpu'))().init, rng,
                          jnp.zeros((1, 1, 768)))
   assert tree_size(alone) == blocks
   gpt2_block = [(2, 768), (768, 2304), (2304,), (768, 768), (768,), (2, 768), (768, 3072),
@@ -96,7 +96,7 @@ def test_gpt_style_decoder_tied_and_untied(tied, total):
 
 def test_reference_lm_and_vit():
   configs = CONFIG_FILES[0].parent
-  assert both_counts(load_config(configs / 'llama_shakespeare.py').model)['total'] == 803_712
+  assert both_counts(model_of(load_config(configs / 'llama_shakespeare.py')))['total'] == 803_712
   vit = both_counts(load_config(configs / 'vit_reference.py').model)
   assert vit['total'] == 802_826
   assert vit['mlp'] == 4 * 3 * 128 * 341
@@ -114,7 +114,7 @@ def test_cifar_vit_ti4_patch_and_position_embeddings():
 
 @pytest.mark.parametrize('path', CONFIG_FILES, ids=lambda p: p.stem)
 def test_every_config_counts_agree(path):
-  both_counts(load_config(path).model)
+  both_counts(model_of(load_config(path)))
 
 
 def test_kv_cache_bytes():
@@ -179,7 +179,7 @@ def test_xla_counts_the_formulas_flops_plus_the_element_wise_work(name):
   """XLA's cost analysis of the jitted forward pass counts every matrix product the formulas
   count, and the softmax, norm and activation work they leave out: 0.6% to 9% more here."""
   config = load_config(ROOT / 'configs' / f'{name}.py')
-  cfg = models.model_config(config.model)
+  cfg = model_of(config)
   family = models.registry.get(cfg.family)
   seq_len = config.data.seq_len if family.unit == 'token' else None
   inputs = models.example_inputs(cfg, 1, seq_len)

@@ -15,7 +15,7 @@ from transformer_jax.train import metrics, setup, sharding
 HELD_OUT = {'model.width': 96, 'model.num_layers': 3, 'model.num_heads': 4, 'model.d_ff': 256,
             'data.batch_size': 32, 'data.eval_batch_size': 32}
 TEXT = {'data.seq_len': 48, 'model.max_len': 64, 'model.vocab_size': 80}
-IMAGES = {'data.image_size': 16, 'model.image_size': 16}
+IMAGES = {'model.image_size': 16}
 MESHES = {'1 device': ((1,), ('data',), 'dp'), '8 dp': ((8,), ('data',), 'dp'),
           '8 fsdp': ((8,), ('data',), 'fsdp'), '4x2 tp': ((4, 2), ('data', 'model'), 'tp')}
 

@@ -211,7 +211,7 @@ def test_muons_settings_are_checked_before_anything_is_built(key, value, message
 
 
 def test_make_optimizer_names_the_optimizers_there_are():
-  with pytest.raises(ConfigError, match=r"Unknown optimizer.name 'sgd': use one of \['adamw', "
+  with pytest.raises(ConfigError, match=r"optimizer.name='sgd' must be one of \['adamw', "
                                         r"'muon'\]"):
     optim.make_optimizer(small_config(**{'optimizer.name': 'sgd'}).optimizer, 10)
 

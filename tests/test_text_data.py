@@ -94,12 +94,12 @@ def test_bad_tokenizers_fail_in_one_line(tmp_path):
 def test_jsonl_corpus_holds_out_every_tenth_document_and_names_bad_lines(tmp_path):
   texts = documents(30)
   path = write_jsonl(tmp_path / 'c.jsonl', texts)
-  train, held_out = corpus.open_corpus(data.DataSettings(path=path), 'jsonl')
+  train, held_out = corpus.open_corpus(data.DataSettings.of({'path': path}), 'jsonl')
   assert list(held_out.documents()) == texts[9::10]
   assert list(train.documents()) == [t for i, t in enumerate(texts) if i % 10 != 9]
   bad = tmp_path / 'bad.jsonl'
   bad.write_text('{"text": "fine"}\n\n{"text": broken\n')
-  settings = data.DataSettings(path=str(bad))
+  settings = data.DataSettings.of({'path': str(bad)})
   with pytest.raises(ConfigError, match=r'bad.jsonl:3 is not JSON'):
     list(corpus.open_corpus(settings, 'jsonl')[0].documents())
   bad.write_text('{"text": "fine"}\n{"body": "no text key"}\n')
@@ -107,7 +107,7 @@ def test_jsonl_corpus_holds_out_every_tenth_document_and_names_bad_lines(tmp_pat
                                         r"\(its keys: \['body'\]\)"):
     list(corpus.open_corpus(settings, 'jsonl')[0].documents())
   with pytest.raises(ConfigError, match="data.path='.*missing.*' matches no file"):
-    corpus.open_corpus(data.DataSettings(path=str(tmp_path / 'missing*.jsonl')), 'jsonl')
+    corpus.open_corpus(data.DataSettings.of({'path': str(tmp_path / 'missing*.jsonl')}), 'jsonl')
 
 
 def test_token_files_are_keyed_by_corpus_and_tokenizer(tmp_path):
