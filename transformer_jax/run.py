@@ -115,6 +115,7 @@ def export(settings: train.RunSettings, workdir: str) -> str:
   the adapters merged in) as a Hugging Face checkpoint in WORKDIR/hf (convert.save), for a model
   that a Hugging Face class expresses, with the run's tokenizer.json where it trained with one
   (a BPE's, or one it was given); returns its path."""
+  settings = train.resolve(settings)
   run_, params, step = train.restore_trained(settings, workdir)
   path = os.path.join(workdir, 'hf')
   if jax.process_index() == 0:
@@ -140,7 +141,8 @@ def sample(settings: train.RunSettings, workdir: str | None) -> list[str]:
   """--mode=sample: text from the parameters of the workdir's latest checkpoint, or from the
   Hugging Face weights of config.init_from_hf (with their tokenizer), with the settings of
   config.sample (its window unset: the context the run trained on, data.seq_len). Writes
-  nothing."""
+  nothing. `settings`: the run's RunSettings, or a config resolved here."""
+  settings = train.resolve(settings)
   trained = workdir and checkpoint.latest_step(workdir) is not None
   hf = settings.init_from_hf
   if trained or not hf:
