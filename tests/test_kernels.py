@@ -170,14 +170,14 @@ def _lowered(fn, platform, *args) -> str:
 def test_linear_runs_as_one_matmul_only_when_compiled_for_the_cpu():
   """Both forms equal NumPy's contraction; XLA:CPU gets the (B*T, in) matmul, a TPU the plain
   contraction of (B, T, heads, head_dim)."""
-  from transformer_jax.layers import linear
+  from transformer_jax.kernels import contraction
   x = np.random.default_rng(0).standard_normal((2, 3, 4, 5), np.float32)
   kernel = np.random.default_rng(1).standard_normal((4, 5, 6), np.float32)
   expected = np.einsum('bthd,hdf->btf', x, kernel)
-  for form in (linear._as_one_matmul, linear._as_contraction):
+  for form in (contraction.as_one_matmul, contraction.as_contraction):
     np.testing.assert_allclose(form(x, kernel, 2, None), expected, rtol=1e-5)
-  np.testing.assert_allclose(linear.contract(x, kernel, 2), expected, rtol=1e-5)
-  contract = lambda x, kernel: linear.contract(x, kernel, 2)
+  np.testing.assert_allclose(contraction.contract(x, kernel, 2), expected, rtol=1e-5)
+  contract = lambda x, kernel: contraction.contract(x, kernel, 2)
   assert 'tensor<6x20xf32>' in _lowered(contract, 'cpu', x, kernel)
   assert 'tensor<6x20xf32>' not in _lowered(contract, 'tpu', x, kernel)
 

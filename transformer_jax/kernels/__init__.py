@@ -21,6 +21,9 @@ a platform, `auto` then picks it there. A kernel marked `masks.takes_structure` 
 is given the mask as a `masks.Mask` where the model built one (its parts: causal, window,
 segment ids, valid keys), so that it computes the mask itself; every other kernel gets the
 boolean array.
+
+The dense layers' product has a form per platform too (`contraction.contract`: one 2-D matmul on
+XLA:CPU), chosen where the step is lowered; the layers carry no machine of their own.
 """
 import dataclasses
 import functools
@@ -28,10 +31,10 @@ from typing import Callable
 
 import jax
 
-from transformer_jax.kernels import cache, cpu, cudnn, masks, reference, xla
+from transformer_jax.kernels import cache, contraction, cpu, cudnn, masks, reference, xla
 
-__all__ = ['Choice', 'Kernel', 'cache', 'current_name', 'function', 'keeps_weights', 'masks',
-           'names', 'reference', 'register', 'resolve']
+__all__ = ['Choice', 'Kernel', 'cache', 'contraction', 'current_name', 'function',
+           'keeps_weights', 'masks', 'names', 'reference', 'register', 'resolve']
 
 Kernel = Callable  # (q, k, v, mask=None, *, scale) -> out
 

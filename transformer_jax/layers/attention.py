@@ -4,12 +4,11 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from transformer_jax import kernels
 from transformer_jax.errors import ConfigError
 from transformer_jax.layers import axes
-from transformer_jax.layers.embeddings import apply_rope
+from transformer_jax.layers.embeddings import apply_rope, default_positions
 from transformer_jax.layers.linear import Linear
 
 __all__ = ['Attention', 'causal_mask', 'check_kv_heads', 'check_rope', 'padding_mask',
@@ -86,9 +85,9 @@ class Attention(nn.Module):
   The layer projects queries, keys and values, rotates them (RoPE), keeps the cache and projects
   the heads back; the softmax(QK^T)V between is `kernel`: a name of `transformer_jax.kernels`
   ('auto', 'xla', 'cpu', 'reference', or one registered there) or a function of the kernels'
-  signature. 'auto' runs the kernel of the platform the step is compiled for; `models.build`
-  resolves it to a name where it is given that platform. The output has `out_features` (default: the
-  input's width). Self-attention takes its keys from its input; cross-attention (`is_cross`)
+  signature. 'auto' runs the kernel of the platform the step is compiled for; a run decides
+  the name once, at the top (train.resolve). The output has `out_features` (default: the input's
+  width). Self-attention takes its keys from its input; cross-attention (`is_cross`)
   from `kv_inputs`. With `rope_base`, queries and keys of self-attention are rotated by their
   `positions` (B, T) (default 0..T-1, after the cache index when decoding). `init_std` None
   draws the kernels LeCun-normal. Where the 'intermediates' collection is mutable, the layer
@@ -151,10 +150,9 @@ class Attention(nn.Module):
       k, v = (axes.constrain(dense(self.kv_heads, 'kv_heads', name)(source), axes.KV_HEADS, None)
               for name in ('key', 'value'))
     if self.rope_base is not None and not self.is_cross:
-      if positions is None and cache_index is None:  # constant rotations (see apply_rope)
-        positions = np.arange(x.shape[1])[None]
-      elif positions is None:
-        positions = jnp.broadcast_to(jnp.arange(x.shape[1]) + cache_index, x.shape[:2])
+      if positions is None:  # constant rotations where the offset is (see apply_rope)
+        positions = default_positions(x.shape[0], x.shape[1],
+                                      0 if cache_index is None else cache_index)
       q = apply_rope(q, positions, self.rope_base)
       k = apply_rope(k, positions, self.rope_base)
     scale = self.head_dim ** -0.5

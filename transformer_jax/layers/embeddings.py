@@ -6,11 +6,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.layers.linear import contract
+from transformer_jax.kernels.contraction import contract
 
 __all__ = [
-    'apply_rope', 'PatchEmbed', 'POSITION_EMBEDDINGS', 'resize_position_grid', 'sinusoidal',
-    'TextEmbed']
+    'apply_rope', 'default_positions', 'PatchEmbed', 'POSITION_EMBEDDINGS',
+    'resize_position_grid', 'sinusoidal', 'TextEmbed']
 
 
 POSITION_EMBEDDINGS = ('learned', 'sinusoidal', 'none')
@@ -77,6 +77,15 @@ class TextEmbed(nn.Module):
   def attend(self, x):
     """x (..., width) -> float32 logits (..., vocab_size): the tied unembedding x E^T."""
     return contract(x.astype(self.dtype), self.tokens.astype(self.dtype).T, 1, jnp.float32)
+
+
+def default_positions(batch: int, length: int, offset=0) -> jax.Array | np.ndarray:
+  """(batch, length): every row at offset, offset + 1, ... A traced offset (a decoding step's
+  cache index) gives a traced array; any other a NumPy one, constants when tracing, so that
+  RoPE's rotations are constants too (see apply_rope)."""
+  if isinstance(offset, jax.Array):
+    return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32) + offset, (batch, length))
+  return np.broadcast_to(np.arange(length, dtype=np.int32) + offset, (batch, length))
 
 
 def sinusoidal(positions: jax.Array, width: int, base: float = 10000.0) -> jax.Array:

@@ -1,13 +1,13 @@
 """The one dense layer every projection uses, with logical axis names on its parameters."""
-import functools
-import math
 from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-__all__ = ['contract', 'kernel_init', 'Linear']
+from transformer_jax.kernels.contraction import contract
+
+__all__ = ['kernel_init', 'Linear']
 
 
 def kernel_init(std: float | None, in_axes: int = 1, out_axes: int = 1):
@@ -22,31 +22,6 @@ def kernel_init(std: float | None, in_axes: int = 1, out_axes: int = 1):
       out_axis=tuple(range(in_axes, in_axes + out_axes)))
 
 
-def contract(x: jax.Array, kernel: jax.Array, num_in: int, out_dtype=None) -> jax.Array:
-  """x's last `num_in` dimensions contracted with the kernel's first `num_in`: (..., *in) x
-  (*in, *out) -> (..., *out).
-
-  Compiled for XLA:CPU, the product runs as one 2-D matmul over all leading positions, (B*T, in)
-  x (in, out): XLA:CPU computes the weight gradient of that form much faster than that of the
-  batched one. On other platforms it is the plain contraction, which XLA:TPU runs moving fewer
-  bytes (experiments/results/bench_train has both measurements).
-  """
-  forms = [functools.partial(form, num_in=num_in, out_dtype=out_dtype)
-           for form in (_as_one_matmul, _as_contraction)]
-  return jax.lax.platform_dependent(x, kernel, cpu=forms[0], default=forms[1])
-
-
-def _as_one_matmul(x, kernel, num_in, out_dtype):
-  in_size = math.prod(kernel.shape[:num_in])
-  y = jnp.dot(x.reshape(-1, in_size), kernel.reshape(in_size, -1), preferred_element_type=out_dtype)
-  return y.reshape(x.shape[:x.ndim - num_in] + kernel.shape[num_in:])
-
-
-def _as_contraction(x, kernel, num_in, out_dtype):
-  dims = ((tuple(range(x.ndim - num_in, x.ndim)), tuple(range(num_in))), ((), ()))
-  return jax.lax.dot_general(x, kernel, dims, preferred_element_type=out_dtype)
-
-
 class Linear(nn.Module):
   """y = x W + b: the trailing len(in_axes) dimensions of x contracted into `features`.
 
@@ -55,7 +30,8 @@ class Linear(nn.Module):
 
   `in_axes` and `out_axes` are the logical names of the contracted and the output dimensions
   (what sharding rules refer to); their lengths say how many dimensions each side has. The
-  kernel keeps the natural multi-dimensional shape, in_shape + features (see `contract`).
+  kernel keeps the natural multi-dimensional shape, in_shape + features (see
+  `kernels.contraction`, which picks the platform's form of the product).
   """
   features: Sequence[int]
   in_axes: Sequence[str]

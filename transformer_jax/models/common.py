@@ -12,6 +12,7 @@ import numpy as np
 
 from transformer_jax.errors import ConfigError
 from transformer_jax.kernels import masks
+from transformer_jax.layers import embeddings
 from transformer_jax.layers import (MLP, Attention, Block, BlockStack, LayerNorm, Linear, RMSNorm,
                                     TextEmbed, axes)
 from transformer_jax.model_config import ModelConfig
@@ -84,13 +85,8 @@ def text_embed(cfg: TextConfig, type_vocab_size: int = 0, **kwargs) -> TextEmbed
 
 
 def default_positions(tokens: jax.Array, offset=0) -> jax.Array | np.ndarray:
-  """(B, T): every row at offset, offset + 1, ... A traced offset (a decoding step's cache index)
-  gives a traced array; any other a NumPy one, constants when tracing, so that RoPE's rotations
-  are constants too (see apply_rope)."""
-  b, t = tokens.shape
-  if isinstance(offset, jax.Array):
-    return jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32) + offset, (b, t))
-  return np.broadcast_to(np.arange(t, dtype=np.int32) + offset, (b, t))
+  """(B, T) positions of a batch of tokens (layers.embeddings.default_positions)."""
+  return embeddings.default_positions(*tokens.shape, offset)
 
 
 def decoder_mask(positions, attention_mask=None, cache_index=None):
