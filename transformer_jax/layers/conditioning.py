@@ -41,7 +41,7 @@ class AdaLNZero(nn.Module):
       raise ValueError(f'AdaLNZero needs a conditioning vector (B, C) for x {x.shape}, got '
                        f'{getattr(condition, "shape", None)}: pass it as the block\'s `encoded`.')
     parts = 3 if self.gated else 2
-    modulation = Linear((parts, x.shape[-1]), ('embed',), (None, 'embed'), init_std=0.0,
+    modulation = Linear((parts, x.shape[-1]), ('embed',), (None, 'modulation'), init_std=0.0,
                         dtype=self.dtype, param_dtype=self.param_dtype, out_dtype=jnp.float32,
                         name='modulation')(jax.nn.silu(condition.astype(jnp.float32)))
     shift, scale = modulation[:, None, 0], modulation[:, None, 1]
@@ -77,11 +77,12 @@ class TimestepEmbed(nn.Module):
 
   @nn.compact
   def __call__(self, timesteps: jax.Array) -> jax.Array:
-    dense = lambda in_axis, name: Linear(
-        (self.features,), (in_axis,), ('embed',), init_std=self.init_std, dtype=self.dtype,
+    dense = lambda in_axis, out_axis, name: Linear(
+        (self.features,), (in_axis,), (out_axis,), init_std=self.init_std, dtype=self.dtype,
         param_dtype=self.param_dtype, name=name)
-    h = dense('frequencies', 'dense_in')(timestep_frequencies(timesteps, self.frequency_dim))
-    return dense('embed', 'dense_out')(jax.nn.silu(h))
+    frequencies = timestep_frequencies(timesteps, self.frequency_dim)
+    h = dense('frequencies', 'mlp', 'dense_in')(frequencies)
+    return dense('mlp', 'embed', 'dense_out')(jax.nn.silu(h))
 
 
 class LabelEmbed(nn.Module):
