@@ -98,10 +98,11 @@ def base_config(family: str = 'decoder') -> ml_collections.ConfigDict:
   # changed schedule): WORKDIR or WORKDIR:STEP (default: its latest checkpoint). A checkpoint of
   # the run's own, once there is one, wins.
   config.init_from_checkpoint = ''
-  # --mode=sample's settings (decode.SampleSettings), and how an encoder-decoder's held-out
-  # outputs are decoded at each evaluation (decode.EvalSettings).
+  # --mode=sample's settings (decode.SampleSettings, or the family's own), and how an
+  # encoder-decoder's held-out outputs are decoded at each evaluation (decode.EvalSettings).
   config.eval = section_of(decode.EvalSettings)
-  config.sample = section_of(decode.SampleSettings)
+  config.sample = section_of(models.registry.get(family).sample_settings
+                              or decode.SampleSettings)
   return config
 
 

@@ -103,7 +103,8 @@ def run(config, workdir: str | None, mode: str):
   if mode == 'eval':
     return train.evaluate(settings, workdir)
   if mode == 'sample':
-    return sample(settings, workdir)
+    own_sampler = settings.family.sample  # a family that does not decode text samples itself
+    return own_sampler(settings, workdir) if own_sampler else sample(settings, workdir)
   if mode == 'export':
     return export(settings, workdir)
   raise errors.ConfigError(f'Unknown --mode={mode}: use train, eval, sample, export, describe or '

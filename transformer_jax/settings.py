@@ -79,6 +79,10 @@ class TrainingSettings(Settings):
   # The memory of one device, for the plan of --mode=describe; unset: what JAX reports for the
   # device (GPUs and TPUs do; a CPU does not).
   device_memory_gb: float | None = None
+  # An exponential moving average of the trained parameters, ema <- decay * ema + (1 - decay) *
+  # params after each update (DiT: 0.9999), checkpointed with the state; evaluation and
+  # --mode=sample run it. 0: none.
+  ema_decay: float = 0.0
 
   RANGES = {
       'steps': COUNT, 'grad_accum_steps': COUNT, 'label_smoothing': FRACTION,
@@ -87,7 +91,7 @@ class TrainingSettings(Settings):
       'peak_flops_per_device': Range(0, open_low=True, optional=True, example=1e12),
       'device_memory_gb': Range(0, open_low=True, optional=True, example=16),
       'profile_start': Range(1, integer=True, optional=True, example=10),
-      'profile_steps': COUNT,
+      'profile_steps': COUNT, 'ema_decay': FRACTION,
   }
 
   def check(self) -> None:

@@ -50,6 +50,10 @@ class Block(nn.Module):
   use_mlp=False adds zero to the residual stream (a post-LN block still normalizes there), and
   use_residual=False drops the `x +` of every sublayer.
 
+  A conditioned norm (a class with `conditioned = True`, such as AdaLNZero: DiT's adaLN-Zero)
+  is called as norm(x, encoded) -> (h, gate), `encoded` being the conditioning vector (B, C),
+  and the sublayer adds gate * f(h): pre-LN only, in a block without cross-attention.
+
   Block meets the contract of a block that BlockStack stacks (BLOCK_CONTRACT; see BlockStack):
   a block of one's own that meets it can replace this one.
   """
@@ -70,6 +74,9 @@ class Block(nn.Module):
       raise ValueError(f'Unknown norm_position {self.norm_position!r}: use "pre" or "post".')
     if not 0 <= self.dropout_rate < 1:
       raise ValueError(f'dropout_rate={self.dropout_rate} must be in [0, 1).')
+    if _conditioned(self.norm) and (self.norm_position != 'pre' or self.cross_attention):
+      raise ValueError('A conditioned norm reads the block\'s `encoded` as its conditioning '
+                       'vector: use it pre-LN, in a block without cross-attention.')
     super().__post_init__()
 
   @nn.compact
@@ -79,29 +86,40 @@ class Block(nn.Module):
 
     mask: boolean, broadcastable to (B, heads, T, S), True where a query sees a key (None: every
     key); positions (B, T), RoPE's (None: 0..T-1); encoded (B, S_enc, D), the keys and values of
-    cross-attention (None after a decoding prefill, which cached them); cross_mask over them;
+    cross-attention (None after a decoding prefill, which cached them), or with a conditioned
+    norm the conditioning vector (B, C); cross_mask over them;
     cache_index: the 'cache' slot of x's first token when decoding (None: no cache).
     """
     x = axes.constrain(x, axes.EMBED)  # the residual stream between blocks
     attend = lambda h: self.attention(name='attn')(h, mask=mask, positions=positions,
                                                    cache_index=cache_index)
-    x = self._sublayer(x, attend, 'attn', self.use_attention)
+    x = self._sublayer(x, attend, 'attn', self.use_attention, encoded)
     if self.cross_attention is not None:
       cross = lambda h: self.cross_attention(name='cross_attn')(
           h, encoded, mask=cross_mask, cache_index=cache_index)
       x = self._sublayer(x, cross, 'cross_attn', self.use_attention)
-    x = axes.constrain(self._sublayer(x, self.mlp(name='mlp'), 'mlp', self.use_mlp), axes.EMBED)
+    x = axes.constrain(self._sublayer(x, self.mlp(name='mlp'), 'mlp', self.use_mlp, encoded),
+                       axes.EMBED)
     return (x, None) if self.scanned else x
 
-  def _sublayer(self, x, fn, name, present):
+  def _sublayer(self, x, fn, name, present, encoded=None):
     norm = (lambda h: h) if self.norm is None else self.norm(name=f'{name}_norm')
     if self.norm_position == 'pre':
-      y = fn(norm(x)) if present else jnp.zeros_like(x)
+      if _conditioned(self.norm):  # adaLN: the norm's gate scales the sublayer's output
+        h, gate = norm(x, encoded)
+        y = gate * fn(h) if present else jnp.zeros_like(x)
+      else:
+        y = fn(norm(x)) if present else jnp.zeros_like(x)
       y = nn.Dropout(self.dropout_rate)(y, deterministic=self.deterministic)
       return x + y if self.use_residual else y
     y = fn(x) if present else jnp.zeros_like(x)
     y = nn.Dropout(self.dropout_rate)(y, deterministic=self.deterministic)
     return norm(x + y if self.use_residual else y)
+
+
+def _conditioned(norm: ModuleFactory | None) -> bool:
+  """Whether a norm factory (a class, or a class bound by functools.partial) is conditioned."""
+  return getattr(getattr(norm, 'func', norm), 'conditioned', False)
 
 
 class BlockStack(nn.Module):

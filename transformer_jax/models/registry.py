@@ -119,6 +119,10 @@ class Family:
     size set that the data cannot fit is refused, naming both.
   describe: cfg -> what else sizes the model, for describe ('32x32 images in patches of 4').
   depth_keys: the settings that count its blocks (config_lib.smoke shrinks each).
+
+  Sampling, for a family that does not decode text:
+  sample_settings: the Settings class of config.sample (None: decode.SampleSettings).
+  sample: (run settings, workdir) -> what --mode=sample returns (None: decode's text sampling).
   """
   name: str
   module: Callable[[ModelConfig], Any]
@@ -142,6 +146,8 @@ class Family:
   follow_data: Callable[[ModelConfig, dict, str], ModelConfig] = _follows_nothing
   describe: Callable[[ModelConfig], str] = lambda cfg: ''
   depth_keys: tuple[str, ...] = ('num_layers',)
+  sample_settings: type | None = None
+  sample: Callable[[Any, str | None], Any] | None = None
 
   def weights(self, batch: dict) -> jax.Array:
     """Float32 weight of each target: the batch's 'weights', else one per target."""

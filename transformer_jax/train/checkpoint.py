@@ -68,13 +68,14 @@ class Checkpoints:
 
     abstract_state: the TrainState of ShapeDtypeStructs with shardings that the config builds.
     params_only: restore the parameters the model runs with alone (the optimizer's settings do
-    not matter): abstract_state.params, or a LoraState's base with its adapters merged in.
+    not matter): abstract_state.params, or their moving average where the state keeps one
+    (`ema`), a LoraState's base with those adapters merged in.
     A checkpoint whose tree, shapes or dtypes differ raises CheckpointMismatchError.
     """
     target = abstract_state
     if params_only:
-      target = {name: getattr(abstract_state, name) for name in ('params', 'base')
-                if hasattr(abstract_state, name)}
+      target = {name: getattr(abstract_state, name) for name in ('params', 'base', 'ema')
+                if getattr(abstract_state, name, None) is not None}
     for candidate in ([step] if step is not None else reversed(self.all_steps())):
       try:
         saved = self._stored_shapes(candidate)
@@ -95,7 +96,8 @@ class Checkpoints:
         self._skip_unreadable(candidate, error)
         continue
       if params_only:
-        return abstract_state.replace(**restored).model_params(), candidate
+        state = abstract_state.replace(**restored)
+        return state.model_params(state.ema), candidate
       return restored, candidate
     return None, None
 

@@ -37,7 +37,7 @@ class RunSettings:
   mesh: MeshSettings
   lora: lora.LoraSettings
   eval: Any  # decode's settings of the held-out decoding (beam_size, length_penalty)
-  sample: Any  # decode's settings of --mode=sample
+  sample: Any  # --mode=sample's settings: decode's, or the family's own (sample_settings)
   seed: int
   rule_set: str
   sharding_rules: tuple
@@ -86,7 +86,8 @@ def resolve(config: 'ml_collections.ConfigDict | RunSettings',
       data=data, training=TrainingSettings.of(config.training),
       optimizer=OptimizerSettings.of(config.optimizer), mesh=mesh,
       lora=lora.LoraSettings.of(config.lora), eval=decode.EvalSettings.of(config.eval),
-      sample=decode.SampleSettings.of(config.sample), seed=config.seed,
+      sample=(family.sample_settings or decode.SampleSettings).of(config.sample),
+      seed=config.seed,
       rule_set=config.rule_set, sharding_rules=tuple(map(tuple, config.sharding_rules)),
       rules=sharding.rules_of(config.rule_set, config.sharding_rules),
       parallelism=config.parallelism,

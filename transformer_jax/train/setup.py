@@ -43,7 +43,7 @@ def layout(settings: RunSettings, mesh) -> Layout:
   model = models.build(settings.model)
   tx, schedule = optim.make_optimizer(settings.optimizer, settings.training.steps)
   boxed = boxed_abstract_state(model, tx, settings.family.example_inputs(settings.model),
-                               settings.lora)
+                               settings.lora, ema=settings.training.ema_decay > 0)
   state_sharding = sharding.state_shardings(boxed, mesh, settings.rules)
   abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                           nn.meta.unbox(boxed), state_sharding)
@@ -95,11 +95,13 @@ class Run:
     return getattr(self.abstract_state, 'base', self.abstract_state.params)
 
   def model_params(self, state: TrainState):
-    """The parameters the model runs with, laid out as param_sharding: with LoRA, the base
-    with the adapters merged in (a new tree), else the state's own."""
+    """The parameters the model runs with (evaluation, sampling), laid out as param_sharding:
+    the moving average where the state keeps one, else the trained parameters; with LoRA, the
+    base with those adapters merged in (a new tree)."""
+    trained = state.params if state.ema is None else state.ema
     if not isinstance(state, LoraState):
-      return state.params
-    return jax.jit(LoraState.model_params, out_shardings=self.param_sharding)(state)
+      return trained
+    return jax.jit(LoraState.model_params, out_shardings=self.param_sharding)(state, trained)
 
 
 def build_run(config: 'ml_collections.ConfigDict | RunSettings', workdir: str | None = None,
@@ -124,32 +126,40 @@ def build_run(config: 'ml_collections.ConfigDict | RunSettings', workdir: str | 
   return Run(settings, dataset, mesh, layout(settings, mesh), StepSettings.of(settings))
 
 
-def state_of(tx: optax.GradientTransformation, params) -> TrainState:
-  """Step 0 of `params`, with a fresh optimizer state."""
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+def state_of(tx: optax.GradientTransformation, params, ema: bool = False) -> TrainState:
+  """Step 0 of `params`, with a fresh optimizer state (and with `ema` their moving average, a
+  copy of them)."""
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                    ema=_copy(params) if ema else None)
+
+
+def _copy(params):
+  # A buffer of its own: the step donates the state, and a leaf held twice cannot be donated.
+  return jax.tree.map(lambda p: jnp.array(p, copy=True), params)
 
 
 def initial_state(model: nn.Module, tx, inputs: tuple, rng, unbox: bool = True,
-                  adapters: lora.LoraSettings | None = None) -> TrainState:
+                  adapters: lora.LoraSettings | None = None, ema: bool = False) -> TrainState:
   """A freshly initialized state (boxed with logical axis names unless `unbox`); with
   `adapters` of a rank, a LoraState: fresh adapters (of the key fold_in(rng, 1)) trained over the
-  initialized parameters, frozen."""
+  initialized parameters, frozen; with `ema`, the moving average of what it trains."""
   params = model.init(rng, *inputs)['params']
   if adapters and adapters.rank:
     trained = lora.init_adapters(params, adapters, jax.random.fold_in(rng, 1))
     state = LoraState(step=jnp.zeros((), jnp.int32), params=trained, opt_state=tx.init(trained),
-                      base=params, lora=adapters)
+                      ema=_copy(trained) if ema else None, base=params, lora=adapters)
   else:
-    state = state_of(tx, params)
+    state = state_of(tx, params, ema)
   return nn.meta.unbox(state) if unbox else state
 
 
 def boxed_abstract_state(model: nn.Module, tx, inputs: tuple,
-                         adapters: lora.LoraSettings | None = None) -> TrainState:
+                         adapters: lora.LoraSettings | None = None,
+                         ema: bool = False) -> TrainState:
   """The initial state's shapes and dtypes, boxed with their logical axis names; nothing is
   computed or allocated."""
   return jax.eval_shape(functools.partial(initial_state, model, tx, inputs, unbox=False,
-                                          adapters=adapters), jax.random.key(0))
+                                          adapters=adapters, ema=ema), jax.random.key(0))
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -182,12 +192,14 @@ def restore_or_init(run: Run, checkpoints: checkpoint.Checkpoints, workdir: str)
     return state
   params = starting_params(run)
   init_rng = jax.random.fold_in(jax.random.key(run.settings.seed), 0)
+  ema = run.training.ema_decay > 0
   init = functools.partial(initial_state, run.model, run.tx,
-                           run.family.example_inputs(run.model_config), adapters=run.lora)
+                           run.family.example_inputs(run.model_config), adapters=run.lora, ema=ema)
   if params is None:
     return jax.jit(init, out_shardings=run.state_sharding)(init_rng)
   if not run.lora.rank:
-    return jax.jit(functools.partial(state_of, run.tx), out_shardings=run.state_sharding)(params)
+    return jax.jit(functools.partial(state_of, run.tx, ema=ema),
+                   out_shardings=run.state_sharding)(params)
   # The adapters of a random init of the same seed over the starting params (XLA drops the
   # unused initialization of the base).
   start = lambda params, rng: init(rng).replace(base=params)
@@ -219,7 +231,8 @@ def _params_of_run(run: Run, workdir: str, step: int | None):
                       'with :STEP.')
   source = checkpoint.Checkpoints(checkpoint_dir(workdir), read_only=True)
   # With LoRA, the other run's parameters are the base: the state of a run without adapters.
-  wanted = TrainState(step=run.abstract_state.step, params=run.abstract_params, opt_state=None)
+  wanted = TrainState(step=run.abstract_state.step, params=run.abstract_params, opt_state=None,
+                      ema=None)
   try:
     params, found = source.restore_latest(wanted, params_only=True, step=step)
     steps = source.all_steps()

@@ -28,6 +28,7 @@ class TrainState(flax.struct.PyTreeNode):
   step: jax.Array
   params: dict  # what the optimizer trains
   opt_state: optax.OptState
+  ema: dict | None  # the moving average of params (training.ema_decay > 0), else None
 
   def model_params(self, params=None):
     """The parameters the model runs with, of the trained `params` (default: the state's)."""
@@ -53,6 +54,7 @@ class StepSettings:
   dropout: bool = False  # whether the dropout layers are active
   parallelism: str = 'jit'  # 'jit' (GSPMD) or 'shard_map' (per device, explicit pmean)
   rules: tuple = ()  # logical axis -> mesh axis, for the activations (sharding.rules_of)
+  ema_decay: float = 0.0  # of the state's ema after each update (a state without one: unused)
 
   @classmethod
   def of(cls, settings) -> 'StepSettings':
@@ -61,7 +63,7 @@ class StepSettings:
     return cls(seed=settings.seed, grad_accum_steps=training.grad_accum_steps,
                label_smoothing=training.label_smoothing,
                dropout=settings.model.dropout_rate > 0, parallelism=settings.parallelism,
-               rules=settings.rules)
+               rules=settings.rules, ema_decay=training.ema_decay)
 
 
 def _microbatches(batch, num: int):
@@ -97,15 +99,18 @@ def _grads_and_sums(model, family, settings, state, params, batch, rng, total_we
   return grads, jax.tree.map(lambda s: s.sum(axis=0), sums)
 
 
-def _apply_update(tx, schedule, state, grads, sums):
-  """One optax update; the metrics say whether the new parameters are all finite, which the loop
-  checks before it can save them."""
+def _apply_update(tx, schedule, state, grads, sums, ema_decay):
+  """One optax update, and of the state's ema where it has one; the metrics say whether the new
+  parameters are all finite, which the loop checks before it can save them."""
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   params_finite = jnp.all(jnp.stack([jnp.isfinite(p).all() for p in jax.tree.leaves(params)]))
   metrics = dict(sums, grad_norm=optax.tree.norm(grads), learning_rate=schedule(state.step),
                  params_finite=params_finite)
-  return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+  ema = state.ema
+  if ema is not None:
+    ema = optax.incremental_update(params, ema, 1.0 - ema_decay)
+  return state.replace(step=state.step + 1, params=params, opt_state=opt_state, ema=ema), metrics
 
 
 def _jit_step(model, family, settings, mesh, tx, schedule, rng_root, state, batch):
@@ -115,7 +120,7 @@ def _jit_step(model, family, settings, mesh, tx, schedule, rng_root, state, batc
   total = jnp.sum(family.weights(batch))
   with sharding.activation_rules(mesh, settings.rules):
     grads, sums = _grads_and_sums(model, family, settings, state, state.params, batch, rng, total)
-  return _apply_update(tx, schedule, state, grads, sums)
+  return _apply_update(tx, schedule, state, grads, sums, settings.ema_decay)
 
 
 def dropout_root(seed):
@@ -208,7 +213,7 @@ def _shard_map_step(model, family, tx, schedule, settings, mesh, state_sharding,
                                   mean_total)
     grads = jax.lax.pmean(grads, DATA_AXIS)
     sums = jax.lax.psum(sums, DATA_AXIS)
-    return _apply_update(tx, schedule, state, grads, sums)
+    return _apply_update(tx, schedule, state, grads, sums, settings.ema_decay)
 
   return jax.shard_map(local_step, mesh=mesh, in_specs=(P(), P(DATA_AXIS)), out_specs=(P(), P()))
 

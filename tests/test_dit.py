@@ -1,0 +1,143 @@
+"""The DiT family: DiT-XL/2's parameter count, its 2-D positions, its loss, training through the
+run with an EMA, --mode=sample, and the settings it refuses."""
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_jax import accounting, config_lib, models, run, train
+from transformer_jax.errors import ConfigError
+from transformer_jax.models import dit
+from transformer_jax.train import checkpoint
+
+CONFIGS = pathlib.Path(__file__).parent.parent / 'configs'
+
+
+def tiny(**model):
+  return dit.DiTConfig(**{**dict(image_size=8, patch_size=4, num_channels=3, num_classes=3,
+                                 width=16, num_layers=2, num_heads=2, dtype='float32'), **model})
+
+
+def test_dit_xl2_counts_the_papers_parameters_and_multiply_adds():
+  config = config_lib.from_file(CONFIGS / 'dit_xl2.py')
+  cfg = models.model_config(config.model)
+  assert dit.param_counts(cfg)['total'] == 675_129_632
+  flops = accounting.forward_flops(cfg)
+  # The paper's 118.6 GFLOPs count a multiply-add once.
+  assert flops['total'] / 2 / 1e9 == pytest.approx(118.6, abs=0.05)
+
+
+def test_the_formulas_equal_the_initialized_tree():
+  for cfg in (tiny(), tiny(learn_sigma=False, scan_layers=True)):
+    params = models.init_params(cfg, jax.random.key(0))
+    assert dit.param_counts(cfg) == accounting.count_params(params)
+
+
+def test_the_position_table_is_dits_2d_sincos():
+  """MAE's/DiT's get_2d_sincos_pos_embed at a 2x2 grid and width 8, worked out: each row is
+  [sin, cos of the column at 1, 1/100], then [sin, cos of the row]."""
+  table = dit.sincos_2d(8, 2)
+  rows, columns = np.divmod(np.arange(4), 2)
+  half = lambda pos: np.concatenate([np.sin(pos[:, None] * [1, 0.01]),
+                                     np.cos(pos[:, None] * [1, 0.01])], axis=1)
+  np.testing.assert_allclose(table, np.concatenate([half(columns), half(rows)], 1), atol=1e-7)
+
+
+def test_a_new_dit_predicts_zero_and_its_loss_is_the_noise_variance():
+  """The zero head predicts no noise: the MSE is the mean square of the drawn noise."""
+  cfg = tiny(learn_sigma=False)
+  model = models.build(cfg)
+  params = models.init_params(cfg, jax.random.key(0))
+  images = jax.random.uniform(jax.random.key(1), (4, 8, 8, 3), minval=-1, maxval=1)
+  labels = jnp.array([0, 1, 2, 0])
+  out = model.apply({'params': params}, images, jnp.array([0, 5, 999, 3]), labels)
+  assert out.shape == (4, 8, 8, 3) and not out.any()
+  sums = model.apply({'params': params}, images, labels, jax.random.key(2),
+                     method='diffusion_losses')
+  noise = jax.random.normal(jax.random.split(jax.random.key(2), 3)[1], images.shape)
+  assert sums['weight'] == 4
+  np.testing.assert_allclose(sums['mse'], jnp.sum(jnp.mean(noise ** 2, axis=(1, 2, 3))),
+                             rtol=1e-5)
+
+
+def test_bad_settings_name_the_fix():
+  with pytest.raises(ConfigError, match='does not divide model.image_size'):
+    tiny(patch_size=3)
+  with pytest.raises(ConfigError, match='betas must lie in'):
+    tiny(diffusion_steps=10)
+  with pytest.raises(ConfigError, match='at most 1000'):
+    dit.SampleSettings(steps=1001).check_for(tiny())
+  with pytest.raises(ConfigError, match='learned the null class'):
+    dit.SampleSettings(guidance_scale=4.0).check_for(tiny(class_dropout=0.0))
+  with pytest.raises(ConfigError, match="must be one of \\['ddpm', 'ddim'\\]"):
+    dit.SampleSettings(sampler='euler')
+
+
+def test_labels_cycle_over_the_classes_or_the_chosen_ones():
+  np.testing.assert_array_equal(dit.SampleSettings(num_samples=5).labels(3), [0, 1, 2, 0, 1])
+  np.testing.assert_array_equal(dit.SampleSettings(num_samples=3, classes=(2,)).labels(3),
+                                [2, 2, 2])
+
+
+def test_the_grid_lays_images_out_row_by_row():
+  images = np.arange(5, dtype=np.uint8).reshape(5, 1, 1, 1) * np.ones((5, 2, 2, 3), np.uint8)
+  grid = dit.grid(images)
+  assert grid.shape == (4, 6, 3)  # 3 columns, 2 rows, the last short of one
+  np.testing.assert_array_equal(grid[::2, ::2, 0], [[0, 1, 2], [3, 4, 0]])
+
+
+def test_an_oracle_samples_its_one_image_back():
+  """A model that predicts the true noise of a one-image dataset (eps = (x_t - sqrt(acp) x0) /
+  sqrt(1 - acp)) brings any noise back to that image with DDIM, through `generate`."""
+  cfg = tiny(learn_sigma=False)
+  target = jax.random.uniform(jax.random.key(0), (1, 8, 8, 3), minval=-1, maxval=1)
+  schedule = dit.schedule_of(cfg)
+
+  class Oracle:
+    def __init__(self):
+      self.cfg = cfg
+
+    def apply(self, params, x, t, y):
+      del params, y
+      acp = jnp.asarray(schedule.alphas_cumprod)[t][:, None, None, None]
+      return (x - jnp.sqrt(acp) * target) / jnp.sqrt(1 - acp)
+
+  settings = dit.SampleSettings(num_samples=2, steps=20, sampler='ddim', clip_denoised=False)
+  images = dit.generate(Oracle(), None, jnp.array([0, 1]), jax.random.key(1), settings)
+  np.testing.assert_allclose(images, jnp.broadcast_to(target, images.shape), atol=1e-4)
+
+
+def small(workdir_steps=4):
+  config = config_lib.base_config('dit')
+  config.model.update(image_size=8, patch_size=4, num_channels=3, num_classes=3, width=16,
+                      num_layers=2, num_heads=2, dtype='float32')
+  config.data.update(name='synthetic', batch_size=8, eval_batch_size=8, eval_steps=1,
+                     augment=False)
+  config.training.update(steps=workdir_steps, log_every=2, eval_every=workdir_steps,
+                         checkpoint_every=workdir_steps, ema_decay=0.5)
+  config.sample.update(num_samples=3, steps=5, sampler='ddpm', guidance_scale=2.0)
+  return config
+
+
+@pytest.mark.slow  # about 100 s on 2 shared cores: two compiles of the step, the sampler
+def test_it_trains_with_an_ema_and_samples_through_the_run(tmp_path):
+  workdir = str(tmp_path)
+  run.run(small(), workdir, 'train')
+  assert checkpoint.latest_step(workdir) == 4
+  # The EMA is checkpointed beside the parameters, and is what eval and sample restore.
+  run_, params, _ = train.restore_trained(small(), workdir)
+  manager = checkpoint.Checkpoints(f'{workdir}/checkpoints', read_only=True)
+  state, _ = manager.restore_latest(run_.abstract_state)
+  manager.close()
+  leaves = lambda tree: jax.tree.leaves(jax.device_get(tree))
+  for got, ema in zip(leaves(params), leaves(state.ema)):
+    np.testing.assert_array_equal(got, ema)
+  assert any((a != b).any() for a, b in zip(leaves(state.ema), leaves(state.params)))
+  folder = run.run(small(), workdir, 'sample')
+  saved = np.load(f'{folder}/samples.npz')
+  assert saved['images'].shape == (3, 8, 8, 3) and saved['images'].dtype == np.uint8
+  np.testing.assert_array_equal(saved['labels'], [0, 1, 2])
+  assert {p.name for p in pathlib.Path(folder).glob('*.png')} == {
+      'sample_0.png', 'sample_1.png', 'sample_2.png', 'grid.png'}

@@ -1,0 +1,347 @@
+"""The diffusion transformer (Peebles & Xie 2023, DiT): the ViT's patch tokens of a noised image
+(or latent), fixed 2-D sin-cos positions, the shared Block conditioned by adaLN-Zero on the
+timestep and class embeddings, and a final adaLN layer whose zero-initialised head unpatchifies
+to the predicted noise (and, with learn_sigma, the variance interpolation of Nichol & Dhariwal
+2021). It trains on the 'image' task (values in [-1, 1]) with the diffusion loss of
+transformer_jax.diffusion, and --mode=sample draws images with its samplers (`sample`)."""
+import dataclasses
+import functools
+import logging
+import os
+from typing import ClassVar
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_jax import diffusion
+from transformer_jax.errors import ConfigError
+from transformer_jax.layers import (AdaLNZero, BlockStack, LabelEmbed, Linear, PatchEmbed,
+                                    TimestepEmbed)
+from transformer_jax.model_config import ModelConfig
+from transformer_jax.models import common, registry, vit
+from transformer_jax.ranges import COUNT, FRACTION, Range
+from transformer_jax.settings import Settings
+
+__all__ = ['DiT', 'DIT_SIZES', 'DiTConfig', 'FAMILY', 'forward_flops', 'generate', 'grid',
+           'param_counts', 'sample', 'SAMPLERS', 'SampleSettings', 'schedule_of', 'sincos_2d',
+           'to_uint8', 'variant']
+
+log = logging.getLogger(__name__)
+SAMPLERS = ('ddpm', 'ddim')
+
+# DiT sizes by name: (width, depth, heads) (Peebles & Xie 2023, Table 1).
+DIT_SIZES = {'S': (384, 12, 6), 'B': (768, 12, 12), 'L': (1024, 24, 16), 'XL': (1152, 28, 16)}
+
+
+def variant(name: str) -> dict:
+  """'XL/2' -> width, depth, heads of DiT-XL and patch size 2."""
+  size, _, patch = name.partition('/')
+  if size not in DIT_SIZES or not patch.isdigit():
+    raise ValueError(f'DiT variant {name!r} is not NAME/PATCH with NAME in {list(DIT_SIZES)} '
+                     '(for example "XL/2").')
+  width, depth, heads = DIT_SIZES[size]
+  return dict(width=width, num_layers=depth, num_heads=heads, patch_size=int(patch))
+
+
+@dataclasses.dataclass(frozen=True)
+class DiTConfig(ModelConfig):
+  """A DiT's settings: the blocks, the images (or latents), the classes and the diffusion. Its
+  norms are adaLN-Zero (eps norm_eps); positions are the fixed 2-D sin-cos table."""
+  family: str = 'dit'
+  image_size: int = 32  # of the images, or of the latents (256x256 images: 32x32x4)
+  patch_size: int = 2
+  num_channels: int = 4
+  num_classes: int = 0  # 0: the data's; the table has one more row, the null class
+  learn_sigma: bool = True  # the output's second half interpolates the variance
+  class_dropout: float = 0.1  # training labels replaced by the null class, for guidance
+  frequency_dim: int = 256  # sinusoidal frequencies of the timestep embedder
+  noise_schedule: str = 'linear'
+  diffusion_steps: int = 1000
+  # DiT's choices where the shared blocks default otherwise.
+  norm_eps: float = 1e-6
+  mlp: str = 'gelu_tanh'
+  positions: str = 'sinusoidal'
+  init_std: float | None = None  # LeCun normal (DiT: Xavier uniform)
+
+  RANGES: ClassVar = {**ModelConfig.RANGES, 'image_size': COUNT, 'patch_size': COUNT,
+                      'num_channels': COUNT, 'num_classes': Range(0, integer=True, example=10),
+                      'class_dropout': FRACTION, 'frequency_dim': COUNT,
+                      'diffusion_steps': COUNT}
+  CHOICES: ClassVar = {**ModelConfig.CHOICES, 'noise_schedule': diffusion.SCHEDULES}
+
+  def check(self) -> None:
+    super().check()
+    if self.image_size % self.patch_size:
+      raise ConfigError(f'model.patch_size={self.patch_size} does not divide '
+                        f'model.image_size={self.image_size}: choose a patch size from '
+                        f'{[d for d in range(1, self.image_size + 1) if self.image_size % d == 0]}'
+                        ' or resize the images.')
+    if self.positions != 'sinusoidal' or self.norm_position != 'pre' or not self.use_norm:
+      raise ConfigError('A DiT takes fixed 2-D sin-cos positions and pre-LN adaLN-Zero norms: '
+                        'leave model.positions="sinusoidal", model.norm_position="pre" and '
+                        'model.use_norm=True.')
+    try:
+      schedule_of(self)
+    except ConfigError as error:
+      raise ConfigError(f'model.noise_schedule={self.noise_schedule!r} over '
+                        f'model.diffusion_steps={self.diffusion_steps} steps: {error}; the linear '
+                        'schedule needs at least 21 steps.') from None
+
+  @property
+  def num_patches(self) -> int:
+    return (self.image_size // self.patch_size) ** 2
+
+  @property
+  def out_channels(self) -> int:
+    return self.num_channels * (2 if self.learn_sigma else 1)
+
+  @property
+  def variance(self) -> str:
+    """How p(x_{t-1} | x_t)'s variance is set (diffusion.VARIANCES)."""
+    return 'learned_range' if self.learn_sigma else 'fixed_large'
+
+
+def schedule_of(cfg: DiTConfig) -> diffusion.Schedule:
+  """The training diffusion of a config."""
+  return diffusion.make_schedule(cfg.noise_schedule, cfg.diffusion_steps)
+
+
+def _sincos_1d(dim: int, positions: np.ndarray) -> np.ndarray:
+  omega = 1.0 / 10000 ** (np.arange(dim // 2, dtype=np.float64) / (dim / 2.0))
+  angles = np.einsum('m,d->md', positions.reshape(-1), omega)
+  return np.concatenate([np.sin(angles), np.cos(angles)], axis=1)
+
+
+def sincos_2d(dim: int, grid_size: int) -> np.ndarray:
+  """DiT's (and MAE's) get_2d_sincos_pos_embed: (grid_size**2, dim) float32, row by row, the
+  first half of each row the sin-cos of the column index, the second of the row index."""
+  columns, rows = np.meshgrid(np.arange(grid_size, dtype=np.float32),
+                              np.arange(grid_size, dtype=np.float32))
+  return np.concatenate([_sincos_1d(dim // 2, columns), _sincos_1d(dim // 2, rows)],
+                        axis=1).astype(np.float32)
+
+
+class DiT(nn.Module):
+  """(x_t (B, H, W, C), timesteps (B,) int, labels (B,) int) -> float32 (B, H, W, out_channels):
+  the predicted noise, then with learn_sigma the variance interpolation in [-1, 1]. Label
+  num_classes is the null class. `diffusion_losses` is the training objective of a batch."""
+  cfg: DiTConfig
+
+  @nn.compact
+  def __call__(self, images, timesteps, labels, *, deterministic=True):
+    cfg, dtypes = self.cfg, dict(dtype=self.cfg.compute_dtype, param_dtype=self.cfg.weight_dtype)
+    x = PatchEmbed(cfg.patch_size, cfg.width, name='patch_embed', **dtypes)(images)
+    grid = cfg.image_size // cfg.patch_size
+    # A parameter, as DiT counts it, but never trained: no gradient reaches it.
+    positions = self.param('pos_embed', nn.with_logical_partitioning(
+        lambda *_: jnp.asarray(sincos_2d(cfg.width, grid), cfg.weight_dtype),
+        ('positions', 'embed')), (grid * grid, cfg.width))
+    x = x + jax.lax.stop_gradient(positions).astype(x.dtype)[None]
+    condition = (TimestepEmbed(cfg.width, cfg.frequency_dim, init_std=0.02, name='t_embed',
+                               **dtypes)(timesteps)
+                 + LabelEmbed(cfg.num_classes, cfg.width, param_dtype=cfg.weight_dtype,
+                              name='y_embed')(labels).astype(cfg.compute_dtype))
+    adaln = functools.partial(AdaLNZero, eps=cfg.norm_eps, **dtypes)
+    block = functools.partial(common.block(cfg), norm=adaln)
+    x = BlockStack(block, cfg.num_layers, scan=cfg.scan_layers, remat_policy=cfg.remat_policy,
+                   name='blocks')(x, None, None, condition, deterministic=deterministic)
+    x = adaln(gated=False, name='final_norm')(x, condition)
+    p = cfg.patch_size
+    x = Linear((p * p * cfg.out_channels,), ('embed',), ('patch',), init_std=0.0,
+               out_dtype=jnp.float32, name='head', **dtypes)(x)
+    x = x.reshape(x.shape[0], grid, grid, p, p, cfg.out_channels)  # (B, h, w, p, q, C)
+    return x.transpose(0, 1, 3, 2, 4, 5).reshape(
+        x.shape[0], grid * p, grid * p, cfg.out_channels)
+
+  def diffusion_losses(self, images, labels, rng, *, deterministic=True):
+    """The summed training terms of a batch of images in [-1, 1] (B, H, W, C) and labels (B,):
+    timesteps uniform per example, labels dropped to the null class with probability
+    class_dropout, x_t = q_sample(images, t, noise), and diffusion.training_losses's 'mse'
+    (+ 'vb' with learn_sigma) summed over the examples; 'loss' their sum, 'weight' the count."""
+    cfg, schedule = self.cfg, schedule_of(self.cfg)
+    t_rng, noise_rng, drop_rng = jax.random.split(rng, 3)
+    batch = images.shape[0]
+    t = jax.random.randint(t_rng, (batch,), 0, schedule.num_steps)
+    noise = jax.random.normal(noise_rng, images.shape, jnp.float32)
+    x_t = diffusion.q_sample(schedule, images.astype(jnp.float32), t, noise)
+    dropped = jax.random.bernoulli(drop_rng, cfg.class_dropout, (batch,))
+    labels = jnp.where(dropped, cfg.num_classes, labels)
+    output = self(x_t, t, labels, deterministic=deterministic)
+    terms = diffusion.training_losses(schedule, output, images.astype(jnp.float32), x_t, t,
+                                      noise, variance=cfg.variance)
+    # 'correct': the count the training loop's window reads of every family (none here).
+    return {**{name: jnp.sum(value) for name, value in terms.items()},
+            'weight': jnp.asarray(batch, jnp.float32), 'correct': jnp.zeros((), jnp.float32)}
+
+
+def param_counts(cfg: DiTConfig) -> dict[str, int]:
+  """By part: the fixed position table among the embeddings, as DiT's code counts it; the
+  adaLN maps among the norms; the timestep MLP and the class table as 'other'."""
+  d, p = cfg.width, cfg.patch_size
+  blocks = common.block_params(cfg, cfg.num_layers)
+  modulation = lambda parts: parts * (d * d + d)
+  return common.with_total({
+      **blocks,
+      'norms': cfg.num_layers * 2 * modulation(3) + modulation(2),
+      'embedding': cfg.num_channels * p * p * d + d + cfg.num_patches * d,
+      # The conditioning: the timestep MLP and the class table.
+      'other': cfg.frequency_dim * d + d + d * d + d + (cfg.num_classes + 1) * d,
+      'head': (d + 1) * p * p * cfg.out_channels})
+
+
+def forward_flops(cfg: DiTConfig, seq_len=None, target_len=None) -> dict[str, int]:
+  """Per image, 2 FLOPs a multiply-add: the patch tokens through the patch embedding, the blocks
+  and the head; the conditioning vector (timestep MLP, every adaLN map) once per image."""
+  del seq_len, target_len
+  d, t, p = cfg.width, cfg.num_patches, cfg.patch_size
+  conditioning = cfg.frequency_dim * d + d * d + (cfg.num_layers * 6 + 2) * d * d
+  dense = 2 * (t * (cfg.num_channels * p * p * d + cfg.num_layers * common.block_weights(cfg)
+                    + d * p * p * cfg.out_channels) + conditioning)
+  return {'dense': dense, 'attention': 4 * d * cfg.use_attention * cfg.num_layers * t * t,
+          'tokens': 1}
+
+
+def _batch_shapes(cfg: DiTConfig, batch_size: int, seq_len=None) -> dict:
+  del seq_len
+  side = cfg.image_size
+  return {'image': jax.ShapeDtypeStruct((batch_size, side, side, cfg.num_channels), jnp.float32),
+          'label': jax.ShapeDtypeStruct((batch_size,), jnp.int32)}
+
+
+def _example_inputs(cfg: DiTConfig, batch: int = 1, seq_len=None) -> tuple:
+  del seq_len
+  side = cfg.image_size
+  return (jnp.zeros((batch, side, side, cfg.num_channels), jnp.float32),
+          jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), jnp.int32))
+
+
+def _describe(cfg: DiTConfig) -> str:
+  named = [name for name, size in DIT_SIZES.items()
+           if size == (cfg.width, cfg.num_layers, cfg.num_heads)]
+  return (f'{cfg.image_size}x{cfg.image_size}x{cfg.num_channels} inputs in patches of '
+          f'{cfg.patch_size}' + (f' (DiT-{named[0]}/{cfg.patch_size})' if named else '')
+          + f', {cfg.num_classes} classes + null, {cfg.noise_schedule} schedule of '
+          f'{cfg.diffusion_steps} steps' + (', learned sigma' if cfg.learn_sigma else ''))
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleSettings(Settings):
+  """The keys of config.sample for a DiT: `num_samples` images conditioned on `classes` (empty:
+  0, 1, ... cycling over the classes; else cycled to num_samples), drawn by `sampler` ('ddpm':
+  ancestral, 'ddim': eta 0) over `steps` respaced steps, guided with `guidance_scale` (1: none;
+  Ho & Salimans 2022), from the noise of `seed`; clip_denoised clips each x_0 prediction to
+  [-1, 1] (pixels, not latents)."""
+  SECTION = 'sample'
+  num_samples: int = 16
+  classes: tuple[int, ...] = ()
+  steps: int = 250
+  sampler: str = 'ddpm'
+  guidance_scale: float = 1.0
+  seed: int = 0
+  clip_denoised: bool = True
+
+  RANGES = {'num_samples': COUNT, 'steps': COUNT, 'guidance_scale': Range(0),
+            'seed': Range(0, integer=True)}
+  CHOICES = {'sampler': SAMPLERS}
+
+  def check_for(self, cfg: DiTConfig) -> None:
+    """The settings' rules against the model's: raises ConfigError naming the fix."""
+    if self.steps > cfg.diffusion_steps:
+      raise ConfigError(f'sample.steps={self.steps} is more than the {cfg.diffusion_steps} '
+                        f'steps the model was trained with: set --config.sample.steps to at most '
+                        f'{cfg.diffusion_steps}.')
+    if self.guidance_scale != 1 and not cfg.class_dropout:
+      raise ConfigError(f'sample.guidance_scale={self.guidance_scale} needs a model that learned '
+                        'the null class (model.class_dropout > 0 in training): set '
+                        '--config.sample.guidance_scale=1.')
+    outside = [c for c in self.classes if not 0 <= c < cfg.num_classes]
+    if outside:
+      raise ConfigError(f'sample.classes {outside} are not classes of the model (0 to '
+                        f'{cfg.num_classes - 1}).')
+    if cfg.num_channels != 3:
+      raise ConfigError(f'The model makes {cfg.num_channels}-channel latents, which need a '
+                        'decoder this codebase does not have: sample a pixel-space DiT '
+                        '(model.num_channels=3).')
+
+  def labels(self, num_classes: int) -> np.ndarray:
+    cycle = self.classes or tuple(range(num_classes))
+    return np.resize(np.asarray(cycle, np.int32), self.num_samples)
+
+
+def generate(model: DiT, params, labels: jax.Array, rng: jax.Array,
+             settings: SampleSettings) -> jax.Array:
+  """Images (B, H, W, C) in [-1, 1] conditioned on labels (B,), from the noise of `rng`: one
+  sampler's lax.scan over the respaced steps (jit it to compile one program), each step one
+  model call on the batch (doubled with the null class under guidance)."""
+  cfg = model.cfg
+  schedule = diffusion.respace(schedule_of(cfg), settings.steps)
+  model_fn = lambda x, t, y: model.apply({'params': params}, x, t, y)
+  if settings.guidance_scale != 1:
+    predict = diffusion.guided_model_fn(model_fn, labels, cfg.num_classes,
+                                        settings.guidance_scale)
+  else:
+    predict = lambda x, t: model_fn(x, t, labels)
+  noise_rng, step_rng = jax.random.split(rng)
+  noise = jax.random.normal(
+      noise_rng, (labels.shape[0], cfg.image_size, cfg.image_size, cfg.num_channels))
+  if settings.sampler == 'ddpm':
+    return diffusion.ddpm_sample(schedule, predict, noise, step_rng, variance=cfg.variance,
+                                 clip_denoised=settings.clip_denoised)
+  return diffusion.ddim_sample(schedule, predict, noise, clip_denoised=settings.clip_denoised)
+
+
+def to_uint8(images) -> np.ndarray:
+  """[-1, 1] -> uint8 [0, 255], as DiT's save: (x + 1) * 127.5, rounded and clipped."""
+  return np.clip(np.rint((np.asarray(images, np.float32) + 1) * 127.5), 0, 255).astype(np.uint8)
+
+
+def grid(images: np.ndarray) -> np.ndarray:
+  """(N, H, W, C) -> one image of ceil(sqrt(N)) columns, black where the last row is short."""
+  n, h, w, c = images.shape
+  columns = int(np.ceil(np.sqrt(n)))
+  rows = -(-n // columns)
+  padded = np.zeros((rows * columns, h, w, c), images.dtype)
+  padded[:n] = images
+  return padded.reshape(rows, columns, h, w, c).transpose(0, 2, 1, 3, 4).reshape(
+      rows * h, columns * w, c)
+
+
+def sample(settings, workdir: str | None) -> str:
+  """--mode=sample: images from the parameters of the workdir's latest checkpoint (its moving
+  average where it keeps one), written to WORKDIR/samples: samples.npz (images uint8 (N, H, W,
+  3), labels (N,)), sample_<i>.png each and grid.png; returns the folder."""
+  from PIL import Image  # pylint: disable=import-outside-toplevel
+  from transformer_jax import train  # pylint: disable=import-outside-toplevel  # train imports us
+  wanted, cfg = settings.sample, settings.model
+  wanted.check_for(cfg)
+  run_, params, step = train.restore_trained(settings, workdir)
+  labels = wanted.labels(run_.model_config.num_classes)
+  draw = jax.jit(functools.partial(generate, run_.model, settings=wanted))
+  images = to_uint8(draw(params, jnp.asarray(labels), jax.random.key(wanted.seed)))
+  folder = os.path.join(workdir, 'samples')
+  os.makedirs(folder, exist_ok=True)
+  np.savez(os.path.join(folder, 'samples.npz'), images=images, labels=labels)
+  for number, image in enumerate(images):
+    Image.fromarray(image).save(os.path.join(folder, f'sample_{number}.png'))
+  Image.fromarray(grid(images)).save(os.path.join(folder, 'grid.png'))
+  log.info('Wrote %d samples of step %d (%s, %d steps, guidance %g) to %s.', len(images), step,
+           wanted.sampler, wanted.steps, wanted.guidance_scale, folder)
+  return folder
+
+
+FAMILY = registry.register(registry.Family(
+    name='dit', module=DiT, example_inputs=_example_inputs,
+    # A diffusion model has no logits: what callers of `logits` get is its output at t = 0.
+    logits=lambda apply, batch: apply(batch['image'], jnp.zeros_like(batch['label']),
+                                      batch['label']),
+    loss=lambda apply, batch, rng, label_smoothing: apply(
+        batch['image'], batch['label'], rng, method='diffusion_losses'),
+    task='image', targets='label', config=DiTConfig, unit='image', check_data=vit.check_data,
+    param_counts=param_counts, forward_flops=forward_flops,
+    stacks=lambda cfg, seq_len=None: [
+        registry.Stack('blocks', cfg.num_layers, cfg.num_patches, (cfg.num_patches,))],
+    batch_shapes=_batch_shapes, describe=_describe, follow_data=vit.follow_data,
+    data_sizes=lambda cfg: {'image_size': cfg.image_size, 'num_classes': cfg.num_classes or None},
+    sample_settings=SampleSettings, sample=sample))
