@@ -171,9 +171,8 @@ class DiT(nn.Module):
     output = self(x_t, t, labels, deterministic=deterministic)
     terms = diffusion.training_losses(schedule, output, images.astype(jnp.float32), x_t, t,
                                       noise, variance=cfg.variance)
-    # 'correct': the count the training loop's window reads of every family (none here).
     return {**{name: jnp.sum(value) for name, value in terms.items()},
-            'weight': jnp.asarray(batch, jnp.float32), 'correct': jnp.zeros((), jnp.float32)}
+            'weight': jnp.asarray(batch, jnp.float32)}
 
 
 def param_counts(cfg: DiTConfig) -> dict[str, int]:

@@ -202,11 +202,25 @@ class _Profile:
              self.last, self.directory, self.directory)
 
 
+# Summed terms reported under another name, as a mean per unit of weight.
+_MEAN_NAMES = {'correct': 'accuracy', 'correct_top5': 'top5_accuracy'}
+_STEP_VALUES = ('grad_norm', 'learning_rate')  # of the last step, not summed
+_NOT_REPORTED = ('weight', 'params_finite', 'bytes')
+
+
+def means(sums: dict) -> dict:
+  """Each summed term of a step or an evaluation (losses.batch_sums, a family's own loss) over
+  the summed weight: 'loss', 'correct' as 'accuracy', a family's own terms by their names."""
+  weight = max(sums['weight'], 1e-9)
+  return {_MEAN_NAMES.get(key, key): value / weight for key, value in sums.items()
+          if key not in _NOT_REPORTED}
+
+
 class Window:
   """Host-side sums of the metrics of the steps since the last log line."""
 
   def __init__(self):
-    self.sums = {'loss': 0.0, 'correct': 0.0, 'weight': 0.0}
+    self.sums = {}
     self.last = {}
     self.steps = 0
     self.start = time.time()
@@ -214,16 +228,14 @@ class Window:
   def add(self, step, device_metrics, checkpoints):
     values = jax.device_get(device_metrics)
     check_finite(step, values, checkpoints)
-    for key in self.sums:
-      self.sums[key] += float(values[key])
-    self.last = {'grad_norm': float(values['grad_norm']),
-                 'learning_rate': float(values['learning_rate'])}
+    for key, value in values.items():
+      if key not in _STEP_VALUES:
+        self.sums[key] = self.sums.get(key, 0.0) + float(value)
+    self.last = {key: float(values[key]) for key in _STEP_VALUES}
     self.steps += 1
 
   def summary(self) -> dict:
-    weight = max(self.sums['weight'], 1e-9)
-    return {'loss': self.sums['loss'] / weight, 'accuracy': self.sums['correct'] / weight,
-            **self.last}
+    return {**means(self.sums), **self.last}
 
 
 def check_finite(step: int, values: dict, checkpoints) -> None:
@@ -285,10 +297,7 @@ def evaluate_params(run: Run, eval_step, params) -> dict:
     out = jax.device_get(eval_step(params, sharding.global_batch(batch, run.mesh)))
     for key, value in out.items():
       sums[key] = sums.get(key, 0.0) + float(value)
-  weight = max(sums['weight'], 1e-9)
-  results = {'eval_loss': sums['loss'] / weight, 'eval_accuracy': sums['correct'] / weight}
-  if 'correct_top5' in sums:
-    results['eval_top5_accuracy'] = sums['correct_top5'] / weight
+  results = {f'eval_{name}': value for name, value in means(sums).items()}
   if sums.get('bytes'):
     results['eval_bits_per_byte'] = sums['loss'] / math.log(2) / sums['bytes']
   measure = getattr(run.data.task, 'generation_metrics', None)
@@ -311,12 +320,12 @@ def _decoded(run: Run, params, **keywords) -> np.ndarray:
 def evaluate_and_log(run: Run, eval_step, params, step: int, writer) -> None:
   results = evaluate_params(run, eval_step, params)
   writer.write(step, results)
-  shown = {'eval_top5_accuracy': 'top-5 {:.4f}', 'eval_bits_per_byte': '{:.4f} bits per byte',
-           'eval_exact_match': 'exact match {:.4f}', 'eval_bleu': 'BLEU {:.2f}'}
+  shown = {'eval_accuracy': 'accuracy {:.4f}', 'eval_top5_accuracy': 'top-5 {:.4f}',
+           'eval_bits_per_byte': '{:.4f} bits per byte', 'eval_exact_match': 'exact match {:.4f}',
+           'eval_bleu': 'BLEU {:.2f}'}
   extra = ''.join(f' | {form.format(results[key])}' for key, form in shown.items()
                   if key in results)
-  log.info('step %d | held-out loss %.4f | accuracy %.4f%s', step, results['eval_loss'],
-           results['eval_accuracy'], extra)
+  log.info('step %d | held-out loss %.4f%s', step, results['eval_loss'], extra)
 
 
 def evaluate(config, workdir: str | None) -> dict:
