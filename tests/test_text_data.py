@@ -239,6 +239,23 @@ def test_token_bytes_add_up_to_the_bytes_of_the_text(tmp_path):
     assert made.token_bytes[made.task.eval_ids].sum() == sum(len(t.encode()) for t in held_out)
 
 
+def test_a_file_that_is_not_utf8_is_named_with_the_offset_of_its_first_bad_byte(tmp_path):
+  latin1 = 'naïve text\ncafé au lait\n'.encode('latin-1')  # ï is 0xef at byte 2 here
+  path = tmp_path / 'latin1.txt'
+  path.write_bytes(latin1)
+  expected = (rf'^{path} is not UTF-8 from byte 2 on \(0xef: invalid continuation byte\)\. '
+              rf'Convert .*iconv -f LATIN1 -t UTF-8 {path} > {path}.utf8')
+  with pytest.raises(ConfigError, match=expected):
+    make(name='text_file', path=str(path))
+  records = [json.dumps({'text': 'plain'}).encode(), '{"text": "déjà"}'.encode('latin-1')]
+  jsonl = tmp_path / 'latin1.jsonl'
+  jsonl.write_bytes(b'\n'.join(records) + b'\n')
+  first_bad = len(records[0]) + 1 + records[1].index(b'\xe9')  # byte offset in the file
+  with pytest.raises(ConfigError, match=rf'^{jsonl} is not UTF-8 from byte {first_bad} on '
+                                        r'\(0xe9: invalid continuation byte\)'):
+    list(corpus.open_corpus(data.DataSettings(path=str(jsonl)), 'jsonl')[0].documents())
+
+
 def test_bits_per_byte_of_an_ascii_character_run_is_the_loss_over_ln_2(tmp_path):
   config = train_helpers.small_config('decoder', steps=2)
   config.data.update(name='text_file', path=write_text(tmp_path, 'abcd efgh. ' * 300),
