@@ -1,4 +1,5 @@
 """Text corpora: tokenizers, token files, packing, and their errors."""
+import itertools
 import json
 import math
 import os
@@ -267,6 +268,31 @@ def test_bits_per_byte_of_an_ascii_character_run_is_the_loss_over_ln_2(tmp_path)
   assert result['eval_bits_per_byte'] == pytest.approx(result['eval_loss'] / math.log(2), 1e-6)
   saved = tokenizer_lib.saved(tmp_path / 'run' / 'tokenizer')
   assert saved.tokens == tuple(sorted(set('abcd efgh.')))
+
+
+def test_bits_per_byte_of_bpe_on_non_ascii_text_counts_the_utf8_bytes_it_scored(tmp_path):
+  """Tokens of several bytes, characters of two and three, and EOS between documents (scored,
+  of no bytes): the summed loss in bits over the bytes of the decoded targets."""
+  config = train_helpers.small_config('decoder', steps=2, **{'mesh.shape': (1,)})
+  config.data.update(name='jsonl', path=write_jsonl(tmp_path / 'c.jsonl', documents()),
+                     tokenizer='bpe', vocab_size=300, eval_batch_size=1, eval_steps=-1)
+  config.model.vocab_size = 300
+  workdir = str(tmp_path / 'run')
+  train.train(config, workdir)
+  result = train.evaluate(config, workdir)
+  run = train.build_run(config, workdir)
+  scored = np.concatenate([batch['targets'][batch.get('weights', 1) > 0].ravel()
+                           for batch in run.data.eval_batches()])
+  vocab = run.data.vocab
+  special = {vocab.pad_id, vocab.bos_id, vocab.eos_id, vocab.mask_id}
+  texts = [vocab.decode(list(piece))  # each run of ordinary tokens, a document or part of one
+           for is_special, piece in itertools.groupby(scored, lambda i: i in special)
+           if not is_special]
+  assert len(texts) >= 3 and '\ufffd' not in ''.join(texts)  # no character cut in two
+  utf8_bytes = sum(len(text.encode('utf-8')) for text in texts)
+  assert utf8_bytes > 1.5 * len(scored) and utf8_bytes > len(''.join(texts))
+  assert result['eval_bits_per_byte'] == pytest.approx(
+      result['eval_loss'] * len(scored) / math.log(2) / utf8_bytes, rel=1e-6)
 
 
 def write_text(tmp_path, text):
