@@ -15,6 +15,20 @@ NEW_TOKENS = 5
 SLOW = pytest.mark.slow
 
 
+def wu_length_penalty(length: int, alpha: float) -> float:
+  """lp(Y) = (5 + |Y|)^alpha / (5 + 1)^alpha, Wu et al. (2016), "Google's Neural Machine
+  Translation System", eq. 14; a beam's score is its log-probability over lp."""
+  return (5 + length) ** alpha / (5 + 1) ** alpha
+
+
+def test_the_length_penalty_is_wu_et_al_s():
+  assert wu_length_penalty(1, 0.6) == 1.0 and wu_length_penalty(7, 1.0) == 2.0
+  lengths = np.arange(1, 40)
+  for alpha in (0.0, 0.6, 1.0, 2.0):
+    np.testing.assert_allclose(decode.length_penalty_of(lengths, alpha),
+                               [wu_length_penalty(n, alpha) for n in lengths], rtol=1e-6)
+
+
 @pytest.mark.parametrize('case', ['gpt2', pytest.param('llama-gqa-scanned', marks=SLOW),
                                   pytest.param('seq2seq', marks=SLOW),
                                   'seq2seq-llama-gqa-scanned'])
@@ -30,8 +44,8 @@ def test_beam_one_is_greedy_decoding_with_its_log_probability(case):
     np.testing.assert_array_equal(beams.tokens[row, 0], tokens, err_msg=f'row {row}')
     log_prob = jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, None], 1).sum()
     np.testing.assert_allclose(beams.log_probs[row, 0], log_prob, atol=1e-5, rtol=0)
-  np.testing.assert_allclose(beams.scores, beams.log_probs / decode.length_penalty_of(
-      NEW_TOKENS, 0.6), rtol=1e-6)
+  np.testing.assert_allclose(beams.scores, beams.log_probs / wu_length_penalty(NEW_TOKENS, 0.6),
+                             rtol=1e-6)
 
 
 def test_beam_one_with_a_window_is_windowed_greedy_decoding():
@@ -68,11 +82,11 @@ def exhaustive(model, params, prompt, encoder, alpha):
   outputs = sorted({draw[:draw.index(EOS) + 1] if EOS in draw else draw
                     for draw in itertools.product(range(VOCAB), repeat=STEPS)})
   log_probs = log_probs_of(model, params, prompt, outputs, encoder)
-  return sorted(((float(p / decode.length_penalty_of(len(new), alpha)), float(p), new)
+  return sorted(((float(p) / wu_length_penalty(len(new), alpha), float(p), new)
                  for p, new in zip(log_probs, outputs)), reverse=True)
 
 
-@pytest.mark.parametrize('case,alpha', [('gpt2', 0.0),
+@pytest.mark.parametrize('case,alpha', [('gpt2', 0.0), ('gpt2', 1.5),
                                         pytest.param('llama-gqa-scanned', 0.6, marks=SLOW),
                                         pytest.param('seq2seq', 2.0, marks=SLOW)])
 def test_a_large_beam_finds_what_an_exhaustive_search_finds(case, alpha):

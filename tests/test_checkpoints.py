@@ -11,15 +11,16 @@ import pytest
 from train_helpers import losses, small_config
 from transformer_jax import config_lib, run, train
 from transformer_jax.errors import CheckpointMismatchError, ConfigError
-from transformer_jax.train import checkpoint, metrics, setup
+from transformer_jax.train import checkpoint, metrics, setup, workdir_lock
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / 'fixtures' / 'checkpoints'
 
 
 def snapshot(directory):
-  """Every file under `directory` with its size and modification time."""
+  """Every file under `directory` with its size and modification time, but the workdir's lock,
+  which names the last run that trained there."""
   return {str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns)
-          for p in sorted(pathlib.Path(directory).rglob('*'))}
+          for p in sorted(pathlib.Path(directory).rglob('*')) if p.name != workdir_lock.LOCK_FILE}
 
 
 def logged_eval(workdir, step):

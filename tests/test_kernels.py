@@ -156,6 +156,21 @@ def test_describe_names_the_kernel_and_why():
   assert 'Attention kernel: reference (chosen by name)' in describe.describe(config)
 
 
+def test_describe_on_a_cpu_says_what_runs_once_and_no_other_platforms_fallback(monkeypatch,
+                                                                                caplog):
+  """In bfloat16 at 8 tokens, a cuDNN or splash trace would log why it runs XLA's attention
+  (no cuDNN here; blocks of 128): neither runs on this CPU, so neither may be traced."""
+  from transformer_jax import config_lib, describe
+  from transformer_jax.kernels import cudnn, splash
+  for module in (cudnn, splash):
+    monkeypatch.setattr(module, '_logged', set())  # what earlier tests logged logs again
+  config = config_lib.from_file('configs/gpt2_small.py')
+  with caplog.at_level('INFO', logger='transformer_jax'):
+    text = describe.describe(config)
+  assert 'runs XLA' not in caplog.text and 'cuDNN' not in text and 'splash' not in text
+  assert text.count('Attention kernel: cpu (auto on cpu: ') == 1
+
+
 def test_an_unknown_kernel_name_fails_in_the_config_check():
   from transformer_jax.errors import ConfigError
   with pytest.raises(ConfigError, match=r"Unknown attention_kernel 'flash'.*'auto'"):

@@ -14,7 +14,7 @@ from train_helpers import losses, small_config
 from transformer_jax import convert, lora, memory, models, run, train
 from transformer_jax.errors import ConfigError
 from transformer_jax.layers.linear import Linear
-from transformer_jax.train import checkpoint, setup
+from transformer_jax.train import checkpoint, losses as losses_lib, setup
 
 FAMILIES = {'decoder': {}, 'scanned decoder': dict(scan_layers=True), 'encoder': {},
             'encoder_decoder': {}, 'vit': {}}
@@ -121,7 +121,36 @@ def test_a_step_trains_the_adapters_alone(tmp_path):
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(after.base), before.base)
   changed = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(after.params),
                                                       jax.tree.leaves(before.params))]
-  assert all(changed)  # A's gradient is zero while B = 0, but the adapters' count both
+  assert all(changed)  # A's by weight decay alone: test_a_gradient_reaches_a_once_b_has_moved
+
+
+def adapter_gradients(run_, state, batch) -> dict:
+  """{path: the gradient of the batch's summed loss} of each adapter matrix at `state`."""
+  def loss(adapters):
+    logits, targets, weights = losses_lib.logits_targets_weights(
+        run_.model, run_.family, state.model_params(adapters), batch)
+    return losses_lib.loss_sums(logits, targets, weights)['loss']
+  return traverse_util.flatten_dict(jax.device_get(jax.grad(loss)(state.params)))
+
+
+def test_a_gradient_reaches_a_once_b_has_moved(tmp_path):
+  """B starts at zero, so the loss's gradient reaches B alone and the first step changes A by
+  AdamW's weight decay only; after that step B is not zero, and A has a gradient."""
+  run_, state = started(lora_config(), tmp_path)
+  batch = jax.device_put(run_.data.train_batch(0))
+  first = adapter_gradients(run_, state, batch)
+  before = traverse_util.flatten_dict(jax.device_get(state.params))
+  after, _ = run_.train_step(state, batch)
+  moved = traverse_util.flatten_dict(jax.device_get(after.params))
+  second = adapter_gradients(run_, after, batch)
+  decay = float(run_.schedule(0)) * run_.config.optimizer.weight_decay
+  a_paths = [path for path in first if 'lora_a' in path]
+  assert len(a_paths) == len(first) // 2 >= 2
+  for a in a_paths:
+    b = (*a[:-2], 'lora_b', a[-1])
+    assert not np.any(first[a]) and np.all(np.any(first[b], axis=-1))  # each of B's rows
+    np.testing.assert_allclose(moved[a], before[a] * (1 - decay), rtol=1e-6)
+    assert np.any(moved[b]) and np.abs(second[a]).max() > 1e-3 * np.abs(second[b]).max()
 
 
 def test_training_with_lora_lowers_the_loss(tmp_path):

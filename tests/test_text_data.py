@@ -1,4 +1,5 @@
 """Text corpora: tokenizers, token files, packing, and their errors."""
+import itertools
 import json
 import math
 import os
@@ -238,6 +239,23 @@ def test_token_bytes_add_up_to_the_bytes_of_the_text(tmp_path):
     assert made.token_bytes[made.task.eval_ids].sum() == sum(len(t.encode()) for t in held_out)
 
 
+def test_a_file_that_is_not_utf8_is_named_with_the_offset_of_its_first_bad_byte(tmp_path):
+  latin1 = 'naïve text\ncafé au lait\n'.encode('latin-1')  # ï is 0xef at byte 2 here
+  path = tmp_path / 'latin1.txt'
+  path.write_bytes(latin1)
+  expected = (rf'^{path} is not UTF-8 from byte 2 on \(0xef: invalid continuation byte\)\. '
+              rf'Convert .*iconv -f LATIN1 -t UTF-8 {path} > {path}.utf8')
+  with pytest.raises(ConfigError, match=expected):
+    make(name='text_file', path=str(path))
+  records = [json.dumps({'text': 'plain'}).encode(), '{"text": "déjà"}'.encode('latin-1')]
+  jsonl = tmp_path / 'latin1.jsonl'
+  jsonl.write_bytes(b'\n'.join(records) + b'\n')
+  first_bad = len(records[0]) + 1 + records[1].index(b'\xe9')  # byte offset in the file
+  with pytest.raises(ConfigError, match=rf'^{jsonl} is not UTF-8 from byte {first_bad} on '
+                                        r'\(0xe9: invalid continuation byte\)'):
+    list(corpus.open_corpus(data.DataSettings(path=str(jsonl)), 'jsonl')[0].documents())
+
+
 def test_bits_per_byte_of_an_ascii_character_run_is_the_loss_over_ln_2(tmp_path):
   config = train_helpers.small_config('decoder', steps=2)
   config.data.update(name='text_file', path=write_text(tmp_path, 'abcd efgh. ' * 300),
@@ -249,6 +267,31 @@ def test_bits_per_byte_of_an_ascii_character_run_is_the_loss_over_ln_2(tmp_path)
   assert result['eval_bits_per_byte'] == pytest.approx(result['eval_loss'] / math.log(2), 1e-6)
   saved = tokenizer_lib.saved(tmp_path / 'run' / 'tokenizer')
   assert saved.tokens == tuple(sorted(set('abcd efgh.')))
+
+
+def test_bits_per_byte_of_bpe_on_non_ascii_text_counts_the_utf8_bytes_it_scored(tmp_path):
+  """Tokens of several bytes, characters of two and three, and EOS between documents (scored,
+  of no bytes): the summed loss in bits over the bytes of the decoded targets."""
+  config = train_helpers.small_config('decoder', steps=2, **{'mesh.shape': (1,)})
+  config.data.update(name='jsonl', path=write_jsonl(tmp_path / 'c.jsonl', documents()),
+                     tokenizer='bpe', vocab_size=300, eval_batch_size=1, eval_steps=-1)
+  config.model.vocab_size = 300
+  workdir = str(tmp_path / 'run')
+  train.train(config, workdir)
+  result = train.evaluate(config, workdir)
+  run = train.build_run(config, workdir)
+  scored = np.concatenate([batch['targets'][batch.get('weights', 1) > 0].ravel()
+                           for batch in run.data.eval_batches()])
+  vocab = run.data.vocab
+  special = {vocab.pad_id, vocab.bos_id, vocab.eos_id, vocab.mask_id}
+  texts = [vocab.decode(list(piece))  # each run of ordinary tokens, a document or part of one
+           for is_special, piece in itertools.groupby(scored, lambda i: i in special)
+           if not is_special]
+  assert len(texts) >= 3 and '\ufffd' not in ''.join(texts)  # no character cut in two
+  utf8_bytes = sum(len(text.encode('utf-8')) for text in texts)
+  assert utf8_bytes > 1.5 * len(scored) and utf8_bytes > len(''.join(texts))
+  assert result['eval_bits_per_byte'] == pytest.approx(
+      result['eval_loss'] * len(scored) / math.log(2) / utf8_bytes, rel=1e-6)
 
 
 def write_text(tmp_path, text):

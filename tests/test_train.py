@@ -7,11 +7,13 @@ import logging
 import os
 import subprocess
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 import pytest
 
 from train_helpers import losses, small_config, training_rows
@@ -206,6 +208,30 @@ def test_warmup_takes_a_real_first_step():
   rates = [float(schedule(step)) for step in range(6)]
   np.testing.assert_allclose(rates[:5], [2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3], rtol=1e-6)
   assert rates[5] == pytest.approx(1e-3 * 0.5 * (1 + np.cos(np.pi / 6)), rel=1e-6)
+
+
+@pytest.mark.parametrize('floor', [0.0, 0.1])
+def test_the_schedule_is_optax_warmup_cosine_one_step_ahead_in_the_warmup(floor):
+  """optax's warmup spends step 0 at init_value (0: no update); ours takes optax's next value
+  there, and from warmup_steps on is optax's cosine decay to the floor, traced or not (a vmapped
+  sweep traces peak, warmup_steps and min_lr_ratio)."""
+  peak, warmup, total = 3e-3, 7, 50
+  opt = ml_collections.ConfigDict(dict(learning_rate=peak, warmup_steps=warmup,
+                                       schedule='cosine', min_lr_ratio=floor))
+  steps = np.arange(total + 5)  # past the last step, too: the floor
+  ours = np.asarray(jax.vmap(optim.learning_rate_schedule(opt, total))(steps))
+  optax_schedule = optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=peak, warmup_steps=warmup, decay_steps=total,
+      end_value=floor * peak)
+  expected = [float(optax_schedule(step + 1 if step < warmup else step)) for step in steps]
+  np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-10)
+  assert ours[-1] == pytest.approx(floor * peak, abs=1e-10)
+
+  def traced(numbers):
+    opt = types.SimpleNamespace(schedule='cosine', learning_rate=numbers[0],
+                                warmup_steps=numbers[1], min_lr_ratio=numbers[2])
+    return jax.vmap(optim.learning_rate_schedule(opt, total))(steps)
+  np.testing.assert_allclose(jax.jit(traced)(jnp.array([peak, warmup, floor])), ours, rtol=1e-6)
 
 
 def test_train_closes_what_it_opened_when_there_is_nothing_to_do(tmp_path, monkeypatch):

@@ -73,6 +73,21 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
   assert f'SIGTERM: saved the checkpoint at step {saved[-1]}' in output
 
 
+def test_a_second_run_on_a_workdir_is_refused_and_a_killed_run_leaves_it_free(tmp_path):
+  first = launch(tmp_path, '--config.training.steps=100000')
+  wait_for(lambda: (tmp_path / 'metrics.jsonl').exists(), first)
+  second = launch(tmp_path, '--config.training.steps=100000')
+  output = second.communicate(timeout=300)[0]
+  assert second.returncode == 1, output
+  assert output.splitlines()[-1].startswith(
+      f'{tmp_path} is in use by process {first.pid} on {socket.gethostname()}: '), output
+  first.send_signal(signal.SIGKILL)
+  first.wait()
+  third = launch(tmp_path, '--config.training.steps=3')
+  output = third.communicate(timeout=600)[0]
+  assert third.returncode == 0 and 'in use' not in output, output
+
+
 def free_port():
   with socket.socket() as s:
     s.bind(('localhost', 0))

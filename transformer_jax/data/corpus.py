@@ -120,8 +120,11 @@ def _jsonl(settings: DataSettings) -> tuple[Corpus, Corpus]:
 def _records(files: list[str], text_key: str) -> Iterator[str]:
   """The text of each non-blank line of `files`, naming the file and line of a bad one."""
   for file in files:
-    with open(file, encoding='utf-8') as lines:
-      for number, line in enumerate(lines, 1):
+    with open(file, 'rb') as lines:
+      offset = 0
+      for number, data in enumerate(lines, 1):
+        line = sources.decode_utf8(data, file, offset)
+        offset += len(data)
         if not line.strip():
           continue
         try:

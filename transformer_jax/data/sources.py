@@ -24,10 +24,10 @@ from transformer_jax.data import builders
 from transformer_jax.errors import ConfigError, UserError
 
 __all__ = [
-    'CIFAR10_HELP', 'CIFAR10_JPEG', 'CIFAR10_ORIGINAL', 'DataNotFoundError', 'ImageDataset',
-    'load_text_file', 'load_tiny_shakespeare', 'open_image_dataset', 'open_text_split',
-    'prepare_cifar10', 'prepared_datasets', 'read_text', 'SHAKESPEARE', 'SHAKESPEARE_HELP',
-    'translation_languages']
+    'CIFAR10_HELP', 'CIFAR10_JPEG', 'CIFAR10_ORIGINAL', 'DataNotFoundError', 'decode_utf8',
+    'ImageDataset', 'load_text_file', 'load_tiny_shakespeare', 'open_image_dataset',
+    'open_text_split', 'prepare_cifar10', 'prepared_datasets', 'read_text', 'SHAKESPEARE',
+    'SHAKESPEARE_HELP', 'translation_languages']
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +91,21 @@ def load_text_file(path) -> tuple[str, str]:
     raise ConfigError('data.name=text_file reads --config.data.path=FILE (any UTF-8 text file).')
   if not epath.Path(path).exists():
     raise DataNotFoundError(f'No file at --config.data.path={path}.')
-  text = epath.Path(path).read_bytes().decode('utf-8')
+  text = decode_utf8(epath.Path(path).read_bytes(), path)
   split = int(len(text) * 0.9)
   return text[:split], text[split:]
+
+
+def decode_utf8(data: bytes, path, offset: int = 0) -> str:
+  """`data`, the bytes of the file `path` from byte `offset` on, as text; a ConfigError naming
+  the file, the offset of the first byte that is not UTF-8 and how to convert the file."""
+  try:
+    return data.decode('utf-8')
+  except UnicodeDecodeError as error:
+    raise ConfigError(
+        f'{path} is not UTF-8 from byte {offset + error.start} on ({data[error.start]:#04x}: '
+        f'{error.reason}). Convert the file to UTF-8 (from Latin-1, say: iconv -f LATIN1 -t UTF-8 '
+        f'{path} > {path}.utf8) and read the converted one.') from None
 
 
 def _find_or_prepare(prepared, recipes, data_dir, manual_dir, help_text) -> str:

@@ -96,8 +96,10 @@ def example_inputs(cfg: ModelConfig, batch: int = 1, seq_len: int | None = None)
 
 
 def abstract_variables(model: ModelConfig | Mapping[str, Any]):
-  """Shapes and dtypes of every variable, boxed with logical axis names; allocates nothing."""
-  cfg = model_config(model)
+  """Shapes and dtypes of every variable, boxed with logical axis names; allocates nothing.
+  Traced with XLA's attention: no variable depends on the kernel, and 'auto' would trace every
+  platform's kernel, each logging why it would fall back on a platform that runs nothing here."""
+  cfg = dataclasses.replace(model_config(model), attention_kernel='xla')
   return jax.eval_shape(build(cfg).init, jax.random.key(0), *example_inputs(cfg))
 
 

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from transformer_jax import accounting, decode
-from transformer_jax.train import checkpoint, metrics as metrics_lib, setup, sharding
+from transformer_jax.train import checkpoint, metrics as metrics_lib, setup, sharding, workdir_lock
 from transformer_jax.settings import TrainingSettings
 from transformer_jax.train.setup import Run, build_run, restore_trained
 
@@ -30,8 +30,14 @@ def itstime(step: int, every: int, total: int) -> bool:
 
 
 def train(config, workdir: str):
-  """Trains for config.training.steps, resuming from the workdir's latest checkpoint."""
-  run = build_run(config, workdir)
+  """Trains for config.training.steps, resuming from the workdir's latest checkpoint. Refuses a
+  workdir that another run trains in (workdir_lock)."""
+  run = build_run(config, workdir)  # writes nothing: a config it refuses leaves no trace
+  with workdir_lock.held(workdir):
+    return _train(run, workdir)
+
+
+def _train(run: Run, workdir: str):
   checkpoints = checkpoint.Checkpoints(setup.checkpoint_dir(workdir),
                                        run.training.keep_checkpoints)
   writer = None

@@ -1,12 +1,12 @@
 """The optimizers: AdamW with warmup and cosine decay, clipping and a weight-decay mask; or Muon
 on the transformer blocks' projection matrices with that AdamW on every other parameter."""
+import math
 import re
 
 import jax
 import jax.numpy as jnp
 import optax
 from optax.contrib import MuonDimensionNumbers
-from optax.contrib._muon import scale_by_shape  # optax.contrib.muon's own; not exported
 
 from transformer_jax.settings import OptimizerSettings
 from transformer_jax.layers.block import LAYERS
@@ -94,6 +94,22 @@ def _labels(params):
       is_leaf=lambda x: not isinstance(x, dict))
 
 
+def _scale_by_width(dimension_numbers) -> optax.GradientTransformation:
+  """Each matrix's update times sqrt(max(1, fan_out / fan_in)), fan_in and fan_out the sizes of
+  its reduction and output axes by `dimension_numbers(updates)` (Keller Jordan's Muon scaling).
+  optax.contrib.muon applies the same with scale_by_shape, which optax does not export; its
+  muon() itself does not serve, its AdamW having no weight-decay mask."""
+  def scale(update, numbers: MuonDimensionNumbers):
+    fan_in, fan_out = (math.prod(update.shape[axis] for axis in axes)
+                       for axes in (numbers.reduction_axis, numbers.output_axis))
+    return update * math.sqrt(max(1.0, fan_out / fan_in))
+
+  def update_fn(updates, state, params=None):
+    del params
+    return jax.tree.map(scale, updates, dimension_numbers(updates)), state
+  return optax.GradientTransformation(optax.init_empty_state, update_fn)
+
+
 def _muon(opt, schedule: optax.Schedule, adamw: optax.GradientTransformation):
   """Muon (momentum, orthogonalized by Newton-Schulz, scaled by sqrt(max(1, fan_out / fan_in))
   as Keller Jordan's is) on the leaves muon_dimension_numbers picks, `adamw` on the others."""
@@ -101,7 +117,7 @@ def _muon(opt, schedule: optax.Schedule, adamw: optax.GradientTransformation):
       optax.contrib.scale_by_muon(ns_steps=opt.muon_ns_steps, beta=opt.muon_momentum,
                                   nesterov=opt.muon_nesterov,
                                   weight_dimension_numbers=muon_dimension_numbers),
-      scale_by_shape(weight_dimension_numbers=muon_dimension_numbers),
+      _scale_by_width(muon_dimension_numbers),
       optax.add_decayed_weights(opt.muon_weight_decay),
       optax.scale_by_learning_rate(schedule))
   return optax.partition({'muon': muon, 'adamw': adamw}, _labels)

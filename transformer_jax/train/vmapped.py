@@ -26,7 +26,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from transformer_jax import config_lib
-from transformer_jax.train import checkpoint, loop, optim, setup
+from transformer_jax.train import checkpoint, loop, optim, setup, workdir_lock
 from transformer_jax.train.setup import Run
 from transformer_jax.train.sharding import DATA_AXIS
 from transformer_jax.train.step import dropout_root, make_stacked_train_step
@@ -157,6 +157,8 @@ def train_group(configs, workdirs: list[str]) -> list[str | None]:
                      f'({", ".join(VMAPPED_KEYS)}): split them with vmapped.groups.')
   runs = [setup.build_run(c, w) for c, w in zip(configs, workdirs)]
   with contextlib.ExitStack() as stack:
+    for workdir in workdirs:
+      stack.enter_context(workdir_lock.held(workdir))
     members = []
     for run, workdir in zip(runs, workdirs):
       saved = checkpoint.Checkpoints(setup.checkpoint_dir(workdir), run.training.keep_checkpoints)
