@@ -107,5 +107,5 @@ def memory_lines(config, cfg, platform: str | None = None, target=None) -> list[
   if plan.kv_cache is not None:
     lines.append(f'  {"KV cache per sequence":<24} {_size(plan.kv_cache):>12} (decoding '
                  f'{config.data.seq_len} tokens)')
-  cautions = memory.caveats(cfg, platform, plan, config.rule_set)
+  cautions = memory.caveats(cfg, platform, plan)
   return lines + [f'  Caution: {caveat}' for caveat in cautions]
