@@ -147,3 +147,14 @@ def test_describe_cautions_with_the_test_sets_range_for_the_kind_of_model():
   config.model.remat_policy = 'dots_no_batch'
   assert ("Caution: the plan's test set has no remat dots_no_batch models on XLA:CPU"
           in describe.describe(config))
+
+
+def test_the_kind_of_a_model_is_its_size_then_scan_then_remat_then_family():
+  cfg = models.model_config(small_config('encoder').model)
+  assert memory.kind(cfg, 'tpu', memory.SMALL_PLAN - 1) == 'under 1 GiB'
+  assert memory.kind(cfg, 'cpu', memory.SMALL_PLAN - 1) == 'encoder'  # all of XLA:CPU's are
+  assert memory.kind(cfg, 'gpu', memory.SMALL_PLAN) == 'encoder'
+  remat = dataclasses.replace(cfg, remat_policy='dots')
+  assert memory.kind(remat, 'gpu', memory.SMALL_PLAN) == 'remat dots'
+  assert memory.kind(dataclasses.replace(remat, scan_layers=True), 'gpu',
+                     memory.SMALL_PLAN) == 'scanned'
