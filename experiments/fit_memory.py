@@ -91,6 +91,20 @@ def compiled(case, target: str, cache: dict, path: str | None) -> dict | None:
   return cache[key]
 
 
+BAND = 0.05  # how far a recorded miss's plan / XLA may move before it is recorded again
+
+
+def holds_its_record(case, target: str) -> tuple[bool, float, float]:
+  """(whether, plan / XLA compiled now, plan / XLA of the record) for a test model compiled
+  again: within memory.WITHIN of 1, or, where the record missed, within BAND of the record."""
+  plan = plan_of(case, target).train_total
+  measured = plan / compile_train_step(case.config(), devices_of(target))[0]
+  recorded = plan / read_json(CACHES['test'])[f'{target} {case.label()}']['xla']
+  if abs(recorded - 1) > memory.WITHIN:
+    return abs(measured - recorded) <= BAND, measured, recorded
+  return abs(measured - 1) <= memory.WITHIN, measured, recorded
+
+
 def read_json(path: str) -> dict:
   if not os.path.exists(path):
     return {}
