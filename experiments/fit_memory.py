@@ -1,161 +1,55 @@
-"""Fits memory.ACTIVATION_COPIES of a platform to the compiler it plans for: compiles the real
-train step of a grid of models for compile-only TPU or GPU devices (transformer_jax.targets),
-and solves for the copies of each activation term that best match memory_analysis() (least
-squares of the relative error, the counts non-negative).
+"""Fits memory.ACTIVATION_COPIES of each compiler to the fit set of experiments/memory_sets.py,
+then reports the test set with the fitted counts (docs/memory_plan.md): compiles the real train
+step of each model for compile-only TPU or GPU devices (transformer_jax.targets) or this
+machine's XLA:CPU, and solves for the copies of each activation term that best match
+memory_analysis() (least squares of the relative error, the counts non-negative).
 
-  python experiments/fit_memory.py --target h100x4 --target v5e:2x2 --target v4-8 \
-      --cache experiments/results/compile_targets/fit_compiles.json   # TPUs fitted together
-  python experiments/fit_memory.py --target v4-8 --counts current   # the plan's own ratios
-  python experiments/fit_memory.py --cases --target cpu --target v5e:2x2   # memory.OFF_BY
-  python experiments/fit_memory.py --small --target v5e:2x2   # memory.SMALL_RANGE
+  python experiments/fit_memory.py --platform tpu --platform gpu --platform cpu --write
 
-Needs the optional packages of pip install -e '.[compile]'. Prints each config's XLA bytes per
-device, the plan's with the fitted counts, their ratio, and the counts.
+Prints each fit model's plan / XLA in the fit and left out of it, each test model's, and the
+range of the test's plan / XLA over each kind of model (memory.kind); --write records the
+counts and those ranges in transformer_jax/memory_fit.json, which the plan and describe's
+cautions read. The compiles are recorded in experiments/results/compile_targets/ (a missing one
+is compiled and added). TPU and GPU targets need pip install -e '.[compile]'.
 """
 import argparse
-import dataclasses
 import json
 import os
 import sys
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')  # jax runs on the CPU; the targets only compile
-# Four CPU devices, for the target 'cpu' (XLA:CPU, which the plan was first fitted to).
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '')
-                           + ' --xla_force_host_platform_device_count=4').strip()
+                           + ' --xla_force_host_platform_device_count=8').strip()
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import scipy.optimize  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', 'tests'))
-from train_helpers import small_config  # noqa: E402
-from transformer_jax import aot, memory, targets  # noqa: E402
-from transformer_jax.models import styles  # noqa: E402
+sys.path.insert(0, os.path.dirname(__file__))  # memory_sets, where this is loaded by path
+import memory_sets  # noqa: E402
+from transformer_jax import aot, memory, models, targets  # noqa: E402
+from transformer_jax.errors import ConfigError  # noqa: E402
 from transformer_jax.settings import MeshSettings  # noqa: E402
 from transformer_jax.train import metrics, setup, sharding  # noqa: E402
 
-RULE_MESHES = {'dp': ((-1,), ('data',)), 'fsdp': ((-1,), ('data',)),
-               'tp': ((-1, 2), ('data', 'model'))}
+RESULTS = os.path.join(os.path.dirname(__file__), 'results', 'compile_targets')
+CACHES = {'fit': os.path.join(RESULTS, 'fit_compiles.json'),
+          'test': os.path.join(RESULTS, 'test_compiles.json')}
+COMMAND = 'python experiments/fit_memory.py --platform tpu --platform gpu --platform cpu --write'
 
 
-@dataclasses.dataclass(frozen=True)
-class Model:
-  """One point of the grid: a family at a width, blocks, heads, sequence (or image and patch:
-  image // patch squared tokens), vocabulary, compute dtype and rule set."""
-  family: str
-  width: int
-  blocks: int
-  heads: int
-  seq: int
-  vocab: int = 64
-  dtype: str = 'float32'
-  rule_set: str = 'dp'
-  patch: int = 8
-  batch: int = 32
-  remat: str = 'none'
-  scan: bool = False
-  kv_heads: int | None = None  # None: as many as the heads
-  style: str | None = None  # a styles.STYLES name other than the family's test default
+def platform_of(target: str) -> str:
+  return 'cpu' if target.startswith('cpu:') else targets.target(target).platform
 
 
-  def label(self) -> str:
-    tokens = f'img{self.seq}/{self.patch}' if self.family == 'vit' else f'T{self.seq} V{self.vocab}'
-    remat = f' remat {self.remat}' if self.remat != 'none' else ''
-    return (f'{self.family} w{self.width} L{self.blocks} h{self.heads} {tokens} b{self.batch} '
-            f'{self.dtype} {self.rule_set}{remat}' + (' scanned' if self.scan else '')
-            + (f' kv{self.kv_heads}' if self.kv_heads else '')
-            + (f' {self.style}' if self.style else ''))
-
-  def config(self):
-    shape, mesh_axes = RULE_MESHES[self.rule_set]
-    overrides = {'model.width': self.width, 'model.num_layers': self.blocks,
-                 'model.num_heads': self.heads, 'model.dtype': self.dtype,
-                 'model.remat_policy': self.remat, 'model.scan_layers': self.scan,
-                 'data.batch_size': self.batch, 'data.eval_batch_size': self.batch,
-                 'data.eval_examples': self.batch, 'data.eval_steps': 1,
-                 'mesh.shape': shape, 'mesh.axes': mesh_axes}
-    if self.family == 'vit':
-      overrides.update({'data.image_size': self.seq, 'model.image_size': self.seq,
-                        'model.patch_size': self.patch})
-    else:
-      overrides.update({'data.seq_len': self.seq, 'model.max_len': self.seq,
-                        'model.vocab_size': self.vocab})
-    if self.family == 'encoder_decoder':
-      overrides['model.num_decoder_layers'] = self.blocks
-    if self.kv_heads:
-      overrides['model.num_kv_heads'] = self.kv_heads
-    if self.style:
-      overrides.update({f'model.{k}': v for k, v in styles.of(self.style, self.family).items()})
-    return small_config(self.family, rule_set=self.rule_set, **overrides)
+def num_devices(target: str) -> int:
+  return int(target[4:]) if target.startswith('cpu:') else targets.target(target).num_devices
 
 
-# Models of 0.3 to 6 GiB per device on four devices, the sizes at which a plan decides whether a
-# run fits (XLA:TPU keeps up to about 100 MiB of a step in its on-chip memory and pads small
-# arrays to its tiles, which a plan of a smaller model cannot follow: memory.caveats): each
-# family, GPT-2's and LLaMA's blocks (grouped-query heads among them), float32 and bfloat16,
-# sequences 512 to 4096, vocabularies 1,024 to 50,304, ViTs of 197 to 577 tokens, under DP, FSDP
-# and TP: every term varies apart from the others.
-GRID = [
-    Model('decoder', 1024, 4, 8, 2048, vocab=32000, dtype='bfloat16'),
-    Model('decoder', 2048, 2, 16, 1024, vocab=32000, dtype='bfloat16', rule_set='fsdp',
-          kv_heads=4),
-    Model('decoder', 1536, 3, 12, 2048, vocab=8192, dtype='bfloat16', rule_set='tp'),
-    Model('decoder', 768, 4, 12, 1024, vocab=50304, dtype='bfloat16', style='gpt2'),
-    Model('decoder', 768, 4, 12, 1024, vocab=50304, dtype='bfloat16', style='gpt2',
-          rule_set='fsdp'),
-    Model('decoder', 1024, 2, 16, 512, vocab=4096, style='gpt2', batch=64),
-    Model('decoder', 4096, 2, 32, 512, vocab=1024, dtype='bfloat16', rule_set='tp', batch=64),
-    Model('decoder', 512, 4, 8, 4096, vocab=16384, dtype='bfloat16', batch=16),
-    Model('encoder', 1024, 3, 16, 512, vocab=30522, dtype='bfloat16', batch=64),
-    Model('encoder', 768, 4, 12, 1024, vocab=4096, dtype='bfloat16', rule_set='fsdp'),
-    Model('encoder_decoder', 1024, 2, 16, 512, vocab=32000, dtype='bfloat16'),
-    Model('encoder_decoder', 512, 3, 8, 1024, vocab=8192, dtype='bfloat16', rule_set='tp'),
-    Model('vit', 1024, 3, 16, 224, patch=14, dtype='bfloat16', batch=128),
-    Model('vit', 768, 4, 12, 384, patch=16, dtype='bfloat16', batch=64, rule_set='fsdp'),
-    Model('vit', 1280, 2, 16, 224, patch=16, batch=128, rule_set='tp'),
-    Model('vit', 384, 4, 6, 224, patch=16, dtype='bfloat16', batch=256),
-]
-
-
-# Where the plan may not hold: a block recomputed in the backward pass, the blocks scanned, and
-# the compute dtype a platform's grid does not have (bfloat16 on XLA:CPU, float32 on the
-# accelerators); variants of a small decoder on XLA:CPU, of one of 3 GiB per device elsewhere,
-# after the decoder itself.
-_CASE_BASES = {'cpu': Model('decoder', 192, 4, 4, 256, rule_set='fsdp'),
-               'accelerator': Model('decoder', 1024, 4, 8, 2048, vocab=32000,
-                                    dtype='bfloat16', rule_set='fsdp')}
-
-
-def cases(platform: str) -> list[Model]:
-  base = _CASE_BASES['cpu' if platform == 'cpu' else 'accelerator']
-  other_dtype = 'bfloat16' if base.dtype == 'float32' else 'float32'
-  return [base, dataclasses.replace(base, remat='full'), dataclasses.replace(base, remat='dots'),
-          dataclasses.replace(base, scan=True), dataclasses.replace(base, dtype=other_dtype)]
-
-
-# Models of a few to a few hundred MiB per device, below the sizes the plan is fitted to: on
-# XLA:TPU what the compiler keeps in its on-chip memory and its tiles' padding weigh there
-# (memory.caveats); the reference character LM (4 blocks, width 128, batch 32 x 64) and small
-# models of each family.
-SMALL = [Model('decoder', 128, 4, 4, 64, vocab=65),
-         Model('decoder', 192, 3, 6, 256, vocab=300, dtype='bfloat16'),
-         Model('vit', 160, 3, 4, 96, patch=4),
-         Model('encoder_decoder', 128, 3, 4, 512, vocab=200, dtype='bfloat16')]
-
-
-@dataclasses.dataclass(frozen=True)
-class Devices:
-  """A target's name, platform and (compile-only) devices; 'cpu': four of this machine's."""
-  name: str
-  platform: str
-  devices: tuple
-
-  @classmethod
-  def of(cls, name: str) -> 'Devices':
-    if name == 'cpu':
-      return cls(name, 'cpu', tuple(jax.devices('cpu')[:4]))
-    target = targets.target(name)
-    return cls(name, target.platform, target.devices)
+def devices_of(target: str) -> tuple:
+  if target.startswith('cpu:'):
+    return tuple(jax.devices('cpu')[:num_devices(target)])
+  return targets.target(target).devices
 
 
 def compile_train_step(config, devices):
@@ -165,110 +59,182 @@ def compile_train_step(config, devices):
   return metrics.compiled_memory(compiled)['buffers'], seconds
 
 
-def mesh_of(config, devices) -> dict[str, int]:
-  return sharding.mesh_sizes(MeshSettings.of(config.mesh), len(devices))
+def plan_of(case, target: str) -> memory.Plan:
+  """The plan of `case` (a memory_sets model) on `target`'s devices; needs no devices."""
+  config = case.config()
+  sizes = sharding.mesh_sizes(MeshSettings.of(config.mesh), num_devices(target))
+  return memory.plan(config, sizes, platform=platform_of(target))
 
 
-def measure(model: Model, target: Devices, cache: dict) -> dict | None:
-  """XLA's bytes per device of `model`'s train step on `target` (from `cache`, a record of
-  earlier compiles, where it has them), and the plan's state and terms; None where XLA fails
-  to compile it."""
-  config = model.config()
-  key = f'{target.name} {model.label()}'
+def kind_of(case, target: str, plan: memory.Plan) -> str:
+  cfg = models.model_config(case.config().model)
+  return memory.kind(cfg, platform_of(target), plan.train_total)
+
+
+def compiled(case, target: str, cache: dict, path: str | None) -> dict | None:
+  """{'xla': bytes per device, 'seconds'} of `case`'s train step on `target` from `cache` (a
+  record of earlier compiles), or compiled and recorded in `cache` and the JSON file `path`;
+  {'error'} where the step does not compile; None where `cache` lacks it and `path` is None."""
+  key = f'{target} {case.label()}'
   if key not in cache:
+    if path is None:
+      return None
     try:
-      buffers, seconds = compile_train_step(config, target.devices)
-      cache[key] = {'xla': buffers, 'seconds': seconds}
-    except jax.errors.JaxRuntimeError as error:  # XLA:GPU fails on some ViTs (see README)
-      cache[key] = {'error': str(error).splitlines()[0][:200]}
+      buffers, seconds = compile_train_step(case.config(), devices_of(target))
+      cache[key] = {'xla': buffers, 'seconds': round(seconds, 1)}
+    except ConfigError as error:  # the first dimension that does not divide
+      cache[key] = {'error': 'does not divide: ' + str(error).splitlines()[1].strip()}
+    except jax.errors.JaxRuntimeError as error:
+      cache[key] = {'error': 'XLA fails to compile it: ' + str(error).splitlines()[0][:160]}
     print(f'  {key}: {cache[key]}', file=sys.stderr, flush=True)
-  if 'error' in cache[key]:
-    return None
-  plan = memory.plan(config, mesh_of(config, target.devices), platform=target.platform)
-  return {**cache[key], 'state': plan.params + plan.optimizer + plan.batch, 'terms': plan.terms}
+    write_json(path, cache)  # after each compile, so that a stopped run keeps its compiles
+  return cache[key]
 
 
-def read_cache(path: str | None) -> dict:
-  """The compiles recorded in the JSON file `path` (none where it is unset or absent)."""
-  if not path or not os.path.exists(path):
+BAND = 0.05  # how far a recorded miss's plan / XLA may move before it is recorded again
+
+
+def holds_its_record(case, target: str) -> tuple[bool, float, float]:
+  """(whether, plan / XLA compiled now, plan / XLA of the record) for a test model compiled
+  again: within memory.WITHIN of 1, or, where the record missed, within BAND of the record."""
+  plan = plan_of(case, target).train_total
+  measured = plan / compile_train_step(case.config(), devices_of(target))[0]
+  recorded = plan / read_json(CACHES['test'])[f'{target} {case.label()}']['xla']
+  if abs(recorded - 1) > memory.WITHIN:
+    return abs(measured - recorded) <= BAND, measured, recorded
+  return abs(measured - 1) <= memory.WITHIN, measured, recorded
+
+
+def read_json(path: str) -> dict:
+  if not os.path.exists(path):
     return {}
   with open(path) as f:
     return json.load(f)
 
 
-def write_cache(path: str | None, cache: dict) -> None:
-  """Records `cache` in `path` (after each compile, so that a stopped run keeps its compiles)."""
-  if path:
-    with open(path, 'w') as f:
-      json.dump(cache, f, indent=1)
+def write_json(path: str, value: dict) -> None:
+  with open(path, 'w') as f:
+    json.dump(value, f, indent=1)
+    f.write('\n')
 
 
-def cache_error(cache: dict, name: str, model: Model) -> str:
-  return cache[f'{name} {model.label()}']['error']
+def measured_rows(platform: str, which: str, cache: dict, compile_missing: bool) -> list[dict]:
+  """A row per model and target of the `which` ('fit', 'test') set of `platform` that compiles:
+  its label, target, XLA's bytes, the plan's state (params + optimizer + batch) and terms."""
+  sets = {'fit': (memory_sets.FIT, memory_sets.FIT_TARGETS),
+          'test': (memory_sets.TEST, memory_sets.TEST_TARGETS)}[which]
+  rows = []
+  for case in memory_sets.set_of(sets[0], platform):
+    for target in memory_sets.targets_of(case, platform, sets[1]):
+      record = compiled(case, target, cache, CACHES[which] if compile_missing else None)
+      if record is None or 'error' in record:
+        print(f'{target} {case.label()}: {record and record["error"] or "not compiled"}')
+        continue
+      plan = plan_of(case, target)
+      rows.append({'case': case, 'target': target, 'xla': record['xla'],
+                   'seconds': record['seconds'], 'terms': plan.terms,
+                   'state': plan.params + plan.optimizer + plan.batch})
+  return rows
 
 
-def fit(rows: list[dict]) -> dict[str, float]:
+# XLA:CPU keeps the gradient tree whole beside the parameters (tests/test_memory.py checks the
+# plan's gradients against the shards); the small models of its fit cannot tell it apart from
+# the activations, which scale with it.
+FIXED = {'cpu': {'gradients': 1.0}, 'tpu': {}, 'gpu': {}}
+
+
+def fit(rows: list[dict], platform: str) -> dict[str, float]:
   """The counts minimizing the squared relative error of state + terms . counts (of the terms
-  `rows` have; the others keep their CPU counts): non-negative, and at most one copy of the
-  gradients and of the gathered weights, which small models' grids cannot tell apart."""
-  used = [t for t in memory.TERMS if any(r['terms'][t] for r in rows)]
+  `rows` have, less those FIXED; the others keep memory's): non-negative, and at most one copy
+  of the gradients and of the gathered weights."""
+  fixed = FIXED[platform]
+  used = [t for t in memory.TERMS if any(r['terms'][t] for r in rows) and t not in fixed]
   a = np.array([[r['terms'][t] / r['xla'] for t in used] for r in rows])
-  b = np.array([1 - r['state'] / r['xla'] for r in rows])
+  b = np.array([1 - (r['state'] + sum(c * r['terms'][t] for t, c in fixed.items())) / r['xla']
+                for r in rows])
   upper = [1 if t in ('gradients', 'gathered') else np.inf for t in used]
   counts = scipy.optimize.lsq_linear(a, b, bounds=(0, upper)).x
-  return {t: round(float(counts[used.index(t)]), 2) if t in used
-          else memory.ACTIVATION_COPIES['cpu'][t] for t in memory.TERMS}
+  return {t: fixed[t] if t in fixed else round(float(counts[used.index(t)]), 2) if t in used
+          else memory.ACTIVATION_COPIES[platform][t] for t in memory.TERMS}
 
 
 def planned(row: dict, counts: dict[str, float]) -> float:
   return row['state'] + sum(counts[t] * row['terms'][t] for t in memory.TERMS)
 
 
-def report(name: str, models_: list[Model], rows: list[dict], counts: dict[str, float]) -> None:
-  print(f'\n{name}: ACTIVATION_COPIES {counts}')
-  print(f'  {"model":<62} {"XLA MiB":>9} {"plan MiB":>9} {"ratio":>6} {"compile":>8}')
-  for model, row in zip(models_, rows):
-    plan = planned(row, counts)
-    print(f'  {model.label():<62} {row["xla"] / 2**20:>9.1f} {plan / 2**20:>9.1f} '
-          f'{plan / row["xla"]:>6.2f} {row["seconds"]:>7.1f}s')
-  ratios = [planned(r, counts) / r['xla'] for r in rows]
-  print(f'  worst ratio {min(ratios):.2f} .. {max(ratios):.2f}')
+def leave_one_out(rows: list[dict], platform: str) -> list[float]:
+  """Each row's plan / XLA with the counts fitted to the other models (all their targets)."""
+  return [planned(row, fit([r for r in rows if r['case'] != row['case']], platform))
+          / row['xla'] for row in rows]
+
+
+def test_ratios(rows: list[dict]) -> list[tuple[float, str]]:
+  """(plan / XLA, memory.kind) of each test row, by memory.plan with memory's counts."""
+  out = []
+  for row in rows:
+    plan = plan_of(row['case'], row['target'])
+    out.append((plan.train_total / row['xla'], kind_of(row['case'], row['target'], plan)))
+  return out
+
+
+def kind_ranges(ratios: list[tuple[float, str]]) -> dict[str, list]:
+  """{kind: [lowest, highest plan / XLA, cases]} over the test's rows of each kind."""
+  by_kind = {}
+  for ratio, kind in ratios:
+    by_kind.setdefault(kind, []).append(ratio)
+  return {kind: [round(min(r), 2), round(max(r), 2), len(r)] for kind, r in sorted(by_kind.items())}
+
+
+def outside(ratios) -> int:
+  return sum(abs(r - 1) > memory.WITHIN for r in ratios)
+
+
+def report_fit(platform: str, rows: list[dict], counts: dict[str, float]) -> None:
+  print(f'\n### {platform}: fit set\n\nACTIVATION_COPIES {counts}\n')
+  print('| model | target | XLA MiB | plan / XLA | left out |\n|---|---|---:|---:|---:|')
+  held_out = leave_one_out(rows, platform)
+  fitted = [planned(row, counts) / row['xla'] for row in rows]
+  for row, ratio, loo in zip(rows, fitted, held_out):
+    print(f'| {row["case"].label()} | {row["target"]} | {row["xla"] / 2**20:,.1f} | '
+          f'{ratio:.2f} | {loo:.2f} |')
+  print(f'\nIn the fit {min(fitted):.2f}-{max(fitted):.2f}x, {outside(fitted)} of {len(rows)} '
+        f'outside 15%; left out {min(held_out):.2f}-{max(held_out):.2f}x, '
+        f'{outside(held_out)} of {len(rows)} outside 15%.')
+
+
+def report_test(platform: str, rows: list[dict], ratios: list[tuple[float, str]]) -> None:
+  print(f'\n### {platform}: test set\n')
+  print('| model | target | kind | XLA MiB | plan MiB | plan / XLA |\n|---|---|---|---:|---:|---:|')
+  for row, (ratio, kind) in zip(rows, ratios):
+    print(f'| {row["case"].label()} | {row["target"]} | {kind} | {row["xla"] / 2**20:,.1f} | '
+          f'{ratio * row["xla"] / 2**20:,.1f} | {ratio:.2f} |')
+  only = [r for r, _ in ratios]
+  print(f'\n{len(only) - outside(only)} of {len(only)} within 15%; by kind (lowest, highest, '
+        f'cases): {kind_ranges(ratios)}')
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--target', action='append', required=True,
-                      help="e.g. v5e:2x2, h100x4; cpu: four devices of this machine's XLA:CPU; "
-                      'the targets of one platform are fitted together')
-  parser.add_argument('--counts', choices=('fit', 'current'), default='fit',
-                      help="fit new counts, or report memory.ACTIVATION_COPIES' own ratios")
-  parser.add_argument('--cases', action='store_true',
-                      help='report the current counts on cases(platform): remat, scan, dtype')
-  parser.add_argument('--small', action='store_true',
-                      help='report the current counts on SMALL models')
-  parser.add_argument('--cache', help='a JSON file of earlier compiles, read and extended')
+  parser.add_argument('--platform', action='append', required=True, choices=('tpu', 'gpu', 'cpu'))
+  parser.add_argument('--write', action='store_true',
+                      help='record the counts and the test ranges in memory_fit.json')
+  parser.add_argument('--no-compile', action='store_true',
+                      help='report what the recorded compiles hold, compiling nothing')
   args = parser.parse_args()
-  cache = read_cache(args.cache)
-  measured = {}  # target -> (models, rows)
-  for name in args.target:
-    target = Devices.of(name)
-    grid, rows = [], []
-    for model in cases(target.platform) if args.cases else SMALL if args.small else GRID:
-      row = measure(model, target, cache)
-      write_cache(args.cache, cache)
-      if row is None:
-        print(f'{name}: XLA fails to compile {model.label()}: {cache_error(cache, name, model)}')
-        continue
-      grid.append(model)
-      rows.append(row)
-    measured[target] = grid, rows
-  for platform in dict.fromkeys(target.platform for target in measured):
-    of_platform = [target for target in measured if target.platform == platform]
-    fitted = args.counts == 'fit' and not (args.cases or args.small)
-    counts = (fit([row for target in of_platform for row in measured[target][1]]) if fitted
-              else memory.ACTIVATION_COPIES[platform])
-    for target in of_platform:
-      report(f'{target.name} ({platform})', *measured[target], counts)
+  caches = {which: read_json(path) for which, path in CACHES.items()}
+  data = memory.read_fit()
+  for platform in args.platform:
+    rows = measured_rows(platform, 'fit', caches['fit'], not args.no_compile)
+    counts = fit(rows, platform)
+    report_fit(platform, rows, counts)
+    memory.ACTIVATION_COPIES[platform].update(counts)  # the test is planned with them
+    rows = measured_rows(platform, 'test', caches['test'], not args.no_compile)
+    ratios = test_ratios(rows)
+    report_test(platform, rows, ratios)
+    data['copies'][platform] = counts
+    data['test'][platform] = kind_ranges(ratios)
+  if args.write:
+    write_json(memory.FIT_PATH, {**data, 'command': COMMAND})
 
 
 if __name__ == '__main__':

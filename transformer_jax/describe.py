@@ -104,5 +104,5 @@ def memory_lines(settings, target=None) -> list[str]:
   if plan.kv_cache is not None:
     lines.append(f'  {"KV cache per sequence":<24} {_size(plan.kv_cache):>12} (decoding '
                  f'{data.seq_len} tokens)')
-  cautions = memory.caveats(cfg, platform, plan, settings.rule_set)
+  cautions = memory.caveats(cfg, platform, plan)
   return lines + [f'  Caution: {caveat}' for caveat in cautions]
