@@ -65,7 +65,7 @@ ACTIVATION_COPIES = _FIT['copies']
 @dataclasses.dataclass(frozen=True)
 class Plan:
   """Bytes per device."""
-  params: int
+  params: int  # the trained parameters, with LoRA the frozen base, and their moving average
   optimizer: int
   gradients: int
   gathered: int  # FSDP: the weights split over the batch's axis, gathered whole for the step
@@ -214,6 +214,8 @@ def plan(config, mesh: dict[str, int] | None = None, platform: str | None = None
   if isinstance(state, LoraState):
     model_params, model_shardings = state.base, shardings.base
     params += _sharded_bytes(state.base, shardings.base, platform)
+  if state.ema is not None:  # the moving average of the parameters, a copy of their own
+    params += _sharded_bytes(state.ema, shardings.ema, platform)
   rules = settings.rules
   split = lambda name: math.prod(sizes[a] for a in sharding.mesh_axes_of(name, rules))
   batch = family.batch_shapes(cfg, settings.data.batch_size, settings.data.seq_len)
