@@ -369,11 +369,12 @@ IN_LAYOUT = {'folded': lambda x: jnp.swapaxes(x, 1, 2).reshape(-1, x.shape[1], x
 @pytest.mark.parametrize('layout', kernels.cache.LAYOUTS)
 def test_cached_attention_over_each_cache_layout_matches_the_reference(layout):
   # 'folded' keeps (B * kv_heads, S, head_dim); query groups fold onto their key-value head.
+  # With and without an additive bias (T5's relative positions), per head.
   @jax.jit
-  def both(q, k, v, mask):
+  def both(q, k, v, mask, bias):
     stored = IN_LAYOUT[layout]
-    return (kernels.reference.attention(q, k, v, mask, scale=8 ** -0.5),
-            kernels.cache.attention(q, stored(k), stored(v), mask, scale=8 ** -0.5,
+    return (kernels.reference.attention(q, k, v, mask, scale=8 ** -0.5, bias=bias),
+            kernels.cache.attention(q, stored(k), stored(v), mask, scale=8 ** -0.5, bias=bias,
                                     layout=layout))
 
   noise = np.random.default_rng(0)
@@ -381,8 +382,9 @@ def test_cached_attention_over_each_cache_layout_matches_the_reference(layout):
   mask = (noise.random((2, 1, 3, 7)) < 0.7) | (np.arange(7) == 0)
   for kv_heads in (4, 2, 1):
     k, v = noise.standard_normal((2, 2, 7, kv_heads, 8), np.float32)
-    expected, got = both(q, k, v, mask)
-    np.testing.assert_allclose(got, expected, atol=1e-6, err_msg=f'{kv_heads} kv heads')
+    for bias in (None, noise.standard_normal((1, 4, 3, 7), np.float32)):
+      expected, got = both(q, k, v, mask, bias)
+      np.testing.assert_allclose(got, expected, atol=1e-6, err_msg=f'{kv_heads} kv heads')
 
 
 def test_an_unknown_cache_layout_fails_naming_the_layouts():
