@@ -91,10 +91,10 @@ class Attention(nn.Module):
   input's width). Self-attention takes its keys from its input; cross-attention (`is_cross`)
   from `kv_inputs`. With `rope_base`, queries and keys of self-attention are rotated by their
   `positions` (B, T) (default 0..T-1, after the cache index when decoding). `init_std` None
-  draws the kernels LeCun-normal. `scale_logits` False leaves out the 1 / sqrt(head_dim) (T5
-  folds it into the initialization of the queries). Where the 'intermediates' collection is
-  mutable, the layer sows the attention weights (B, heads, T, S) there, computed by the
-  reference kernel.
+  draws the kernels LeCun-normal. `scale_logits` False leaves out the 1 / sqrt(head_dim) and
+  folds it into the initialization of the queries, as T5 does. Where the 'intermediates'
+  collection is mutable, the layer sows the attention weights (B, heads, T, S) there, computed
+  by the reference kernel.
 
   With `cache_index` set, the 'cache' collection holds the keys and values in `cache_layout`
   (`kernels.cache.LAYOUTS`; 'folded', every platform's, is (B * num_kv_heads, S, head_dim)):
@@ -147,10 +147,13 @@ class Attention(nn.Module):
     (decoding), or None (no cache).
     """
     kernels.masks.check(mask)
-    dense = lambda heads, axis, name: Linear(
+    dense = lambda heads, axis, name, gain=1.0: Linear(
         (heads, self.head_dim), ('embed',), (axis, 'head_dim'), use_bias=self.use_bias,
-        init_std=self.init_std, dtype=self.dtype, param_dtype=self.param_dtype, name=name)
-    q = axes.constrain(dense(self.num_heads, 'heads', 'query')(x), axes.HEADS, None)
+        init_std=self.init_std, init_gain=gain, dtype=self.dtype, param_dtype=self.param_dtype,
+        name=name)
+    # Unscaled logits start as the scaled ones would: the queries start 1 / sqrt(head_dim) as large.
+    query_gain = 1.0 if self.scale_logits else self.head_dim ** -0.5
+    q = axes.constrain(dense(self.num_heads, 'heads', 'query', query_gain)(x), axes.HEADS, None)
     source = x if not self.is_cross else kv_inputs
     k = v = None
     if source is not None:
