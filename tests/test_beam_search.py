@@ -31,7 +31,7 @@ def test_the_length_penalty_is_wu_et_al_s():
 
 @pytest.mark.parametrize('case', ['gpt2', pytest.param('llama-gqa-scanned', marks=SLOW),
                                   pytest.param('seq2seq', marks=SLOW),
-                                  'seq2seq-llama-gqa-scanned'])
+                                  'seq2seq-llama-gqa-scanned', 't5'])
 def test_beam_one_is_greedy_decoding_with_its_log_probability(case):
   model, params = build(case)
   prompts, lengths, encoder = prompts_of(model)
@@ -88,7 +88,8 @@ def exhaustive(model, params, prompt, encoder, alpha):
 
 @pytest.mark.parametrize('case,alpha', [('gpt2', 0.0), ('gpt2', 1.5),
                                         pytest.param('llama-gqa-scanned', 0.6, marks=SLOW),
-                                        pytest.param('seq2seq', 2.0, marks=SLOW)])
+                                        pytest.param('seq2seq', 2.0, marks=SLOW),
+                                        ('t5-v1_1-scanned', 1.0)])
 def test_a_large_beam_finds_what_an_exhaustive_search_finds(case, alpha):
   """With more beams than there are outputs of STEPS - 1 tokens, no beam that could win is ever
   dropped: the K results are the exhaustive search's K best, with their log-probabilities as

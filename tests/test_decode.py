@@ -32,6 +32,12 @@ CASES = {
     'seq2seq': dict(family='encoder_decoder', **styles.STYLES['transformer']),
     'seq2seq-llama-gqa-scanned': dict(family='encoder_decoder', num_kv_heads=2, scan_layers=True,
                                       **styles.STYLES['llama']),
+    # Few buckets, so that the short sequences reach the logarithmic ones.
+    't5': dict(family='encoder_decoder', relative_buckets=8, relative_max_distance=12,
+               **styles.STYLES['t5']),
+    't5-v1_1-scanned': dict(family='encoder_decoder', scan_layers=True, head_width=6,
+                            relative_buckets=6, relative_max_distance=10,
+                            **styles.STYLES['t5_v1_1']),
     'no-positions': dict(family='decoder', **dict(styles.STYLES['llama'], positions='none')),
     'sinusoidal': dict(family='decoder', **styles.STYLES['transformer']),
 }
@@ -103,7 +109,7 @@ WINDOW, WINDOW_NEW_TOKENS = 3, 9  # the ring wraps; the reference's 16 slots fit
 
 
 @pytest.mark.parametrize('case', ['gpt2', 'llama-gqa-scanned', 'llama-mqa', 'no-positions',
-                                  'sinusoidal', 'seq2seq-llama-gqa-scanned'])
+                                  'sinusoidal', 'seq2seq-llama-gqa-scanned', 't5'])
 def test_windowed_generation_equals_the_banded_uncached_rollout(case):
   # Two layers: sliding-window attention, where a token's second-layer key was computed when it
   # saw its own last WINDOW tokens; prompts of 7 and 5 tokens outgrow the ring at the prefill.
@@ -153,6 +159,22 @@ def test_teacher_forcing_through_the_window_cache_equals_the_banded_forward_pass
   band = (np.arange(20)[None, :] > np.arange(20)[:, None] - 4)[None, None]
   expected = model.apply({'params': params}, tokens, attention_mask=band)
   got = decode.forced_logits(model, params, tokens, prompt_len=prompt_len, window=4)
+  np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize('window', [None, 4])
+def test_t5_teacher_forcing_through_the_cache_equals_the_forward_pass(window):
+  """The relative bias of each cached step (over a ring of 4 slots, too) is that of its tokens'
+  distances: forced_logits equals the (banded) uncached decoder on the same targets."""
+  model, params = build('t5-v1_1-scanned')
+  tokens = jnp.asarray(np.random.default_rng(1).integers(0, 40, (3, 14)), jnp.int32)
+  band = None if window is None else (
+      np.arange(14)[None, :] > np.arange(14)[:, None] - window)[None, None]
+  expected = model.apply({'params': params}, INPUTS, tokens, INPUT_VALID,
+                         method=lambda m, i, t, v: m.decode(t, m.encode(i, v), v,
+                                                            attention_mask=band))
+  got = decode.forced_logits(model, params, tokens, prompt_len=3, window=window, inputs=INPUTS,
+                             input_valid=INPUT_VALID)
   np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
 
 
@@ -370,11 +392,12 @@ IN_LAYOUT = {'folded': lambda x: jnp.swapaxes(x, 1, 2).reshape(-1, x.shape[1], x
 @pytest.mark.parametrize('layout', kernels.cache.LAYOUTS)
 def test_cached_attention_over_each_cache_layout_matches_the_reference(layout):
   # 'folded' keeps (B * kv_heads, S, head_dim); query groups fold onto their key-value head.
+  # With and without an additive bias (T5's relative positions), per head.
   @jax.jit
-  def both(q, k, v, mask):
+  def both(q, k, v, mask, bias):
     stored = IN_LAYOUT[layout]
-    return (kernels.reference.attention(q, k, v, mask, scale=8 ** -0.5),
-            kernels.cache.attention(q, stored(k), stored(v), mask, scale=8 ** -0.5,
+    return (kernels.reference.attention(q, k, v, mask, scale=8 ** -0.5, bias=bias),
+            kernels.cache.attention(q, stored(k), stored(v), mask, scale=8 ** -0.5, bias=bias,
                                     layout=layout))
 
   noise = np.random.default_rng(0)
@@ -382,8 +405,9 @@ def test_cached_attention_over_each_cache_layout_matches_the_reference(layout):
   mask = (noise.random((2, 1, 3, 7)) < 0.7) | (np.arange(7) == 0)
   for kv_heads in (4, 2, 1):
     k, v = noise.standard_normal((2, 2, 7, kv_heads, 8), np.float32)
-    expected, got = both(q, k, v, mask)
-    np.testing.assert_allclose(got, expected, atol=1e-6, err_msg=f'{kv_heads} kv heads')
+    for bias in (None, noise.standard_normal((1, 4, 3, 7), np.float32)):
+      expected, got = both(q, k, v, mask, bias)
+      np.testing.assert_allclose(got, expected, atol=1e-6, err_msg=f'{kv_heads} kv heads')
 
 
 def test_an_unknown_cache_layout_fails_naming_the_layouts():

@@ -74,6 +74,30 @@ def test_splash_falls_back_to_xla_with_the_reason(t, mask, why):
                              _reference(q, k, v, mask, scale=0.2), atol=2e-6)
 
 
+def test_splash_takes_no_bias_and_runs_xla_with_it():
+  q, k, v = _inputs()
+  bias = jax.random.normal(jax.random.key(5), (1, 4, T, T))
+  assert splash.decide(q, k, masks.Mask(causal=True), bias) == (
+      None, 'splash takes no additive bias')
+  np.testing.assert_allclose(
+      splash.make(interpret=True)(q, k, v, masks.Mask(causal=True), scale=0.2, bias=bias),
+      reference.attention(q, k, v, masks.Mask(causal=True).dense(T, T), scale=0.2, bias=bias),
+      atol=2e-6)
+
+
+@pytest.mark.parametrize('t,takes', [(T, True), (127, False)])
+def test_cudnn_takes_a_bias_as_a_dense_mask_at_even_lengths(t, takes):
+  """A bias goes to cuDNN in the queries' dtype; like a dense mask, only at even lengths."""
+  q, k, v = _inputs(t=t, s=t, dtype=jnp.bfloat16)
+  bias = jnp.ones((1, 4, t, t), jnp.float32)
+  kwargs, reason = cudnn.decide(q, k, v, masks.Mask(causal=True), bias=bias)
+  if takes:
+    assert kwargs['bias'].dtype == jnp.bfloat16 and kwargs['is_causal']
+    assert 'an additive bias' in reason
+  else:
+    assert kwargs is None and 'even sequence lengths' in reason
+
+
 def test_splash_blocks_divide_the_sequences_and_it_reads_the_activation_axes():
   q, k, _ = _inputs(t=384, s=1024)
   plan, _ = splash.decide(q, k, masks.Mask(valid=jnp.ones((2, 1024), bool)))

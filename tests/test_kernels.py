@@ -2,6 +2,7 @@
 the platform it is compiled for, by name, or as a function."""
 import dataclasses
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -56,6 +57,66 @@ def _assert_equals_reference(name, q, k, v, mask):
   np.testing.assert_allclose(got, expected, atol=1e-6)
   for got_grad, grad in zip(got_grads, grads):
     np.testing.assert_allclose(got_grad, grad, atol=1e-5)
+
+
+def test_the_reference_adds_the_bias_to_the_scaled_logits_before_the_mask():
+  """Against NumPy: softmax(q k^T * scale + bias) over the visible keys, heads grouped."""
+  q, k, v = (np.asarray(x, np.float64) for x in _inputs(kv_heads=2))
+  bias = np.random.default_rng(0).standard_normal((1, 4, 5, 7))
+  mask = np.random.default_rng(1).random((2, 1, 5, 7)) < 0.6
+  mask[..., 0] = True
+  k_per_head, v_per_head = np.repeat(k, 2, axis=2), np.repeat(v, 2, axis=2)
+  logits = np.einsum('bthd,bshd->bhts', q, k_per_head) * 0.3 + bias
+  logits = np.where(mask, logits, -np.inf)
+  probs = np.exp(logits - logits.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  expected = np.einsum('bhts,bshd->bthd', probs, v_per_head)
+  got = kernels.reference.attention(*(jnp.asarray(x, jnp.float32) for x in (q, k, v)),
+                                    jnp.asarray(mask), scale=0.3,
+                                    bias=jnp.asarray(bias, jnp.float32))
+  np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize('name', ['xla', 'cpu', 'auto'])
+@pytest.mark.parametrize('kv_heads,bias_shape,mask_shape', [
+    (4, (1, 4, 5, 7), (2, 1, 5, 7)), (2, (2, 4, 5, 7), None), (1, (2, 1, 5, 7), (1, 1, 5, 7)),
+    (2, (1, 1, 5, 7), (2, 4, 5, 7))])
+def test_each_kernel_adds_a_bias_as_the_reference_with_its_gradient(name, kv_heads, bias_shape,
+                                                                      mask_shape):
+  """Outputs and the gradients of q, k, v and the bias, for each broadcast of the bias (T5's
+  relative bias is (1, heads, T, S)) under a mask."""
+  q, k, v = _inputs(kv_heads)
+  bias = jax.random.normal(jax.random.key(4), bias_shape)
+  mask = None if mask_shape is None else (
+      jax.random.bernoulli(jax.random.key(2), 0.6, mask_shape).at[..., 0].set(True))
+  cotangent = jax.random.normal(jax.random.key(3), q.shape)
+
+  def out_and_grads(kernel):
+    attend = lambda q, k, v, bias: kernel(q, k, v, mask, scale=8 ** -0.5, bias=bias)
+    loss = lambda *args: jnp.sum(attend(*args) * cotangent)
+    return attend(q, k, v, bias), jax.grad(loss, argnums=(0, 1, 2, 3))(q, k, v, bias)
+
+  got, got_grads = out_and_grads(kernels.resolve(name).fn)
+  expected, grads = out_and_grads(kernels.reference.attention)
+  np.testing.assert_allclose(got, expected, atol=1e-6)
+  for got_grad, grad in zip(got_grads, grads):
+    np.testing.assert_allclose(got_grad, grad, atol=1e-5)
+  assert got_grads[3].shape == bias_shape and np.abs(grads[3]).max() > 1e-3
+
+
+def test_a_layer_without_logit_scaling_and_with_a_bias_runs_unscaled_logits_plus_the_bias(rng):
+  """Attention(scale_logits=False) with a bias equals the reference kernel at scale 1 on the
+  layer's own projections."""
+  layer = layers.Attention(num_heads=2, head_dim=4, use_bias=False, scale_logits=False,
+                           kernel='cpu')
+  x = jax.random.normal(rng, (2, 5, 8))
+  bias = jax.random.normal(jax.random.key(7), (1, 2, 5, 5))
+  params = flax.linen.meta.unbox(layer.init(rng, x)['params'])
+  project = lambda name: jnp.einsum('btd,dhk->bthk', x, params[name]['kernel'])
+  heads = kernels.reference.attention(project('query'), project('key'), project('value'),
+                                      scale=1.0, bias=bias)
+  expected = jnp.einsum('bthk,hkd->btd', heads, params['out']['kernel'])
+  np.testing.assert_allclose(layer.apply({'params': params}, x, bias=bias), expected, atol=1e-5)
 
 
 def test_auto_picks_by_the_platform_it_is_given():

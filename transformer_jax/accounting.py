@@ -116,7 +116,7 @@ def part_of(path: tuple[str, ...]) -> str:
   the same inside a model of your own); 'other' for names none of our modules use."""
   if 'head' in path:
     return 'head'
-  if 'attn' in path or 'cross_attn' in path:
+  if 'attn' in path or 'cross_attn' in path or 'relative_attention_bias' in path:
     return 'attention'
   if 'mlp' in path:
     return 'mlp'

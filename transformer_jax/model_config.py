@@ -22,7 +22,9 @@ __all__ = [
     'NORMS', 'POSITIONS']
 
 NORMS = ('layernorm', 'rmsnorm')
-POSITIONS = ('learned', 'sinusoidal', 'rope', 'none')
+# 'relative': T5's learned bias per head and bucket of key-minus-query distance, added to the
+# attention logits (a family whose config sets RELATIVE_POSITIONS builds it).
+POSITIONS = ('learned', 'sinusoidal', 'rope', 'relative', 'none')
 # What each option of the blocks may be, from the layers that take it.
 BLOCK_CHOICES = {'norm': NORMS, 'norm_position': block.NORM_POSITIONS, 'mlp': mlp.KINDS,
                  'positions': POSITIONS, 'remat_policy': tuple(block.REMAT_POLICIES)}
@@ -51,6 +53,7 @@ class ModelConfig:
   num_heads: int = 8
   num_kv_heads: int | None = None  # None: num_heads (MHA); 1: MQA; in between: GQA
   d_ff: int | None = None  # None: 4 * width, or int(8 * width / 3) for SwiGLU
+  head_width: int | None = None  # None: width // num_heads; T5 sets its own (d_kv)
   # Block.
   norm: str = 'layernorm'
   norm_eps: float = 1e-5
@@ -60,6 +63,9 @@ class ModelConfig:
   use_bias: bool = True  # biases of every dense layer inside the blocks
   positions: str = 'learned'
   rope_base: float = 10000.0
+  # Attention logits times 1 / sqrt(head_dim); False folds it into the queries' initialization
+  # (T5).
+  scale_attention: bool = True
   # Ablation switches (experiments/ablations.py): a removed sublayer writes nothing into the
   # residual stream.
   use_attention: bool = True
@@ -86,12 +92,15 @@ class ModelConfig:
       'width': COUNT, 'num_layers': COUNT, 'num_heads': COUNT,
       'num_kv_heads': Range(1, integer=True, optional=True),
       'd_ff': Range(1, integer=True, optional=True),
+      'head_width': Range(1, integer=True, optional=True),
       'norm_eps': Range(0, open_low=True),
       'rope_base': Range(1, open_low=True),  # frequencies base^(-i/h) must fall with i
       'dropout_rate': FRACTION,
       'init_std': Range(0, optional=True), 'embed_init_std': Range(0),
   }
   CHOICES: ClassVar[dict[str, tuple[str, ...]]] = BLOCK_CHOICES
+  # Whether the family builds positions='relative' (and has its relative_* settings).
+  RELATIVE_POSITIONS: ClassVar[bool] = False
 
   def __post_init__(self):
     self.check()
@@ -126,10 +135,15 @@ class ModelConfig:
         auto = '"auto", ' if name == 'dtype' else ''
         raise ConfigError(f'model.{name}={value!r} is not a dtype: use {auto}"float32" '
                           'or "bfloat16".') from None
-    if self.width % self.num_heads:
+    if self.positions == 'relative' and not self.RELATIVE_POSITIONS:
+      raise ConfigError(f"model.positions='relative' (T5's relative position bias) is built by "
+                        f'the encoder_decoder family only, not {self.family!r}: choose one of '
+                        f'{[p for p in POSITIONS if p != "relative"]}.')
+    if self.head_width is None and self.width % self.num_heads:
       raise ConfigError(f'model.num_heads={self.num_heads} does not divide model.width='
                         f'{self.width}: choose a head count that divides the width (for example '
-                        f'{_divisors_near(self.width, self.num_heads)}).')
+                        f'{_divisors_near(self.width, self.num_heads)}), or set '
+                        'model.head_width.')
     attention.check_kv_heads(self.num_heads, self.num_kv_heads, prefix='model.')
     if self.positions == 'rope':
       attention.check_rope(self.head_dim, self.rope_base, prefix='model.')
@@ -141,7 +155,7 @@ class ModelConfig:
 
   @property
   def head_dim(self) -> int:
-    return self.width // self.num_heads
+    return self.head_width or self.width // self.num_heads
 
   @property
   def hidden_dim(self) -> int:

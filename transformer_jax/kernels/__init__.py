@@ -1,11 +1,15 @@
-"""Attention kernels: softmax(Q K^T * scale) V, one signature for all.
+"""Attention kernels: softmax(Q K^T * scale + bias) V, one signature for all.
 
-    out = kernel(q, k, v, mask=None, *, scale)
+    out = kernel(q, k, v, mask=None, *, scale, bias=None)
 
 q (B, T, heads, head_dim); k, v (B, S, kv_heads, head_dim), kv_heads dividing heads (each group
 of heads // kv_heads query heads shares one key-value head: MHA, GQA, MQA); mask boolean
-(B | 1, heads | 1, T, S), True where a query sees a key, or None; out (B, T, heads, head_dim) in
-v's dtype. The softmax runs in float32; a query that sees no key weighs every key alike.
+(B | 1, heads | 1, T, S), True where a query sees a key, or None; bias float (B | 1, heads | 1,
+T, S), added to the scaled logits before the mask (T5's relative positions), or None; out
+(B, T, heads, head_dim) in v's dtype. The softmax runs in float32; a query that sees no key
+weighs every key alike. The gradient reaches the bias as well. A kernel that takes no bias
+(splash) runs XLA's attention when given one; a function of one's own need only take `bias`
+if the model passes one (a kernel is called without it when there is none).
 
 Kernels by name:
   'reference'  plain einsums (`reference.attention`): the definition the others are tested by.
@@ -33,17 +37,23 @@ import jax
 
 from transformer_jax.kernels import cache, contraction, cpu, cudnn, masks, reference, xla
 
-__all__ = ['Choice', 'Kernel', 'cache', 'contraction', 'current_name', 'function',
-           'keeps_weights', 'masks', 'names', 'reference', 'register', 'resolve']
+__all__ = ['bias_argument', 'Choice', 'Kernel', 'cache', 'contraction', 'current_name',
+           'function', 'keeps_weights', 'masks', 'names', 'reference', 'register', 'resolve']
 
-Kernel = Callable  # (q, k, v, mask=None, *, scale) -> out
+Kernel = Callable  # (q, k, v, mask=None, *, scale, bias=None) -> out
+
+
+def bias_argument(bias) -> dict:
+  """The keyword arguments that pass `bias` to a kernel: none without one, so that a kernel of
+  one's own that takes no bias keeps working where there is none."""
+  return {} if bias is None else {'bias': bias}
 
 
 @masks.takes_structure
-def _splash(q, k, v, mask=None, *, scale):
+def _splash(q, k, v, mask=None, *, scale, bias=None):
   """`splash.attention`, imported when first traced: Pallas takes a while to import."""
   from transformer_jax.kernels import splash  # pylint: disable=g-import-not-at-top
-  return splash.attention(q, k, v, mask, scale=scale)
+  return splash.attention(q, k, v, mask, scale=scale, bias=bias)
 
 
 _KERNELS: dict[str, Kernel] = {
@@ -63,12 +73,12 @@ _RENAMED = {'dot_product_attention': 'auto', 'heads_first': 'cpu', 'einsum': 're
 
 
 @masks.takes_structure
-def _auto(q, k, v, mask=None, *, scale):
+def _auto(q, k, v, mask=None, *, scale, bias=None):
   """Each platform's kernel, the one of the platform the computation is lowered for."""
   def bound(name):
     fn = _KERNELS[name]
     return lambda q, k, v: fn(q, k, v, masks.for_kernel(fn, mask, q.shape[1], k.shape[1]),
-                              scale=scale)
+                              scale=scale, **bias_argument(bias))
   return jax.lax.platform_dependent(
       q, k, v, default=bound(_AUTO_DEFAULT[0]),
       **{lowered: bound(name) for platform, (name, _) in _AUTO.items()
@@ -125,7 +135,7 @@ def function(kernel: str | Kernel) -> Kernel:
     return _auto
   if name not in _KERNELS:
     raise ValueError(f'Unknown attention kernel {kernel!r}: use one of {names()}, a function '
-                     '(q, k, v, mask=None, *, scale) -> out, or register one '
+                     '(q, k, v, mask=None, *, scale, bias=None) -> out, or register one '
                      '(transformer_jax.kernels.register).')
   return _KERNELS[name]
 

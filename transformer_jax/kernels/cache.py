@@ -52,33 +52,40 @@ def write(cache: jax.Array, new: jax.Array, index, layout: str) -> jax.Array:
   return jax.lax.dynamic_update_slice(cache, new.astype(cache.dtype), start)
 
 
-def attention(q, k, v, mask=None, *, scale, layout: str = 'folded'):
-  """q (B, T, heads, head_dim) over cached keys and values in `layout`; mask boolean,
-  broadcastable to (B, heads, T, S), or None. Softmax in float32; returns
-  (B, T, heads, head_dim)."""
+def attention(q, k, v, mask=None, *, scale, bias=None, layout: str = 'folded'):
+  """q (B, T, heads, head_dim) over cached keys and values in `layout`; mask boolean and bias
+  float, each broadcastable to (B, heads, T, S), or None (the bias is added to the scaled
+  logits). Softmax in float32; returns (B, T, heads, head_dim)."""
   if layout == 'folded':
-    return _folded(q, k, v, mask, scale)
+    return _folded(q, k, v, mask, scale, bias)
   b, t, h, d = q.shape
   kv_heads = k.shape[2 if layout == 'slots_first' else 1]
   kv = 'skd' if layout == 'slots_first' else 'ksd'
   grouped = q.reshape(b, t, kv_heads, h // kv_heads, d)
   logits = jnp.einsum(f'btkgd,b{kv}->bkgts', grouped, k,
                       preferred_element_type=jnp.float32) * scale
-  if mask is not None:
-    logits = jnp.where(masks.grouped(mask, kv_heads), logits, jnp.finfo(jnp.float32).min)
+  logits = _masked(logits, mask, bias, kv_heads)
   probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
   return jnp.einsum(f'bkgts,b{kv}->btkgd', probs, v).reshape(b, t, h, d)
 
 
-def _folded(q, k, v, mask, scale):
+def _masked(logits, mask, bias, kv_heads):
+  """logits (B, kv_heads, group, T, S) plus the bias, hidden where the mask says."""
+  if bias is not None:
+    logits = logits + masks.grouped(bias, kv_heads).astype(jnp.float32)
+  if mask is not None:
+    logits = jnp.where(masks.grouped(mask, kv_heads), logits, jnp.finfo(jnp.float32).min)
+  return logits
+
+
+def _folded(q, k, v, mask, scale, bias):
   b, t, h, d = q.shape
   kv_heads = k.shape[0] // b
   q = jnp.swapaxes(q, 1, 2).reshape(b * kv_heads, h // kv_heads * t, d)
   logits = jnp.einsum('nqd,nsd->nqs', q, k, preferred_element_type=jnp.float32) * scale
-  if mask is not None:
+  if mask is not None or bias is not None:
     grouped = logits.reshape(b, kv_heads, h // kv_heads, t, -1)
-    logits = jnp.where(masks.grouped(mask, kv_heads), grouped,
-                       jnp.finfo(jnp.float32).min).reshape(logits.shape)
+    logits = _masked(grouped, mask, bias, kv_heads).reshape(logits.shape)
   probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
   out = jnp.einsum('nqs,nsd->nqd', probs, v)
   return jnp.swapaxes(out.reshape(b, h, t, d), 1, 2)

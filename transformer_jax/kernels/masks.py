@@ -135,6 +135,7 @@ def check(mask) -> None:
 
 def grouped(mask: jax.Array, kv_heads: int) -> jax.Array:
   """(B, 1 | heads | kv_heads, T, S) -> (B, 1 | kv_heads, 1 | group, T, S): the heads axis split
-  as the query heads are, each group of heads // kv_heads sharing one key-value head."""
+  as the query heads are, each group of heads // kv_heads sharing one key-value head. Masks and
+  additive biases alike."""
   split = min(mask.shape[1], kv_heads)
   return mask.reshape(mask.shape[0], split, mask.shape[1] // split, *mask.shape[2:])

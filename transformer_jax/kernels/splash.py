@@ -3,10 +3,11 @@ where it runs, else XLA's attention, with the reason logged once.
 
 Splash computes the mask in the kernel from its structure and skips the blocks it hides: causal,
 a local window, and segment ids (packed rows; valid keys join them as a segment no query has).
-It cannot read a dense mask, and it works in blocks that must divide both sequence lengths
-(multiples of 128), so short or odd lengths and dense masks run XLA's attention. A Mosaic kernel
-is not partitioned by XLA: inside a step traced with a mesh it runs under `jax.shard_map`, each
-device on its share of the batch and of the heads as the logical-axis rules lay them out.
+It cannot read a dense mask nor add a bias (T5's relative positions), and it works in blocks
+that must divide both sequence lengths (multiples of 128), so short or odd lengths, dense masks
+and biases run XLA's attention. A Mosaic kernel is not partitioned by XLA: inside a step traced
+with a mesh it runs under `jax.shard_map`, each device on its share of the batch and of the
+heads as the logical-axis rules lay them out.
 """
 import functools
 import logging
@@ -30,9 +31,11 @@ BATCH, LENGTH, HEADS, KV_HEADS = 'act_batch', 'act_length', 'act_heads', 'act_kv
 _logged: set[str] = set()
 
 
-def decide(q, k, mask=None) -> tuple[dict | None, str]:
+def decide(q, k, mask=None, bias=None) -> tuple[dict | None, str]:
   """The static settings splash runs this call with (block sizes, causal, window), and why;
   (None, why not) where it cannot."""
+  if bias is not None:
+    return None, 'splash takes no additive bias'
   t, s = q.shape[1], k.shape[1]
   block_q = next((b for b in _BLOCKS if t % b == 0), None)
   block_kv = next((b for b in _BLOCKS if s % b == 0), None)
@@ -59,16 +62,17 @@ def make(interpret: bool = False):
   interpreter, so that the kernel runs (slowly) on any platform."""
 
   @masks.takes_structure
-  def attention(q, k, v, mask=None, *, scale):
+  def attention(q, k, v, mask=None, *, scale, bias=None):
     """The kernel signature of `transformer_jax.kernels`, taking a `masks.Mask` as well."""
-    plan, why = decide(q, k, mask)
+    plan, why = decide(q, k, mask, bias)
     mesh = jax.sharding.get_abstract_mesh()
     if plan is not None and mesh.manual_axes:
       plan, why = None, ("inside the shard_map step (parallelism='shard_map') the Pallas output "
                          'has no varying-axes type for its check: use parallelism=jit')
     if plan is None:
       _log_once(f'attention runs XLA, not splash: {why} (q {q.shape}, k {k.shape})')
-      return xla.attention(q, k, v, masks.dense(mask, q.shape[1], k.shape[1]), scale=scale)
+      return xla.attention(q, k, v, masks.dense(mask, q.shape[1], k.shape[1]), scale=scale,
+                           bias=bias)
     segments = _segment_ids(mask, q.shape, k.shape)
     local = functools.partial(_local, interpret=interpret, **plan)
     q = (q * scale).astype(q.dtype)

@@ -75,7 +75,7 @@ def check_rope(head_dim: int, rope_base: float, prefix: str = '') -> None:
 
 
 class Attention(nn.Module):
-  """softmax(Q K^T / sqrt(head_dim) + mask) V over `num_heads` query heads and `num_kv_heads`
+  """softmax(Q K^T / sqrt(head_dim) + bias + mask) V over `num_heads` query heads and `num_kv_heads`
   key-value heads (MHA; GQA; MQA with one), self- or cross-attention, with its KV cache.
 
     attention = Attention(num_heads=4, head_dim=32, rope_base=10000.0)
@@ -90,8 +90,10 @@ class Attention(nn.Module):
   width). Self-attention takes its keys from its input; cross-attention (`is_cross`)
   from `kv_inputs`. With `rope_base`, queries and keys of self-attention are rotated by their
   `positions` (B, T) (default 0..T-1, after the cache index when decoding). `init_std` None
-  draws the kernels LeCun-normal. Where the 'intermediates' collection is mutable, the layer
-  sows the attention weights (B, heads, T, S) there, computed by the reference kernel.
+  draws the kernels LeCun-normal. `scale_logits` False leaves out the 1 / sqrt(head_dim) and
+  folds it into the initialization of the queries, as T5 does. Where the 'intermediates'
+  collection is mutable, the layer sows the attention weights (B, heads, T, S) there, computed
+  by the reference kernel.
 
   With `cache_index` set, the 'cache' collection holds the keys and values in `cache_layout`
   (`kernels.cache.LAYOUTS`; 'folded', every platform's, is (B * num_kv_heads, S, head_dim)):
@@ -111,6 +113,7 @@ class Attention(nn.Module):
   kernel: str | kernels.Kernel = 'auto'
   cache_layout: str = 'folded'
   init_std: float | None = 0.02
+  scale_logits: bool = True
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
 
@@ -130,20 +133,26 @@ class Attention(nn.Module):
     return self.num_kv_heads or self.num_heads
 
   @nn.compact
-  def __call__(self, x, kv_inputs=None, *, mask=None, positions=None, cache_index=None):
+  def __call__(self, x, kv_inputs=None, *, mask=None, positions=None, cache_index=None,
+               bias=None):
     """x (B, T, D) -> (B, T, out_features).
 
     kv_inputs (B, S, D'): cross-attention's keys and values (None in a cached decoding step,
     which reads them from the cache). mask: boolean (B | 1, heads | 1, T, S), True where a query
-    sees a key, or a `kernels.masks.Mask` that describes one; None: every key. positions
+    sees a key, or a `kernels.masks.Mask` that describes one; None: every key. bias: float
+    (B | 1, heads | 1, T, S) added to the scaled logits (over the S cache slots when decoding),
+    or None. positions
     (B, T): RoPE's token positions. cache_index: the cache slot of the first of the T queries
     (decoding), or None (no cache).
     """
     kernels.masks.check(mask)
-    dense = lambda heads, axis, name: Linear(
+    dense = lambda heads, axis, name, gain=1.0: Linear(
         (heads, self.head_dim), ('embed',), (axis, 'head_dim'), use_bias=self.use_bias,
-        init_std=self.init_std, dtype=self.dtype, param_dtype=self.param_dtype, name=name)
-    q = axes.constrain(dense(self.num_heads, 'heads', 'query')(x), axes.HEADS, None)
+        init_std=self.init_std, init_gain=gain, dtype=self.dtype, param_dtype=self.param_dtype,
+        name=name)
+    # Unscaled logits start as the scaled ones would: the queries start 1 / sqrt(head_dim) as large.
+    query_gain = 1.0 if self.scale_logits else self.head_dim ** -0.5
+    q = axes.constrain(dense(self.num_heads, 'heads', 'query', query_gain)(x), axes.HEADS, None)
     source = x if not self.is_cross else kv_inputs
     k = v = None
     if source is not None:
@@ -155,19 +164,20 @@ class Attention(nn.Module):
                                       0 if cache_index is None else cache_index)
       q = apply_rope(q, positions, self.rope_base)
       k = apply_rope(k, positions, self.rope_base)
-    scale = self.head_dim ** -0.5
+    scale = self.head_dim ** -0.5 if self.scale_logits else 1.0
     if cache_index is not None:
       k, v = self._cached(k, v, cache_index)
       slots = k.shape[kernels.cache.slot_axis(self.cache_layout)]
       out = kernels.cache.attention(q, k, v, kernels.masks.dense(mask, q.shape[1], slots),
-                                    scale=scale, layout=self.cache_layout)
+                                    scale=scale, bias=bias, layout=self.cache_layout)
     else:
       fn = kernels.function(self.kernel)
-      out = fn(q, k, v, kernels.masks.for_kernel(fn, mask, q.shape[1], k.shape[1]), scale=scale)
+      out = fn(q, k, v, kernels.masks.for_kernel(fn, mask, q.shape[1], k.shape[1]), scale=scale,
+               **kernels.bias_argument(bias))
       if self.is_mutable_collection('intermediates'):
         dense_mask = kernels.masks.dense(mask, q.shape[1], k.shape[1])
         self.sow('intermediates', 'attention_weights',
-                 kernels.reference.weights(q, k, dense_mask, scale))
+                 kernels.reference.weights(q, k, dense_mask, scale, bias))
     out = axes.constrain(out, axes.HEADS, None)
     return Linear((self.out_features or x.shape[-1],), ('heads', 'head_dim'), ('embed',),
                   use_bias=self.use_bias, init_std=self.init_std, dtype=self.dtype,

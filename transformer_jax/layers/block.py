@@ -25,7 +25,8 @@ REMAT_POLICIES = {
 
 ModuleFactory = Callable[..., nn.Module]  # called with name=..., e.g. functools.partial(MLP, ...)
 LAYERS = 'layers'  # the scanned stack's name, and the logical name of its parameters' layer axis
-# What BlockStack passes a block, positionally, after x; and the fields it sets.
+# What BlockStack passes a block, positionally, after x (and `bias` after them where the stack is
+# given one); and the fields it sets.
 BLOCK_ARGUMENTS = ('mask', 'positions', 'encoded', 'cross_mask', 'cache_index')
 BLOCK_FIELDS = ('deterministic', 'scanned')
 BLOCK_CONTRACT = (
@@ -81,18 +82,21 @@ class Block(nn.Module):
 
   @nn.compact
   def __call__(self, x, mask=None, positions=None, encoded=None, cross_mask=None,
-               cache_index=None):
+               cache_index=None, bias=None):
     """x (B, T, D) -> (B, T, D); ((B, T, D), None) when `scanned`.
 
     mask: boolean, broadcastable to (B, heads, T, S), True where a query sees a key (None: every
     key); positions (B, T), RoPE's (None: 0..T-1); encoded (B, S_enc, D), the keys and values of
     cross-attention (None after a decoding prefill, which cached them), or with a conditioned
     norm the conditioning vector (B, C); cross_mask over them;
-    cache_index: the 'cache' slot of x's first token when decoding (None: no cache).
+    cache_index: the 'cache' slot of x's first token when decoding (None: no cache); bias:
+    float (B | 1, heads | 1, T, S), added to the self-attention logits (T5's relative positions;
+    cross-attention takes none), or None.
     """
     x = axes.constrain(x, axes.EMBED)  # the residual stream between blocks
-    attend = lambda h: self.attention(name='attn')(h, mask=mask, positions=positions,
-                                                   cache_index=cache_index)
+    attend = lambda h: self.attention(name='attn')(
+        h, mask=mask, positions=positions, cache_index=cache_index,
+        **({} if bias is None else {'bias': bias}))
     x = self._sublayer(x, attend, 'attn', self.use_attention, encoded)
     if self.cross_attention is not None:
       cross = lambda h: self.cross_attention(name='cross_attn')(
@@ -136,7 +140,8 @@ class BlockStack(nn.Module):
     block(deterministic=..., scanned=True, name=LAYERS) under nn.scan (so the partial binds
     none of these three);
   - its __call__ takes (x, mask, positions, encoded, cross_mask, cache_index) positionally, as
-    BlockStack.__call__ received them (each but x may be None), x the residual stream (B, T, D);
+    BlockStack.__call__ received them (each but x may be None), x the residual stream (B, T, D),
+    and `bias` after them where the stack is given one (one bias shared by every layer: T5's);
   - it returns the new x, of x's shape and dtype: with scanned=True, (x, None), nn.scan's carry
     and its (empty) per-layer output.
   Under nn.scan, the 'params' and 'cache' variables get the leading layer axis, the 'params' and
@@ -158,13 +163,15 @@ class BlockStack(nn.Module):
 
   @nn.compact
   def __call__(self, x, mask=None, positions=None, encoded=None, cross_mask=None,
-               cache_index=None, deterministic=True):
-    """x (B, T, D) -> (B, T, D) through every block; the other arguments as Block takes them."""
+               cache_index=None, bias=None, deterministic=True):
+    """x (B, T, D) -> (B, T, D) through every block; the other arguments as Block takes them
+    (`bias` passed on only where given)."""
     block = self.block.func
     if self.remat_policy != 'none':
       block = nn.remat(block, policy=REMAT_POLICIES[self.remat_policy], prevent_cse=not self.scan)
     bound = dict(self.block.keywords, deterministic=deterministic)
-    args = (mask, positions, encoded, cross_mask, cache_index)
+    args = (mask, positions, encoded, cross_mask, cache_index) + (
+        () if bias is None else (bias,))
     if self.scan:
       def scanned_layer(layer, carry, *args):
         return _checked_output(layer(carry, *args), carry, self.block.func, scanned=True)

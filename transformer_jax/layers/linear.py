@@ -10,15 +10,15 @@ from transformer_jax.kernels.contraction import contract
 __all__ = ['kernel_init', 'Linear']
 
 
-def kernel_init(std: float | None, in_axes: int = 1, out_axes: int = 1):
+def kernel_init(std: float | None, in_axes: int = 1, out_axes: int = 1, gain: float = 1.0):
   """N(0, std), or LeCun normal: variance 1 / fan-in, the fan-in being the product of the
-  `in_axes` leading (contracted) dimensions. Every trailing output dimension is named as one, so
-  that none of them (such as the heads of a (D, heads, head_dim) kernel) counts as a receptive
-  field, which would multiply the fan-in."""
+  `in_axes` leading (contracted) dimensions; either times `gain` (standard deviations). Every
+  trailing output dimension is named as one, so that none of them (such as the heads of a
+  (D, heads, head_dim) kernel) counts as a receptive field, which would multiply the fan-in."""
   if std is not None:
-    return nn.initializers.normal(std)
+    return nn.initializers.normal(std * gain)
   return nn.initializers.variance_scaling(
-      1.0, 'fan_in', 'truncated_normal', in_axis=tuple(range(in_axes)),
+      gain ** 2, 'fan_in', 'truncated_normal', in_axis=tuple(range(in_axes)),
       out_axis=tuple(range(in_axes, in_axes + out_axes)))
 
 
@@ -38,6 +38,7 @@ class Linear(nn.Module):
   out_axes: Sequence[str]
   use_bias: bool = True
   init_std: float | None = 0.02  # None: LeCun normal
+  init_gain: float = 1.0  # times the initial standard deviation
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   out_dtype: Any = None  # e.g. float32 logits from bfloat16 activations
@@ -62,7 +63,8 @@ class Linear(nn.Module):
                        '(leading) dimension.')
     in_shape = x.shape[x.ndim - num_in:]
     kernel = self.param(
-        'kernel', nn.with_logical_partitioning(kernel_init(self.init_std, num_in, len(features)),
+        'kernel', nn.with_logical_partitioning(kernel_init(self.init_std, num_in, len(features),
+                                                           self.init_gain),
                                                (*self.in_axes, *self.out_axes)),
         in_shape + features, self.param_dtype)
     y = contract(x.astype(self.dtype), kernel.astype(self.dtype), num_in, self.out_dtype)

@@ -1,4 +1,4 @@
-"""The position-wise feed-forward sublayer: a GELU/ReLU MLP or SwiGLU."""
+"""The position-wise feed-forward sublayer: a GELU/ReLU MLP, or a gated one (SwiGLU, GeGLU)."""
 from typing import Any
 
 import flax.linen as nn
@@ -8,18 +8,24 @@ import jax.numpy as jnp
 from transformer_jax.layers import axes
 from transformer_jax.layers.linear import Linear
 
-__all__ = ['ACTIVATIONS', 'KINDS', 'MLP']
+__all__ = ['ACTIVATIONS', 'GATED', 'KINDS', 'MLP']
 
 ACTIVATIONS = {
     'gelu': lambda x: jax.nn.gelu(x, approximate=False),  # BERT, ViT
     'gelu_tanh': lambda x: jax.nn.gelu(x, approximate=True),  # GPT-2
     'relu': jax.nn.relu,  # the original transformer
 }
-KINDS = (*ACTIVATIONS, 'swiglu')  # every value of MLP.activation
+# Gated units (Shazeer 2020): the activation of a gate times a second projection.
+GATED = {
+    'swiglu': jax.nn.silu,  # LLaMA
+    'gated-gelu': lambda x: jax.nn.gelu(x, approximate=True),  # T5 1.1 (transformers' gelu_new)
+}
+KINDS = (*ACTIVATIONS, *GATED)  # every value of MLP.activation
 
 
 class MLP(nn.Module):
-  """activation(x W_up + b) W_down + b, or SwiGLU: (silu(x W_gate) * x W_up) W_down.
+  """activation(x W_up + b) W_down + b, or a gated unit (GATED): SwiGLU
+  (silu(x W_gate) * x W_up) W_down, or T5 1.1's gated GELU (gelu_tanh(x W_gate) * x W_up) W_down.
 
     mlp = MLP(hidden=512, activation='swiglu')
     y = mlp.apply(mlp.init(rng, x), x)  # x (..., D) -> (..., out_features or D)
@@ -47,9 +53,9 @@ class MLP(nn.Module):
     dense = lambda features, in_axis, out_axis, name: Linear(
         (features,), (in_axis,), (out_axis,), use_bias=self.use_bias, init_std=self.init_std,
         dtype=self.dtype, param_dtype=self.param_dtype, name=name)
-    if self.activation == 'swiglu':
+    if self.activation in GATED:
       gate = dense(self.hidden, 'embed', 'mlp', 'gate')(x)
-      h = jax.nn.silu(gate) * dense(self.hidden, 'embed', 'mlp', 'up')(x)
+      h = GATED[self.activation](gate) * dense(self.hidden, 'embed', 'mlp', 'up')(x)
     else:
       h = ACTIVATIONS[self.activation](dense(self.hidden, 'embed', 'mlp', 'up')(x))
     h = axes.constrain(h, axes.MLP)

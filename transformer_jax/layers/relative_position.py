@@ -20,20 +20,37 @@ import numpy as np
 
 from transformer_jax.errors import ConfigError
 
-__all__ = ['RelativePositionBias', 'check_relative_buckets', 'relative_position_bucket']
+__all__ = ['RelativePositionBias', 'cached_key_positions', 'check_relative_buckets',
+           'relative_position_bucket']
 
 
 def check_relative_buckets(num_buckets: int, max_distance: int, bidirectional: bool,
-                           prefix: str = '') -> None:
+                           prefix: str = '', names=('num_buckets', 'max_distance')) -> None:
   """Raises ConfigError unless the exact half of the buckets holds at least one distance and
-  `max_distance` lies beyond it. `prefix` is where the settings live, for the message."""
+  `max_distance` lies beyond it. `prefix` and `names` say where the settings live and what they
+  are called there, for the message."""
   max_exact = (num_buckets // 2 if bidirectional else num_buckets) // 2
   if max_exact < 1 or max_distance <= max_exact:
     least = 4 if bidirectional else 2
-    raise ConfigError(f'{prefix}num_buckets={num_buckets} and {prefix}max_distance={max_distance} '
+    buckets, distance = (prefix + name for name in names)
+    raise ConfigError(f'{buckets}={num_buckets} and {distance}={max_distance} '
                       f'leave no room for {"bidirectional" if bidirectional else "causal"} '
-                      f'buckets: choose num_buckets >= {least} and max_distance > '
+                      f'buckets: choose {buckets} >= {least} and {distance} > '
                       f'{max(max_exact, 1)} (T5: 32 and 128).')
+
+
+def cached_key_positions(cache_index, num_queries: int, num_slots: int) -> jax.Array:
+  """(1, num_slots) int32: the sequence slot of the token that each cache slot holds, for the
+  num_queries queries at slots cache_index.. of a KV cache of num_slots slots (as
+  `layers.causal_mask` holds them: a ring once the sequence outgrows it, one query per call).
+
+  Key minus query slot is then the distance of the two tokens, so the relative bias of a cached
+  step is that of an uncached pass; `cache_index` may be taken modulo num_slots. Slots not yet
+  written get some position that the causal mask hides.
+  """
+  last = cache_index + num_queries - 1
+  slots = jnp.arange(num_slots)
+  return (last - (last - slots) % num_slots)[None]
 
 
 def relative_position_bucket(relative_position: jax.Array, bidirectional: bool,

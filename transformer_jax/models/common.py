@@ -13,6 +13,7 @@ import numpy as np
 from transformer_jax.errors import ConfigError
 from transformer_jax.kernels import masks
 from transformer_jax.layers import embeddings
+from transformer_jax.layers.mlp import GATED
 from transformer_jax.layers import (MLP, Attention, Block, BlockStack, LayerNorm, Linear, RMSNorm,
                                     TextEmbed, axes)
 from transformer_jax.model_config import ModelConfig
@@ -20,11 +21,12 @@ from transformer_jax.models import registry
 from transformer_jax.ranges import COUNT, Range
 
 __all__ = [
-    'attention', 'attention_weights', 'block', 'block_params', 'block_weights', 'both_masks',
-    'decoder_mask', 'default_positions', 'follow_text_data', 'key_mask', 'lm_head', 'LmHead',
-    'mlp_weights', 'norm', 'norm_params', 'packed_arguments', 'stack', 'text_data_sizes',
-    'text_embed', 'text_embedding_params', 'text_example_inputs', 'text_family', 'text_flops',
-    'text_lengths', 'text_logits_shape', 'TextConfig', 'untied_head_params', 'with_total']
+    'attention', 'attention_weights', 'attention_width', 'block', 'block_params', 'block_weights',
+    'both_masks', 'decoder_mask', 'default_positions', 'follow_text_data', 'key_mask', 'lm_head',
+    'LmHead', 'mlp_weights', 'norm', 'norm_params', 'packed_arguments', 'stack',
+    'text_data_sizes', 'text_embed', 'text_embedding_params', 'text_example_inputs', 'text_family',
+    'text_flops', 'text_lengths', 'text_logits_shape', 'TextConfig', 'untied_head_params',
+    'with_total']
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +57,7 @@ def attention(cfg: ModelConfig, cross: bool = False) -> functools.partial:
       Attention, num_heads=cfg.num_heads, head_dim=cfg.head_dim, num_kv_heads=cfg.kv_heads,
       rope_base=cfg.rope_base if cfg.positions == 'rope' and not cross else None,
       use_bias=cfg.use_bias, is_cross=cross, kernel=cfg.attention_kernel, init_std=cfg.init_std,
-      dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype)
+      scale_logits=cfg.scale_attention, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype)
 
 
 def block(cfg: ModelConfig, cross_attention: bool = False) -> functools.partial:
@@ -78,7 +80,7 @@ def stack(cfg: ModelConfig, num_layers: int, cross_attention: bool = False, **kw
 def text_embed(cfg: TextConfig, type_vocab_size: int = 0, **kwargs) -> TextEmbed:
   return TextEmbed(
       cfg.vocab_size, cfg.width,
-      positions=cfg.positions if cfg.positions != 'rope' else 'none',
+      positions=cfg.positions if cfg.positions not in ('rope', 'relative') else 'none',
       max_len=cfg.max_len, type_vocab_size=type_vocab_size, scale=cfg.scale_embeddings,
       init_std=cfg.embed_init_std, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
       **kwargs)
@@ -131,17 +133,20 @@ def packed_arguments(batch: dict, prefix: str = '') -> dict:
 
 class LmHead(nn.Module):
   """Float32 next-token logits: the tied unembedding E^T (`embed.attend`), or an untied (D, V)
-  matrix without bias."""
+  matrix without bias, of the input times `input_scale` (T5 1.0's tied head: width^-0.5)."""
   vocab_size: int
   tied: bool = True
   init_std: float | None = 0.02
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  input_scale: float = 1.0
 
   @nn.compact
   def __call__(self, x, embed: TextEmbed):
     """x (B, T, D) -> float32 logits (B, T, vocab_size); `embed` is the model's TextEmbed,
     whose table the tied head reads."""
+    if self.input_scale != 1.0:
+      x = x * jnp.asarray(self.input_scale, x.dtype)
     if self.tied:
       logits = embed.attend(x)
     else:
@@ -197,21 +202,22 @@ def norm_params(cfg: ModelConfig) -> int:
 
 
 def attention_weights(cfg: ModelConfig) -> int:
-  """Q and O are D x D; K and V are D x kv_heads * head_dim."""
-  return 2 * cfg.width * cfg.width + 2 * cfg.width * cfg.kv_heads * cfg.head_dim
+  """Q and O are D x heads * head_dim; K and V are D x kv_heads * head_dim."""
+  return 2 * cfg.width * (cfg.num_heads + cfg.kv_heads) * cfg.head_dim
 
 
 def mlp_weights(cfg: ModelConfig) -> int:
-  return (3 if cfg.mlp == 'swiglu' else 2) * cfg.width * cfg.hidden_dim
+  return (3 if cfg.mlp in GATED else 2) * cfg.width * cfg.hidden_dim
 
 
 def block_params(cfg: ModelConfig, num: int, cross: bool = False) -> dict[str, int]:
   """Parameters of `num` blocks by part (with cross-attention: a decoder's of an
   encoder-decoder)."""
   kv = cfg.kv_heads * cfg.head_dim
-  attn = attention_weights(cfg) + cfg.use_bias * (2 * cfg.width + 2 * kv)
+  attn = attention_weights(cfg) + cfg.use_bias * (
+      cfg.num_heads * cfg.head_dim + cfg.width + 2 * kv)
   mlp = mlp_weights(cfg) + cfg.use_bias * (
-      (2 if cfg.mlp == 'swiglu' else 1) * cfg.hidden_dim + cfg.width)
+      (2 if cfg.mlp in GATED else 1) * cfg.hidden_dim + cfg.width)
   sublayers = [cfg.use_attention] * (2 if cross else 1) + [cfg.use_mlp]
   # A pre-LN block only normalizes the input of a sublayer that exists; post-LN always normalizes.
   norms = sum(cfg.use_norm and (present or cfg.norm_position == 'post') for present in sublayers)
@@ -242,7 +248,13 @@ def block_weights(cfg: ModelConfig) -> int:
 def text_flops(cfg: ModelConfig, t: int, head: int) -> dict[str, int]:
   """Forward FLOPs of `t` tokens through the blocks and a head of `head` weights."""
   return {'dense': 2 * t * (cfg.num_layers * block_weights(cfg) + head),
-          'attention': 4 * cfg.width * cfg.use_attention * cfg.num_layers * t * t, 'tokens': t}
+          'attention': 4 * attention_width(cfg) * cfg.num_layers * t * t, 'tokens': t}
+
+
+def attention_width(cfg: ModelConfig) -> int:
+  """The width of the heads' queries, which each query-key and weight-value product spans (0
+  without attention)."""
+  return cfg.num_heads * cfg.head_dim * cfg.use_attention
 
 
 def text_family(**entry) -> dict:

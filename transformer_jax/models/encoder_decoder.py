@@ -1,17 +1,29 @@
 """Encoder-decoder (original transformer / T5 layout): one shared embedding, cross-attention in
-every decoder block."""
+every decoder block. T5 (Raffel et al. 2020) is a style of it (models/styles.py): with
+positions='relative', each stack computes its relative position bias once, before its first
+block, and every self-attention of that stack adds it (bidirectional buckets in the encoder,
+causal ones in the decoder; cross-attention takes none)."""
 import dataclasses
+import functools
 from typing import ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from transformer_jax.errors import ConfigError
 from transformer_jax.kernels import masks
+from transformer_jax.layers.relative_position import (RelativePositionBias, cached_key_positions,
+                                                      check_relative_buckets)
 from transformer_jax.models import common, registry
 from transformer_jax.ranges import Range
 
-__all__ = ['EncoderDecoder', 'EncoderDecoderConfig', 'FAMILY', 'forward_flops', 'param_counts']
+__all__ = ['EncoderDecoder', 'EncoderDecoderConfig', 'FAMILY', 'forward_flops', 'param_counts',
+           'relative_bias_params']
+
+
+_RELATIVE_SETTINGS = ('relative_buckets', 'relative_max_distance')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,9 +31,36 @@ class EncoderDecoderConfig(common.TextConfig):
   """An encoder-decoder's settings: the text family's; num_layers is the encoder's depth."""
   family: str = 'encoder_decoder'
   num_decoder_layers: int | None = None  # None: num_layers
+  # positions='relative' (T5): buckets of key-minus-query distance, half of them one distance
+  # each, half logarithmically wider up to relative_max_distance (layers.relative_position).
+  relative_buckets: int = 32
+  relative_max_distance: int = 128
+  # The decoder's output times width^-0.5 before the tied unembedding (T5 1.0).
+  scale_tied_head: bool = False
 
   RANGES: ClassVar = {**common.TextConfig.RANGES,
-                      'num_decoder_layers': Range(1, integer=True, optional=True)}
+                      'num_decoder_layers': Range(1, integer=True, optional=True),
+                      'relative_buckets': Range(1, integer=True),
+                      'relative_max_distance': Range(1, integer=True)}
+  RELATIVE_POSITIONS: ClassVar = True
+
+  def check(self) -> None:
+    super().check()
+    if self.positions == 'relative':
+      for bidirectional in (True, False):  # the encoder's buckets, the decoder's
+        check_relative_buckets(self.relative_buckets, self.relative_max_distance, bidirectional,
+                               'model.', _RELATIVE_SETTINGS)
+    else:
+      changed = [name for name in _RELATIVE_SETTINGS
+                 if getattr(self, name) != EncoderDecoderConfig.__dataclass_fields__[name].default]
+      if changed:
+        raise ConfigError(f'model.{changed[0]} sets the relative position bias, which model.'
+                          f"positions={self.positions!r} does not have: set model.positions="
+                          "'relative' or leave it unset.")
+    if self.scale_tied_head and not self.tie_embeddings:
+      raise ConfigError('model.scale_tied_head scales the input of the tied unembedding (T5 1.0) '
+                        'and the head is untied: set model.tie_embeddings=True or '
+                        'model.scale_tied_head=False.')
 
   @property
   def decoder_layers(self) -> int:
@@ -46,7 +85,13 @@ class EncoderDecoder(nn.Module):
     self.encoder_norm = common.norm(cfg)() if cfg.final_norm else None
     self.decoder = common.stack(cfg, cfg.decoder_layers, cross_attention=True)
     self.decoder_norm = common.norm(cfg)() if cfg.final_norm else None
-    self.head = common.lm_head(cfg)
+    self.head = common.lm_head(cfg, input_scale=cfg.width ** -0.5 if cfg.scale_tied_head else 1.0)
+    if cfg.positions == 'relative':
+      bias = functools.partial(RelativePositionBias, cfg.num_heads, cfg.relative_buckets,
+                               cfg.relative_max_distance, dtype=cfg.compute_dtype,
+                               param_dtype=cfg.weight_dtype)
+      self.encoder_position_bias = bias(bidirectional=True)
+      self.decoder_position_bias = bias(bidirectional=False)
 
   def encode(self, inputs, input_valid=None, *, positions=None, attention_mask=None,
              deterministic=True):
@@ -59,7 +104,11 @@ class EncoderDecoder(nn.Module):
       positions = common.default_positions(inputs)
     mask = common.both_masks(common.key_mask(input_valid), attention_mask)
     x = self.dropout(self.embed(inputs, positions), deterministic=deterministic)
-    x = self.encoder(x, mask, positions, deterministic=deterministic)
+    bias = None
+    if self.cfg.positions == 'relative':  # by slot: within a packed document, the same distances
+      slots = np.arange(inputs.shape[1])
+      bias = self.encoder_position_bias(slots, slots)
+    x = self.encoder(x, mask, positions, bias=bias, deterministic=deterministic)
     return x if self.encoder_norm is None else self.encoder_norm(x)
 
   def decode(self, targets, encoded, input_valid=None, positions=None, *, attention_mask=None,
@@ -76,11 +125,24 @@ class EncoderDecoder(nn.Module):
     mask = common.decoder_mask(positions, attention_mask, cache_index)
     cross_mask = common.both_masks(common.key_mask(input_valid), cross_mask)
     x = self.dropout(self.embed(targets, positions), deterministic=deterministic)
-    x = self.decoder(x, mask, positions, encoded, cross_mask, cache_index,
+    bias = None
+    if self.cfg.positions == 'relative':
+      bias = self._decoder_bias(targets.shape[1], mask, cache_index)
+    x = self.decoder(x, mask, positions, encoded, cross_mask, cache_index, bias,
                      deterministic=deterministic)
     if self.decoder_norm is not None:
       x = self.decoder_norm(x)
     return self.head(x, self.embed)
+
+  def _decoder_bias(self, num_queries: int, mask, cache_index):
+    """The decoder's relative bias (1, heads, T, S) over its own T tokens, or with a cache over
+    its S slots (the mask's last axis), by the tokens' distances in the sequence."""
+    if cache_index is None:
+      slots = np.arange(num_queries)
+      return self.decoder_position_bias(slots, slots)
+    query_slots = cache_index + jnp.arange(num_queries)
+    return self.decoder_position_bias(
+        query_slots, cached_key_positions(cache_index, num_queries, mask.shape[-1]))
 
   def __call__(self, inputs, targets, input_valid=None, *, input_positions=None,
                input_mask=None, target_positions=None, target_mask=None, cross_mask=None,
@@ -99,11 +161,18 @@ class EncoderDecoder(nn.Module):
                        deterministic=deterministic)
 
 
+def relative_bias_params(cfg: EncoderDecoderConfig) -> int:
+  """The tables of the encoder's and the decoder's relative position bias: one scalar per
+  bucket and head each."""
+  return 2 * cfg.relative_buckets * cfg.num_heads * (cfg.positions == 'relative')
+
+
 def param_counts(cfg: EncoderDecoderConfig) -> dict[str, int]:
   encoder = common.block_params(cfg, cfg.num_layers)
   decoder = common.block_params(cfg, cfg.decoder_layers, cross=True)
   counts = {part: encoder[part] + decoder[part] for part in encoder}
   counts['norms'] += 2 * common.norm_params(cfg) * cfg.final_norm
+  counts['attention'] += relative_bias_params(cfg)
   return common.with_total({**counts, 'embedding': common.text_embedding_params(cfg),
                             'head': common.untied_head_params(cfg)})
 
@@ -114,13 +183,15 @@ def forward_flops(cfg: EncoderDecoderConfig, seq_len=None, target_len=None) -> d
   s = seq_len or cfg.max_len
   t = target_len or s
   d, block = cfg.width, common.block_weights(cfg)
-  q_and_out = 2 * d * d * cfg.use_attention
-  kv = (common.attention_weights(cfg) - 2 * d * d) * cfg.use_attention
+  q_and_out = 2 * d * common.attention_width(cfg)
+  kv = common.attention_weights(cfg) * cfg.use_attention - q_and_out
   dense = 2 * (s * cfg.num_layers * block + s * cfg.decoder_layers * kv
                + t * (cfg.decoder_layers * (block + q_and_out) + d * cfg.vocab_size))
-  attention = 4 * d * cfg.use_attention * (cfg.num_layers * s * s
-                                           + cfg.decoder_layers * (t * t + t * s))
-  return {'dense': dense, 'attention': attention, 'tokens': t}
+  self_logits = cfg.num_layers * s * s + cfg.decoder_layers * t * t
+  attention = 4 * common.attention_width(cfg) * (self_logits + cfg.decoder_layers * t * s)
+  # The relative bias: one addition per head and self-attention logit.
+  bias = cfg.num_heads * cfg.use_attention * self_logits * (cfg.positions == 'relative')
+  return {'dense': dense, 'attention': attention + bias, 'tokens': t}
 
 
 def _logits(apply, batch: dict):

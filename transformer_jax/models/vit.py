@@ -163,7 +163,7 @@ def forward_flops(cfg: ViTConfig, seq_len=None, target_len=None) -> dict[str, in
   d, patches, t = cfg.width, cfg.num_patches, num_tokens(cfg)
   dense = 2 * (patches * cfg.num_channels * cfg.patch_size ** 2 * d
                + t * cfg.num_layers * common.block_weights(cfg) + d * cfg.num_classes)
-  return {'dense': dense, 'attention': 4 * d * cfg.use_attention * cfg.num_layers * t * t,
+  return {'dense': dense, 'attention': 4 * common.attention_width(cfg) * cfg.num_layers * t * t,
           'tokens': 1}
 
 
