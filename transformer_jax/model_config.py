@@ -58,6 +58,7 @@ class ModelConfig:
   norm_position: str = 'pre'
   mlp: str = 'gelu'
   use_bias: bool = True  # biases of every dense layer inside the blocks
+  key_bias: bool = True  # with use_bias, the key projection's too (Whisper's has none)
   positions: str = 'learned'
   rope_base: float = 10000.0
   # Ablation switches (experiments/ablations.py): a removed sublayer writes nothing into the

@@ -1,6 +1,8 @@
 """Layers shared by every family, each usable alone with plain arguments: one attention, one MLP,
-one block and its stack, the norms, the embeddings and T5's relative position bias."""
+one block and its stack, the norms, the embeddings, T5's relative position bias and Whisper's
+audio stem."""
 from transformer_jax.layers.attention import Attention, causal_mask, padding_mask, segment_mask
+from transformer_jax.layers.audio_stem import AudioStem, stem_frames
 from transformer_jax.layers.block import Block, BlockStack
 from transformer_jax.layers.embeddings import (PatchEmbed, TextEmbed, apply_rope,
                                                resize_position_grid, sinusoidal)
@@ -9,6 +11,7 @@ from transformer_jax.layers.mlp import MLP
 from transformer_jax.layers.norms import LayerNorm, RMSNorm
 from transformer_jax.layers.relative_position import RelativePositionBias
 
-__all__ = ['Attention', 'Block', 'BlockStack', 'LayerNorm', 'Linear', 'MLP', 'PatchEmbed',
-           'RelativePositionBias', 'RMSNorm', 'TextEmbed', 'apply_rope', 'causal_mask',
-           'padding_mask', 'resize_position_grid', 'segment_mask', 'sinusoidal']
+__all__ = ['Attention', 'AudioStem', 'Block', 'BlockStack', 'LayerNorm', 'Linear', 'MLP',
+           'PatchEmbed', 'RelativePositionBias', 'RMSNorm', 'TextEmbed', 'apply_rope',
+           'causal_mask', 'padding_mask', 'resize_position_grid', 'segment_mask', 'sinusoidal',
+           'stem_frames']

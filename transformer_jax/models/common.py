@@ -53,7 +53,8 @@ def attention(cfg: ModelConfig, cross: bool = False) -> functools.partial:
   return functools.partial(
       Attention, num_heads=cfg.num_heads, head_dim=cfg.head_dim, num_kv_heads=cfg.kv_heads,
       rope_base=cfg.rope_base if cfg.positions == 'rope' and not cross else None,
-      use_bias=cfg.use_bias, is_cross=cross, kernel=cfg.attention_kernel, init_std=cfg.init_std,
+      use_bias=cfg.use_bias, key_bias=cfg.key_bias, is_cross=cross, kernel=cfg.attention_kernel,
+      init_std=cfg.init_std,
       dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype)
 
 
@@ -213,7 +214,7 @@ def block_params(cfg: ModelConfig, num: int, cross: bool = False) -> dict[str, i
   """Parameters of `num` blocks by part (with cross-attention: a decoder's of an
   encoder-decoder)."""
   kv = cfg.kv_heads * cfg.head_dim
-  attn = attention_weights(cfg) + cfg.use_bias * (2 * cfg.width + 2 * kv)
+  attn = attention_weights(cfg) + cfg.use_bias * (2 * cfg.width + (1 + cfg.key_bias) * kv)
   mlp = mlp_weights(cfg) + cfg.use_bias * (
       (2 if cfg.mlp == 'swiglu' else 1) * cfg.hidden_dim + cfg.width)
   sublayers = [cfg.use_attention] * (2 if cross else 1) + [cfg.use_mlp]
