@@ -20,6 +20,9 @@ STYLES = {
     'transformer': dict(norm='layernorm', norm_eps=1e-6, mlp='relu', positions='sinusoidal',
                         use_bias=True, tie_embeddings=True, scale_embeddings=True,
                         norm_position='post'),
+    # Radford et al. 2022: pre-LN, exact GELU, no bias on the key projections, a tied output.
+    'whisper': dict(norm='layernorm', norm_eps=1e-5, mlp='gelu', positions='learned',
+                    use_bias=True, key_bias=False, tie_embeddings=True, norm_position='pre'),
 }
 
 
