@@ -5,11 +5,16 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 import pytest
+import soundfile
 import torch
+import transformers
 
-from helpers import tiny
+import train_helpers
+from helpers import ROOT, load_config, tiny
 from test_decode import NEW_TOKENS, TARGET_LENGTHS, TARGET_PROMPTS, uncached_greedy
-from transformer_jax import decode, layers, models
+from transformer_jax import accounting, data, decode, describe, layers, models, run
+from transformer_jax.data import audio, speech
+from transformer_jax.errors import UserError
 
 
 def whisper_sinusoids(length, channels, max_timescale=10000):
@@ -128,3 +133,108 @@ def test_features_longer_than_the_window_fail_naming_the_fix():
   model, params = tiny_whisper()
   with pytest.raises(ValueError, match='num_frames=12'):
     model.apply({'params': params}, jnp.zeros((1, 14, 6)), TARGET_PROMPTS[:1])
+
+
+# The configs, the data and training.
+
+def test_the_configs_describe_the_parameter_counts_of_transformers_whisper():
+  """37,760,640 and 72,593,920: WhisperForConditionalGeneration's counts for whisper-tiny and
+  whisper-base (its encoder position table included), checked against transformers by
+  test_transformers_counts_whisper_tiny_as_describe_does."""
+  for arg, count in [(None, 37_760_640), ('size=base', 72_593_920)]:
+    text = describe.describe(load_config(ROOT / 'configs' / 'whisper_tiny.py', arg))
+    assert f'{count:,} parameters (analytic count = initialized tree)' in text
+    assert 'FLOPs per second of audio' in text
+
+
+def test_transformers_counts_whisper_tiny_as_describe_does():
+  config = transformers.WhisperConfig(
+      vocab_size=51865, num_mel_bins=80, d_model=384, encoder_layers=4, decoder_layers=4,
+      encoder_attention_heads=6, decoder_attention_heads=6, encoder_ffn_dim=1536,
+      decoder_ffn_dim=1536, max_source_positions=1500, max_target_positions=448)
+  with torch.device('meta'):
+    model = transformers.WhisperForConditionalGeneration(config)
+  assert sum(p.numel() for p in model.parameters()) == 37_760_640
+
+
+def test_forward_flops_per_second_of_audio_by_hand():
+  cfg = tiny('whisper', num_mels=6, num_frames=12, max_len=8)  # 0.12 s, 6 encoder positions
+  d, v, s, t = 32, 40, 6, 8
+  block = 4 * d * d + 2 * d * 4 * d
+  dense = (2 * 3 * d * (12 * 6 + s * d) + 2 * s * 2 * block  # stem, encoder
+           + 2 * s * 2 * 2 * d * d  # the decoder's cross-attention keys and values
+           + 2 * t * 2 * (block + 2 * d * d) + 2 * t * d * v)  # decoder blocks, head
+  attention = 4 * d * (2 * s * s + 2 * (t * t + t * s))
+  flops = accounting.forward_flops(cfg)
+  assert (flops['dense'], flops['attention'], flops['tokens']) == (dense, attention, 0.12)
+
+
+def audio_data(tmp_path=None, name='synthetic', **overrides):
+  settings = data.DataSettings.of(dict(name=name, seq_len=6, eval_examples=8, **overrides))
+  return speech.AudioTask(settings, seed=0, num_mels=8, num_frames=20, max_len=8)
+
+
+def test_generated_tones_are_batches_of_features_and_their_digit():
+  task = audio_data()
+  batch = task.train_batch(3, 4, slice(None))
+  assert batch['features'].shape == (4, 20, 8) and batch['features'].dtype == np.float32
+  vocab = task.vocab
+  for row in range(4):
+    digit = vocab.decode(batch['targets'][row])
+    assert digit in '0123456789' and len(digit) == 1
+    np.testing.assert_array_equal(batch['targets'][row, :2], vocab.encode(digit) + [vocab.eos_id])
+    np.testing.assert_array_equal(batch['decoder_inputs'][row, :2],
+                                  [vocab.bos_id] + vocab.encode(digit))
+    np.testing.assert_array_equal(batch['weights'][row], [1, 1, 0, 0, 0, 0])
+  again = task.train_batch(3, 4, slice(2, 4))  # a pure function of (seed, step), by rows
+  np.testing.assert_array_equal(again['features'], batch['features'][2:])
+  assert not np.array_equal(task.train_batch(4, 4, slice(None))['features'], batch['features'])
+
+
+def write_folder(directory, clips, header='file_name,transcription'):
+  """WAV files at 8 kHz (resampled to 16 kHz on reading) and their metadata.csv."""
+  lines = [header]
+  for name, seconds, text in clips:
+    soundfile.write(directory / name, 0.1 * np.ones(int(8000 * seconds), np.float32), 8000)
+    lines.append(f'{name},{text}')
+  (directory / 'metadata.csv').write_text('\n'.join(lines) + '\n')
+
+
+def test_an_audiofolder_holds_out_its_last_tenth_and_encodes_the_transcripts(tmp_path):
+  write_folder(tmp_path, [(f'{i}.wav', 0.1, 'ab' if i % 2 else 'ba') for i in range(10)])
+  task = audio_data(name='audiofolder', audio_dir=str(tmp_path))
+  assert task.num_eval_examples == 1 and task.vocab.size == 5  # PAD, BOS, EOS, a, b
+  held_out = task.eval_examples(np.array([0]))
+  assert task.vocab.decode(held_out['targets'][0]) == 'ab'  # 9.wav
+  expected = audio.log_mel_spectrogram(audio.load_audio(tmp_path / '9.wav'), num_mels=8,
+                                       num_samples=20 * audio.HOP_LENGTH)
+  np.testing.assert_allclose(held_out['features'][0], expected, atol=1e-6)
+
+
+def test_a_corrupt_file_is_named_and_a_metadata_without_the_columns_is_refused(tmp_path):
+  write_folder(tmp_path, [('0.wav', 0.1, 'a'), ('1.wav', 0.1, 'b')])
+  (tmp_path / '1.wav').write_bytes(b'not audio')
+  task = audio_data(name='audiofolder', audio_dir=str(tmp_path))
+  with pytest.raises(UserError, match='1.wav'):
+    task.eval_examples(np.array([0]))
+  write_folder(tmp_path, [('0.wav', 0.1, 'a'), ('1.wav', 0.1, 'b')], header='path,text')
+  with pytest.raises(UserError, match='no column file_name or transcription'):
+    audio_data(name='audiofolder', audio_dir=str(tmp_path))
+
+
+def test_a_transcript_longer_than_seq_len_fails_naming_the_fix(tmp_path):
+  write_folder(tmp_path, [('0.wav', 0.1, 'abcdefgh'), ('1.wav', 0.1, 'b')])
+  with pytest.raises(UserError, match='raise data.seq_len'):
+    audio_data(name='audiofolder', audio_dir=str(tmp_path)).train_batch(0, 4, slice(None))
+
+
+@pytest.mark.slow
+def test_the_reference_config_trains_end_to_end_on_generated_tones(tmp_path):
+  config = load_config(ROOT / 'configs' / 'whisper_reference.py', 'steps=3')
+  config.model.update(width=32, num_frames=40, num_mels=16)
+  config.data.update(batch_size=8, eval_batch_size=8, eval_examples=8)
+  config.training.update(log_every=1)
+  run.run(config, str(tmp_path), 'train')
+  losses = train_helpers.losses(str(tmp_path))
+  assert sorted(losses) == [1, 2, 3] and all(np.isfinite(list(losses.values())))
+  assert losses[1] > np.log(13) * 0.5  # near the uniform loss over 13 ids at the start
