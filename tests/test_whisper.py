@@ -12,7 +12,7 @@ import transformers
 import train_helpers
 from helpers import ROOT, load_config, tiny
 from test_decode import NEW_TOKENS, TARGET_LENGTHS, TARGET_PROMPTS, uncached_greedy
-from transformer_jax import accounting, data, decode, describe, layers, models, run
+from transformer_jax import accounting, convert, data, decode, describe, layers, models, run
 from transformer_jax.data import audio, speech
 from transformer_jax.errors import UserError
 
@@ -238,3 +238,65 @@ def test_the_reference_config_trains_end_to_end_on_generated_tones(tmp_path):
   losses = train_helpers.losses(str(tmp_path))
   assert sorted(losses) == [1, 2, 3] and all(np.isfinite(list(losses.values())))
   assert losses[1] > np.log(13) * 0.5  # near the uniform loss over 13 ids at the start
+
+
+# Hugging Face's WhisperForConditionalGeneration.
+
+@pytest.fixture(scope='module')
+def hf_whisper(tmp_path_factory):
+  """A small WhisperForConditionalGeneration of random weights (12 Mel bins, 16 frames, 2 encoder
+  blocks and 1 decoder block), saved: biases and norms drawn too, so that each tensor matters;
+  the encoder positions stay HF's sinusoids."""
+  config = transformers.WhisperConfig(
+      vocab_size=50, num_mel_bins=12, d_model=32, encoder_layers=2, decoder_layers=1,
+      encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+      decoder_ffn_dim=64, max_source_positions=8, max_target_positions=10, pad_token_id=0,
+      bos_token_id=1, eos_token_id=2, decoder_start_token_id=1, suppress_tokens=[],
+      begin_suppress_tokens=[], attn_implementation='eager')
+  torch.manual_seed(0)
+  model = transformers.WhisperForConditionalGeneration(config).eval()
+  with torch.no_grad():
+    for name, param in model.named_parameters():
+      if 'embed_positions' not in name or 'decoder' in name:
+        param.copy_(torch.randn_like(param) * 0.2 + ('layer_norm.weight' in name))
+  path = tmp_path_factory.mktemp('whisper')
+  model.save_pretrained(path, safe_serialization=True)
+  return model, path
+
+
+def hf_example(seed=0):
+  rng = np.random.default_rng(seed)
+  features = rng.standard_normal((2, 16, 12)).astype(np.float32)  # ours: (frames, mels)
+  tokens = rng.integers(0, 50, (2, 7))
+  return features, tokens
+
+
+def hf_logits(model, features, tokens):
+  with torch.no_grad():
+    return model(input_features=torch.from_numpy(features.transpose(0, 2, 1)),
+                 decoder_input_ids=torch.from_numpy(tokens)).logits.numpy()
+
+
+def test_imported_whisper_computes_transformers_logits_and_counts(hf_whisper):
+  model, path = hf_whisper
+  fields, params = convert.load(path)
+  assert fields['num_frames'] == 16 and fields['num_mels'] == 12
+  features, tokens = hf_example()
+  expected = hf_logits(model, features, tokens)
+  assert np.abs(expected).max() > 1  # logits of order one: a wrong tensor would show
+  ours = models.build(fields).apply({'params': params}, features, tokens)
+  np.testing.assert_allclose(ours, expected, atol=1e-4, rtol=0)
+  hf_count = sum(p.numel() for p in model.parameters())
+  assert accounting.param_counts(fields)['total'] == hf_count
+  assert sum(np.size(a) for a in jax.tree.leaves(params)) == hf_count
+
+
+def test_exported_whisper_loads_in_transformers_with_the_same_logits(hf_whisper, tmp_path):
+  model, path = hf_whisper
+  fields, params = convert.load(path)
+  convert.save(tmp_path, fields, params)
+  exported = transformers.WhisperForConditionalGeneration.from_pretrained(
+      tmp_path, attn_implementation='eager').eval()
+  features, tokens = hf_example(seed=1)
+  np.testing.assert_allclose(hf_logits(exported, features, tokens),
+                             hf_logits(model, features, tokens), atol=1e-5, rtol=0)
