@@ -13,7 +13,7 @@ def get_config(arg=None):
   config.model.update(vocab_size=13, width=64, num_layers=2, num_decoder_layers=2, num_heads=4,
                       num_mels=40, num_frames=100, max_len=16, dtype='float32')
   config.data.update(name='synthetic', seq_len=8, batch_size=16, eval_batch_size=16,
-                     eval_examples=64)
+                     eval_examples=64, wer_examples=64)
   config.optimizer.update(learning_rate=2e-3, warmup_steps=20)
   config.training.update(steps=arg.steps, log_every=25, eval_every=arg.steps,
                          checkpoint_every=arg.steps)

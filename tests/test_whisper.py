@@ -15,6 +15,7 @@ from test_decode import NEW_TOKENS, TARGET_LENGTHS, TARGET_PROMPTS, uncached_gre
 from transformer_jax import accounting, convert, data, decode, describe, layers, models, run
 from transformer_jax.data import audio, speech
 from transformer_jax.errors import UserError
+from transformer_jax.train import metrics
 
 
 def whisper_sinusoids(length, channels, max_timescale=10000):
@@ -232,12 +233,14 @@ def test_a_transcript_longer_than_seq_len_fails_naming_the_fix(tmp_path):
 def test_the_reference_config_trains_end_to_end_on_generated_tones(tmp_path):
   config = load_config(ROOT / 'configs' / 'whisper_reference.py', 'steps=3')
   config.model.update(width=32, num_frames=40, num_mels=16)
-  config.data.update(batch_size=8, eval_batch_size=8, eval_examples=8)
+  config.data.update(batch_size=8, eval_batch_size=8, eval_examples=8, wer_examples=8)
   config.training.update(log_every=1)
   run.run(config, str(tmp_path), 'train')
   losses = train_helpers.losses(str(tmp_path))
   assert sorted(losses) == [1, 2, 3] and all(np.isfinite(list(losses.values())))
   assert losses[1] > np.log(13) * 0.5  # near the uniform loss over 13 ids at the start
+  (evaluation,) = [row for row in metrics.read_metrics(str(tmp_path)) if 'eval_wer' in row]
+  assert evaluation['step'] == 3 and evaluation['eval_wer'] >= 0
 
 
 # Hugging Face's WhisperForConditionalGeneration.
@@ -300,3 +303,26 @@ def test_exported_whisper_loads_in_transformers_with_the_same_logits(hf_whisper,
   features, tokens = hf_example(seed=1)
   np.testing.assert_allclose(hf_logits(exported, features, tokens),
                              hf_logits(model, features, tokens), atol=1e-5, rtol=0)
+
+
+def test_word_error_rate_counts_edits_over_reference_words_after_normalising():
+  # 'The cat, sat!' -> 'the cat sat'; against 'the bat sat down': 1 substitution, 1 deletion.
+  assert speech.word_error_rate(['The cat, sat!'], ['the bat sat down']) == 2 / 4
+  assert speech.word_error_rate(['a b', 'x'], ['A B.', '']) == 1 / 2  # 'x': an insertion
+  assert speech.normalized("It's  OK?") == 'it s ok'
+
+
+def test_eval_wer_transcribes_held_out_utterances_with_the_decoder():
+  """A 'model' that always writes the digit 3 then EOS: WER is the share of held-out tones that
+  are not 3, each one substitution of a one-word transcript."""
+  task = audio_data(wer_examples=8)
+  vocab = task.vocab
+
+  def generate(prompt_tokens, inputs, max_new_tokens, eos_id, **unused):
+    assert inputs.shape == (4, 20, 8) and prompt_tokens[0, 0] == vocab.bos_id
+    return np.tile([vocab.encode('3')[0], eos_id] + [0] * (max_new_tokens - 2), (len(inputs), 1))
+
+  digits = [vocab.decode(row) for row in task.eval_examples(np.arange(8))['targets']]
+  expected = np.mean([digit != '3' for digit in digits])
+  assert 0 < expected < 1
+  assert task.generation_metrics(generate, batch_size=4) == {'eval_wer': expected}

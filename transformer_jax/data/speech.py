@@ -11,21 +11,26 @@ targets, from an `audiofolder` or generated.
 Features are data.audio's (Whisper's front end), computed per example in the pipeline's
 workers, with SpecAugment (Park et al. 2019) on training examples where data.spec_augment.
 Transcripts are encoded by a character vocabulary with PAD, BOS and EOS (data.vocab.Vocab): the
-digits for generated data, the transcripts' characters for a folder.
+digits for generated data, the transcripts' characters for a folder. `generation_metrics` gives
+eval_wer, the word error rate (jiwer) of the greedy (or beam) transcripts of the first
+data.wer_examples held-out utterances, both sides lower-cased and stripped of punctuation.
 """
 import csv
 import dataclasses
 import pathlib
+import re
 
+import jiwer
 import numpy as np
 
-from transformer_jax.data import audio, rng
+from transformer_jax.data import audio, rng, seq2seq
 from transformer_jax.data.settings import DataPart, register_part
 from transformer_jax.data.vocab import Vocab
 from transformer_jax.errors import ConfigError, UserError
 from transformer_jax.ranges import COUNT, Range
 
-__all__ = ['AudioSettings', 'AudioTask', 'make_audio_task', 'read_metadata', 'SOURCES']
+__all__ = ['AudioSettings', 'AudioTask', 'make_audio_task', 'normalized', 'read_metadata',
+           'SOURCES', 'word_error_rate']
 
 SOURCES = ('synthetic', 'audiofolder')
 METADATA = 'metadata.csv'
@@ -48,12 +53,31 @@ class AudioSettings(DataPart):
   num_freq_masks: int = 2
   max_freq_width: int = 27  # Mel bins
   tone_noise: float = 0.05  # the noise of generated tones (standard deviation)
+  wer_examples: int = 0  # held-out utterances transcribed for eval_wer; 0: none
 
   RANGES = {'sample_rate': COUNT, 'window_seconds': Range(0, open_low=True, optional=True),
             'n_mels': Range(1, integer=True, optional=True),
             'num_time_masks': Range(0, integer=True), 'max_time_width': Range(0, integer=True),
             'num_freq_masks': Range(0, integer=True), 'max_freq_width': Range(0, integer=True),
-            'tone_noise': Range(0)}
+            'tone_noise': Range(0), 'wer_examples': Range(0, integer=True)}
+
+
+def normalized(text: str) -> str:
+  """Lower case, punctuation removed, whitespace collapsed: what the word error rate compares."""
+  return ' '.join(re.sub(r'[^\w\s]', ' ', text.lower()).split())
+
+
+def word_error_rate(hypotheses: list[str], references: list[str]) -> float:
+  """The corpus's word edits over its reference words (jiwer's WER), after `normalized`; the
+  words of a hypothesis whose reference has none count as insertions."""
+  hypotheses = [normalized(text) for text in hypotheses]
+  references = [normalized(text) for text in references]
+  spoken = [(h, r) for h, r in zip(hypotheses, references) if r]
+  edits = sum(len(h.split()) for h, r in zip(hypotheses, references) if not r)
+  if spoken:
+    output = jiwer.process_words([r for _, r in spoken], [h for h, _ in spoken])
+    edits += output.substitutions + output.deletions + output.insertions
+  return edits / max(1, sum(len(r.split()) for r in references))
 
 
 def read_metadata(directory: str) -> list[tuple[str, str]]:
@@ -123,6 +147,20 @@ class AudioTask:
     else:
       utterances = [self._read(self.held_out_rows[int(i)]) for i in indices]
     return self._batch(utterances, None)
+
+  def generation_metrics(self, generate, batch_size: int) -> dict:
+    """{'eval_wer'} of the transcripts of the first data.wer_examples held-out utterances ({}
+    for none); generate as seq2seq.decode_held_out's."""
+    count = min(self.part.wer_examples, self.num_eval_examples)
+    if not count:
+      return {}
+    utterances = lambda rows: {'inputs': self.eval_examples(np.asarray(rows))['features'],
+                               'input_valid': None}
+    outputs = seq2seq.decode_held_out(generate, utterances, count, batch_size, self.vocab,
+                                      self.seq_len)
+    references = [self.vocab.decode(row) for row in
+                  self.eval_examples(np.arange(count))['targets']]
+    return {'eval_wer': word_error_rate([self.vocab.decode(o) for o in outputs], references)}
 
   def _tone(self, generator: np.random.Generator) -> tuple[np.ndarray, str]:
     """A tone of digit d at 300 + 100 d Hz, 40 to 100% of the window long, and its transcript."""
