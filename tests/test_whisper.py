@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import pytest
 import soundfile
 import torch
+import tokenizers
 import transformers
 
 import train_helpers
@@ -326,3 +327,17 @@ def test_eval_wer_transcribes_held_out_utterances_with_the_decoder():
   expected = np.mean([digit != '3' for digit in digits])
   assert 0 < expected < 1
   assert task.generation_metrics(generate, batch_size=4) == {'eval_wer': expected}
+
+
+def test_transcripts_take_a_tokenizer_json_starting_from_whispers_start_of_transcript(tmp_path):
+  words = {'<|endoftext|>': 0, '<|startoftranscript|>': 1, '[UNK]': 2, 'three': 3, 'two': 4}
+  made = tokenizers.Tokenizer(tokenizers.models.WordLevel(words, unk_token='[UNK]'))
+  made.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+  made.add_special_tokens(['<|endoftext|>', '<|startoftranscript|>'])
+  made.save(str(tmp_path / 'tokenizer.json'))
+  write_folder(tmp_path, [('0.wav', 0.1, 'two three'), ('1.wav', 0.1, 'three')])
+  task = audio_data(name='audiofolder', audio_dir=str(tmp_path), tokenizer=str(tmp_path))
+  batch = task.eval_examples(np.array([0]))  # 1.wav
+  np.testing.assert_array_equal(batch['decoder_inputs'][0, :2], [1, 3])
+  np.testing.assert_array_equal(batch['targets'][0, :2], [3, 0])
+  np.testing.assert_array_equal(batch['weights'][0], [1, 1, 0, 0, 0, 0])

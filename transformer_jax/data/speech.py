@@ -10,10 +10,13 @@ targets, from an `audiofolder` or generated.
 
 Features are data.audio's (Whisper's front end), computed per example in the pipeline's
 workers, with SpecAugment (Park et al. 2019) on training examples where data.spec_augment.
-Transcripts are encoded by a character vocabulary with PAD, BOS and EOS (data.vocab.Vocab): the
-digits for generated data, the transcripts' characters for a folder. `generation_metrics` gives
-eval_wer, the word error rate (jiwer) of the greedy (or beam) transcripts of the first
-data.wer_examples held-out utterances, both sides lower-cased and stripped of punctuation.
+Transcripts are encoded by the text data's tokenizer (data.tokenizer): 'chars', a character
+vocabulary with PAD, BOS and EOS (data.vocab.Vocab) of the digits for generated data and of the
+transcripts' characters for a folder; or a tokenizer.json (Whisper's, from its checkpoint
+directory), whose decoder starts from its BOS, else Whisper's <|startoftranscript|>.
+`generation_metrics` gives eval_wer, the word error rate (jiwer) of the greedy (or beam)
+transcripts of the first data.wer_examples held-out utterances, both sides lower-cased and
+stripped of punctuation.
 """
 import csv
 import dataclasses
@@ -23,19 +26,20 @@ import re
 import jiwer
 import numpy as np
 
-from transformer_jax.data import audio, rng, seq2seq
+from transformer_jax.data import audio, corpus, rng, seq2seq, tokenizer
 from transformer_jax.data.settings import DataPart, register_part
 from transformer_jax.data.vocab import Vocab
 from transformer_jax.errors import ConfigError, UserError
 from transformer_jax.ranges import COUNT, Range
 
 __all__ = ['AudioSettings', 'AudioTask', 'make_audio_task', 'normalized', 'read_metadata',
-           'SOURCES', 'word_error_rate']
+           'SOURCES', 'transcript_tokenizer', 'word_error_rate']
 
 SOURCES = ('synthetic', 'audiofolder')
 METADATA = 'metadata.csv'
 COLUMNS = ('file_name', 'transcription')
 DIGITS = '0123456789'
+START_OF_TRANSCRIPT = '<|startoftranscript|>'  # Whisper's decoder start
 
 
 @register_part
@@ -98,6 +102,24 @@ def read_metadata(directory: str) -> list[tuple[str, str]]:
   return rows
 
 
+def transcript_tokenizer(name: str, alphabet: str):
+  """data.tokenizer's tokenizer of transcripts: 'chars' (of `alphabet`), or a tokenizer.json
+  with an EOS, its BOS being Whisper's <|startoftranscript|> where it has none."""
+  if name == 'chars':
+    return Vocab.seq2seq(alphabet)
+  if name == 'bpe':
+    raise ConfigError("data.tokenizer='bpe' trains on text corpora, not transcripts: use 'chars' "
+                      'or the path of a tokenizer.json (a Whisper checkpoint directory).')
+  found = tokenizer.HFTokenizer.from_file(name)
+  if found.bos_id is None:
+    found.bos_id = found.id_of(START_OF_TRANSCRIPT)
+  if found.bos_id is None or found.eos_id is None:
+    raise ConfigError(f'data.tokenizer={name} has no BOS (or {START_OF_TRANSCRIPT}) or no EOS, '
+                      'which the decoder starts from and ends with: give a tokenizer.json that '
+                      'has them.')
+  return found
+
+
 class AudioTask:
   """{'features': float32 (b, frames, mels), 'decoder_inputs': (b, T) = [BOS] + targets[:-1],
   'targets': (b, T) = transcript + [EOS] padded, 'weights': float32 (b, T), 1.0 on the transcript
@@ -121,12 +143,14 @@ class AudioTask:
       rows = read_metadata(part.audio_dir)
       held_out = max(1, len(rows) // 10)
       self.train_rows, self.held_out_rows = rows[:-held_out], rows[-held_out:]
-      self.vocab = Vocab.seq2seq(''.join(sorted({c for _, text in rows for c in text})))
+      alphabet = ''.join(sorted({c for _, text in rows for c in text}))
       self.num_eval_examples = held_out
     else:
       self.train_rows = self.held_out_rows = None
-      self.vocab = Vocab.seq2seq(DIGITS)
+      alphabet = DIGITS
       self.num_eval_examples = settings.eval_examples
+    self.vocab = transcript_tokenizer(settings.part(corpus.TextSettings).tokenizer, alphabet)
+    self.pad_id = self.vocab.eos_id if self.vocab.pad_id is None else self.vocab.pad_id
     self.token_bytes = self.vocab.token_bytes
     self.info = {'vocab_size': self.vocab.size, 'num_mels': self.num_mels,
                  'num_frames': frames, 'seq_len': self.seq_len}
@@ -203,7 +227,7 @@ class AudioTask:
     if len(ids) > self.seq_len:
       raise UserError(f'The transcript {text[:40]!r} is {len(ids)} tokens with its EOS, over '
                       f'data.seq_len={self.seq_len}: raise data.seq_len (up to model.max_len).')
-    return np.array(ids + [self.vocab.pad_id] * (self.seq_len - len(ids)), np.int32)
+    return np.array(ids + [self.pad_id] * (self.seq_len - len(ids)), np.int32)
 
 
 def make_audio_task(settings, seed, tokenizer_dir=None, *, num_mels, num_frames, max_len,
