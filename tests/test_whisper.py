@@ -341,3 +341,11 @@ def test_transcripts_take_a_tokenizer_json_starting_from_whispers_start_of_trans
   np.testing.assert_array_equal(batch['decoder_inputs'][0, :2], [1, 3])
   np.testing.assert_array_equal(batch['targets'][0, :2], [3, 0])
   np.testing.assert_array_equal(batch['weights'][0], [1, 1, 0, 0, 0, 0])
+
+
+def test_from_hf_describes_a_whisper_checkpoint_with_transformers_count(hf_whisper):
+  model, path = hf_whisper
+  config = load_config(ROOT / 'configs' / 'from_hf.py', f'path={path}')
+  assert config.data.name == 'audiofolder' and config.data.tokenizer == str(path)
+  count = sum(p.numel() for p in model.parameters())
+  assert f'{count:,} parameters' in describe.describe(config)
