@@ -1,4 +1,4 @@
-"""A Hugging Face checkpoint directory (GPT-2, LLaMA, ViT or BERT): the model from its
+"""A Hugging Face checkpoint directory (GPT-2, LLaMA, ViT, BERT or Whisper): the model from its
 config.json, the parameters from its safetensors.
 
   python launch.py --config configs/from_hf.py:path=/ckpt/gpt2 --mode=sample
@@ -8,7 +8,9 @@ config.json, the parameters from its safetensors.
 (transformer_jax.convert.load_params(config.init_from_hf, config.model)) instead of a checkpoint
 of ours; a causal LM samples with the directory's tokenizer.json (transformer_jax.convert.
 Tokenizer) and the settings of config.sample. A ViT evaluates on CIFAR-10 when it is a 10-class
-model of 32x32 images; otherwise set --config.data.name to a dataset of its classes and size.
+model of 32x32 images; otherwise set --config.data.name to a dataset of its classes and size. A
+Whisper model reads an audiofolder (set --config.data.audio_dir) with the checkpoint's
+tokenizer.json (data.tokenizer: the directory) and its window and Mel bins.
 Without a path the model is the shape of transformers' GPT2Config() defaults (GPT-2 small), so
 that --mode=describe has something to describe; sampling and evaluation need path=.
 """
@@ -27,6 +29,8 @@ def get_config(arg=None):
     cifar = (model.num_classes, model.image_size, model.num_channels) == (10, 32, 3)
     config.data.update(name='cifar10' if cifar else None, augment=False, batch_size=128,
                        eval_batch_size=500)
+  elif model.family == 'whisper':
+    config.data.update(name='audiofolder', seq_len=model.max_len, tokenizer=arg.path)
   else:
     config.data.seq_len = model.max_len
   if model.family == 'decoder':

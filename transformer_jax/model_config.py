@@ -61,6 +61,7 @@ class ModelConfig:
   norm_position: str = 'pre'
   mlp: str = 'gelu'
   use_bias: bool = True  # biases of every dense layer inside the blocks
+  key_bias: bool = True  # with use_bias, the key projection's too (Whisper's has none)
   positions: str = 'learned'
   rope_base: float = 10000.0
   # Attention logits times 1 / sqrt(head_dim); False folds it into the queries' initialization

@@ -1,4 +1,4 @@
-"""Hugging Face checkpoints (GPT-2, LLaMA, ViT, BERT) <-> our model configs and parameters.
+"""Hugging Face checkpoints (GPT-2, LLaMA, ViT, BERT, Whisper) <-> our model configs and parameters.
 
   fields, params = convert.load('/ckpt/gpt2')     # config.model fields, parameter tree
   convert.save('/tmp/out', fields, params)         # back to config.json + model.safetensors

@@ -23,13 +23,14 @@ from transformer_jax.convert.bert import BERT
 from transformer_jax.convert.gpt2 import GPT2
 from transformer_jax.convert.llama import LLAMA
 from transformer_jax.convert.vit import VIT
+from transformer_jax.convert.whisper import WHISPER
 from transformer_jax.model_config import ModelConfig
 
 __all__ = [
     'architecture_of', 'ARCHITECTURES', 'eos_token_id', 'load', 'load_model_config', 'load_params',
     'model_config_of', 'read_config', 'read_tensors', 'save']
 
-ARCHITECTURES = {arch.name: arch for arch in (GPT2, LLAMA, VIT, BERT)}
+ARCHITECTURES = {arch.name: arch for arch in (GPT2, LLAMA, VIT, BERT, WHISPER)}
 INDEX, WEIGHTS = 'model.safetensors.index.json', 'model.safetensors'
 
 

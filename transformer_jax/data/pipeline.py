@@ -9,7 +9,8 @@ import grain
 import numpy as np
 
 from transformer_jax.errors import ConfigError
-from transformer_jax.data import images, preprocess, rng, seq2seq, sources, text_data, translation
+from transformer_jax.data import (images, preprocess, rng, seq2seq, sources, speech, text_data,
+                                  translation)
 from transformer_jax.data.settings import DataSettings
 
 __all__ = ['Data', 'DataSettings', 'make_data', 'register_task', 'Task', 'TASKS', 'tasks']
@@ -233,5 +234,6 @@ def _preprocessing(settings: images.ImageSettings, size: int, scale: str = 'valu
 for _task in (Task('image', _image_task, ('cifar10', 'synthetic')),
               Task('next_token', _text_task('next_token'), TEXT_SOURCES),
               Task('masked', _text_task('masked'), TEXT_SOURCES),
-              Task('seq2seq', _seq2seq_task, tuple(seq2seq.TASKS))):
+              Task('seq2seq', _seq2seq_task, tuple(seq2seq.TASKS)),
+              Task('audio', speech.make_audio_task, speech.SOURCES)):
   register_task(_task)

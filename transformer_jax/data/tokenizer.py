@@ -75,6 +75,10 @@ class HFTokenizer:
   def size(self) -> int:
     return self._tokenizer.get_vocab_size()
 
+  def id_of(self, token: str) -> int | None:
+    """The id of `token` (a special token's spelling, such as '<|startoftranscript|>'), or None."""
+    return self._tokenizer.token_to_id(token)
+
   def encode(self, text: str) -> list[int]:
     return self._tokenizer.encode(text).ids
 

@@ -16,6 +16,9 @@ follows one of two.
 - 'encoder_decoder': methods encode(inputs, input_valid) -> encoded, and decode(targets,
   encoded, input_valid, positions, *, attention_mask, cache_index) -> logits as above; called
   with encoded=None, decode reads the cross-attention keys and values cached at the prefill.
+  An encoder whose input is not (B, S) token ids, S of them encoded into S positions (Whisper's
+  log-Mel features), names the input of S encoder positions by a method
+  encoder_input(batch_size, S) -> jax.ShapeDtypeStruct.
 Our models decode as their family's registry entry says (`Family.decoding`); a module of your
 own decodes as its optional attribute `decoding` says ('decoder' by default), and an optional
 attribute `max_positions` bounds the tokens its position table covers.
@@ -75,8 +78,8 @@ def max_positions(model) -> int | None:
 
 
 def init_cache(model, batch_size: int, cache_len: int, source_len: int | None = None):
-  """Zeros shaped like the 'cache' collection for `cache_len` decoder slots (and `source_len`
-  encoder outputs of an encoder-decoder).
+  """Zeros shaped like the 'cache' collection for `cache_len` decoder slots (and the
+  `source_len` encoder positions of an encoder-decoder).
 
   The shapes come from jax.eval_shape of init with the decode signature, so init never runs;
   each attention layer holds its keys and values in its layout (`kernels.cache.LAYOUTS`; ours
@@ -88,7 +91,8 @@ def init_cache(model, batch_size: int, cache_len: int, source_len: int | None = 
     if source_len is None:
       raise ValueError('An encoder-decoder cache also holds the cross-attention keys and values: '
                        'pass source_len, the length of the encoder input.')
-    inputs = jax.ShapeDtypeStruct((batch_size, source_len), jnp.int32)
+    inputs = (model.encoder_input(batch_size, source_len) if hasattr(model, 'encoder_input')
+              else jax.ShapeDtypeStruct((batch_size, source_len), jnp.int32))
     init = lambda i, t, m: model.init(
         jax.random.key(0), i, t, method=lambda self, i, t: self.decode(
             t, self.encode(i), attention_mask=m, cache_index=0))

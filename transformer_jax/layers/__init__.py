@@ -1,7 +1,8 @@
 """Layers shared by every family, each usable alone with plain arguments: one attention, one MLP,
-one block and its stack, the norms, the embeddings, T5's relative position bias and DiT's
-conditioning (adaLN-Zero, timestep and class embeddings)."""
+one block and its stack, the norms, the embeddings, T5's relative position bias, DiT's
+conditioning (adaLN-Zero, timestep and class embeddings) and Whisper's audio stem."""
 from transformer_jax.layers.attention import Attention, causal_mask, padding_mask, segment_mask
+from transformer_jax.layers.audio_stem import AudioStem, stem_frames
 from transformer_jax.layers.block import Block, BlockStack
 from transformer_jax.layers.conditioning import (AdaLNZero, LabelEmbed, TimestepEmbed,
                                                  timestep_frequencies)
@@ -12,7 +13,8 @@ from transformer_jax.layers.mlp import MLP
 from transformer_jax.layers.norms import LayerNorm, RMSNorm
 from transformer_jax.layers.relative_position import RelativePositionBias
 
-__all__ = ['AdaLNZero', 'Attention', 'Block', 'BlockStack', 'LabelEmbed', 'LayerNorm', 'Linear',
-           'MLP', 'PatchEmbed', 'RelativePositionBias', 'RMSNorm', 'TextEmbed', 'TimestepEmbed',
-           'apply_rope', 'causal_mask', 'padding_mask', 'resize_position_grid', 'segment_mask',
-           'sinusoidal', 'timestep_frequencies']
+__all__ = ['AdaLNZero', 'Attention', 'AudioStem', 'Block', 'BlockStack', 'LabelEmbed',
+           'LayerNorm', 'Linear', 'MLP', 'PatchEmbed', 'RelativePositionBias', 'RMSNorm',
+           'TextEmbed', 'TimestepEmbed', 'apply_rope', 'causal_mask', 'padding_mask',
+           'resize_position_grid', 'segment_mask', 'sinusoidal', 'stem_frames',
+           'timestep_frequencies']

@@ -108,6 +108,9 @@ class Attention(nn.Module):
   num_kv_heads: int | None = None  # None: num_heads
   rope_base: float | None = None  # None: no rotary positions
   use_bias: bool = True
+  # Whisper's key projection has no bias, with use_bias: q . b_k is the same for every key of a
+  # query, so the softmax cancels it.
+  key_bias: bool = True
   out_features: int | None = None  # None: the input's width
   is_cross: bool = False
   kernel: str | kernels.Kernel = 'auto'
@@ -147,7 +150,8 @@ class Attention(nn.Module):
     """
     kernels.masks.check(mask)
     dense = lambda heads, axis, name, gain=1.0: Linear(
-        (heads, self.head_dim), ('embed',), (axis, 'head_dim'), use_bias=self.use_bias,
+        (heads, self.head_dim), ('embed',), (axis, 'head_dim'),
+        use_bias=self.use_bias and (self.key_bias or name != 'key'),
         init_std=self.init_std, init_gain=gain, dtype=self.dtype, param_dtype=self.param_dtype,
         name=name)
     # Unscaled logits start as the scaled ones would: the queries start 1 / sqrt(head_dim) as large.

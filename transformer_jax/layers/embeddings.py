@@ -10,7 +10,7 @@ from transformer_jax.kernels.contraction import contract
 
 __all__ = [
     'apply_rope', 'default_positions', 'PatchEmbed', 'POSITION_EMBEDDINGS',
-    'resize_position_grid', 'sinusoidal', 'TextEmbed']
+    'resize_position_grid', 'sinusoidal', 'SINUSOIDAL_LAYOUTS', 'TextEmbed']
 
 
 POSITION_EMBEDDINGS = ('learned', 'sinusoidal', 'none')
@@ -88,11 +88,32 @@ def default_positions(batch: int, length: int, offset=0) -> jax.Array | np.ndarr
   return np.broadcast_to(np.arange(length, dtype=np.int32) + offset, (batch, length))
 
 
-def sinusoidal(positions: jax.Array, width: int, base: float = 10000.0) -> jax.Array:
-  """Vaswani et al.: PE[p, 2i] = sin(p / base^(2i/D)), PE[p, 2i+1] = cos(p / base^(2i/D))."""
-  inv_freq = base ** (-np.arange(0, width, 2, dtype=np.float32) / width)
+SINUSOIDAL_LAYOUTS = ('interleaved', 'sin_cos')
+
+
+def sinusoidal(positions: jax.Array, width: int, base: float = 10000.0,
+               layout: str = 'interleaved') -> jax.Array:
+  """Fixed sinusoidal positions (..., width) float32 of integer `positions` (...).
+
+  'interleaved' (Vaswani et al. 2017): PE[p, 2i] = sin(p / base^(2i/D)), PE[p, 2i+1] =
+  cos(p / base^(2i/D)). 'sin_cos' (Whisper's encoder, Radford et al. 2022; tensor2tensor's timing
+  signal): the D/2 sines, then the D/2 cosines, of p / base^(i/(D/2 - 1)), the frequencies
+  spanning 1 to 1/base exactly.
+  """
+  if layout not in SINUSOIDAL_LAYOUTS:
+    raise ValueError(f'Unknown sinusoidal layout {layout!r}: use one of '
+                     f'{list(SINUSOIDAL_LAYOUTS)}.')
+  if layout == 'sin_cos':
+    if width % 2 or width < 4:
+      raise ValueError(f"The 'sin_cos' layout needs an even width of at least 4, not {width}.")
+    half = width // 2
+    inv_freq = np.exp(-np.log(base) / (half - 1) * np.arange(half)).astype(np.float32)
+  else:
+    inv_freq = base ** (-np.arange(0, width, 2, dtype=np.float32) / width)
   angles = (positions.astype(jnp.float32)[..., None]
             * inv_freq.reshape((1,) * positions.ndim + (-1,)))
+  if layout == 'sin_cos':
+    return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
   interleaved = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)
   return interleaved.reshape(positions.shape + (-1,))[..., :width]
 

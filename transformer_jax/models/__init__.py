@@ -12,11 +12,12 @@ from transformer_jax import kernels
 from transformer_jax.errors import ConfigError
 from transformer_jax.layers.block import LAYERS
 from transformer_jax.model_config import ModelConfig, compute_dtype_of, defaults, names
-from transformer_jax.models import decoder, dit, encoder, encoder_decoder, registry, styles, vit
+from transformer_jax.models import (decoder, dit, encoder, encoder_decoder, registry, styles, vit,
+                                    whisper)
 
 __all__ = ['abstract_variables', 'attention_kernel', 'build', 'decoder', 'dit', 'encoder',
            'encoder_decoder', 'example_inputs', 'family_of', 'init_params', 'model_config',
-           'registry', 'resolved', 'stack_layers', 'styles', 'unstack_layers', 'vit']
+           'registry', 'resolved', 'stack_layers', 'styles', 'unstack_layers', 'vit', 'whisper']
 
 
 def model_config(model: ModelConfig | Mapping[str, Any]) -> ModelConfig:

@@ -56,8 +56,9 @@ def attention(cfg: ModelConfig, cross: bool = False) -> functools.partial:
   return functools.partial(
       Attention, num_heads=cfg.num_heads, head_dim=cfg.head_dim, num_kv_heads=cfg.kv_heads,
       rope_base=cfg.rope_base if cfg.positions == 'rope' and not cross else None,
-      use_bias=cfg.use_bias, is_cross=cross, kernel=cfg.attention_kernel, init_std=cfg.init_std,
-      scale_logits=cfg.scale_attention, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype)
+      use_bias=cfg.use_bias, key_bias=cfg.key_bias, is_cross=cross, kernel=cfg.attention_kernel,
+      init_std=cfg.init_std, scale_logits=cfg.scale_attention, dtype=cfg.compute_dtype,
+      param_dtype=cfg.weight_dtype)
 
 
 def block(cfg: ModelConfig, cross_attention: bool = False) -> functools.partial:
@@ -215,7 +216,7 @@ def block_params(cfg: ModelConfig, num: int, cross: bool = False) -> dict[str, i
   encoder-decoder)."""
   kv = cfg.kv_heads * cfg.head_dim
   attn = attention_weights(cfg) + cfg.use_bias * (
-      cfg.num_heads * cfg.head_dim + cfg.width + 2 * kv)
+      cfg.num_heads * cfg.head_dim + cfg.width + (1 + cfg.key_bias) * kv)
   mlp = mlp_weights(cfg) + cfg.use_bias * (
       (2 if cfg.mlp in GATED else 1) * cfg.hidden_dim + cfg.width)
   sublayers = [cfg.use_attention] * (2 if cross else 1) + [cfg.use_mlp]

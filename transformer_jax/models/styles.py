@@ -31,6 +31,9 @@ STYLES = {
                     use_bias=False, tie_embeddings=False, scale_tied_head=False,
                     norm_position='pre', scale_attention=False, init_std=None,
                     embed_init_std=1.0),
+    # Radford et al. 2022: pre-LN, exact GELU, no bias on the key projections, a tied output.
+    'whisper': dict(norm='layernorm', norm_eps=1e-5, mlp='gelu', positions='learned',
+                    use_bias=True, key_bias=False, tie_embeddings=True, norm_position='pre'),
 }
 
 

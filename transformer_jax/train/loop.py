@@ -296,7 +296,8 @@ def evaluate_params(run: Run, eval_step, params) -> dict:
   """eval_loss and eval_accuracy over the held-out batches; for a classifier
   eval_top5_accuracy, for text eval_bits_per_byte (the summed loss in bits over the UTF-8 bytes
   of the target tokens it scored); what a task measures of the model's decoding (its
-  generation_metrics: an encoder-decoder's eval_exact_match and a translation's eval_bleu, from
+  generation_metrics: an encoder-decoder's eval_exact_match, a translation's eval_bleu, speech's
+  eval_wer, from
   greedy decoding or config.eval's beam search)."""
   sums = {}
   for batch in run.data.eval_batches():
@@ -328,7 +329,7 @@ def evaluate_and_log(run: Run, eval_step, params, step: int, writer) -> None:
   writer.write(step, results)
   shown = {'eval_accuracy': 'accuracy {:.4f}', 'eval_top5_accuracy': 'top-5 {:.4f}',
            'eval_bits_per_byte': '{:.4f} bits per byte', 'eval_exact_match': 'exact match {:.4f}',
-           'eval_bleu': 'BLEU {:.2f}'}
+           'eval_bleu': 'BLEU {:.2f}', 'eval_wer': 'WER {:.4f}'}
   extra = ''.join(f' | {form.format(results[key])}' for key, form in shown.items()
                   if key in results)
   log.info('step %d | held-out loss %.4f%s', step, results['eval_loss'], extra)

@@ -1,0 +1,236 @@
+"""Speech to text for Whisper: utterances as log-Mel features and their transcripts as decoder
+targets, from an `audiofolder` or generated.
+
+  data.name='audiofolder', data.audio_dir=DIR: audio files beside DIR/metadata.csv, whose
+    `file_name` and `transcription` columns name each file and give its text (the layout of
+    Hugging Face's audiofolder); the last tenth of the rows (at least one) are held out.
+  data.name='synthetic': tones whose transcript is their digit (digit d: a sine of 300 + 100 d
+    Hz, of random phase, length and start, plus noise), so that describe, compile and training
+    run without files.
+
+Features are data.audio's (Whisper's front end), computed per example in the pipeline's
+workers, with SpecAugment (Park et al. 2019) on training examples where data.spec_augment.
+Transcripts are encoded by the text data's tokenizer (data.tokenizer): 'chars', a character
+vocabulary with PAD, BOS and EOS (data.vocab.Vocab) of the digits for generated data and of the
+transcripts' characters for a folder; or a tokenizer.json (Whisper's, from its checkpoint
+directory), whose decoder starts from its BOS, else Whisper's <|startoftranscript|>.
+`generation_metrics` gives eval_wer, the word error rate (jiwer) of the greedy (or beam)
+transcripts of the first data.wer_examples held-out utterances, both sides lower-cased and
+stripped of punctuation.
+"""
+import csv
+import dataclasses
+import pathlib
+import re
+
+import jiwer
+import numpy as np
+
+from transformer_jax.data import audio, corpus, rng, seq2seq, tokenizer
+from transformer_jax.data.settings import DataPart, register_part
+from transformer_jax.data.vocab import Vocab
+from transformer_jax.errors import ConfigError, UserError
+from transformer_jax.ranges import COUNT, Range
+
+__all__ = ['AudioSettings', 'AudioTask', 'make_audio_task', 'normalized', 'read_metadata',
+           'SOURCES', 'transcript_tokenizer', 'word_error_rate']
+
+SOURCES = ('synthetic', 'audiofolder')
+METADATA = 'metadata.csv'
+COLUMNS = ('file_name', 'transcription')
+DIGITS = '0123456789'
+START_OF_TRANSCRIPT = '<|startoftranscript|>'  # Whisper's decoder start
+
+
+@register_part
+@dataclasses.dataclass(frozen=True)
+class AudioSettings(DataPart):
+  """The keys of config.data that speech data reads."""
+  PART = 'audio'
+  audio_dir: str | None = None  # an audiofolder (data.name='audiofolder')
+  sample_rate: int = audio.SAMPLE_RATE  # Hz the audio is resampled to
+  window_seconds: float | None = None  # audio per utterance, padded or trimmed; None: the model's
+  n_mels: int | None = None  # Mel bins; None: the model's num_mels
+  spec_augment: bool = False  # SpecAugment's masks on training features
+  num_time_masks: int = 2
+  max_time_width: int = 100  # frames
+  num_freq_masks: int = 2
+  max_freq_width: int = 27  # Mel bins
+  tone_noise: float = 0.05  # the noise of generated tones (standard deviation)
+  wer_examples: int = 0  # held-out utterances transcribed for eval_wer; 0: none
+
+  RANGES = {'sample_rate': COUNT, 'window_seconds': Range(0, open_low=True, optional=True),
+            'n_mels': Range(1, integer=True, optional=True),
+            'num_time_masks': Range(0, integer=True), 'max_time_width': Range(0, integer=True),
+            'num_freq_masks': Range(0, integer=True), 'max_freq_width': Range(0, integer=True),
+            'tone_noise': Range(0), 'wer_examples': Range(0, integer=True)}
+
+
+def normalized(text: str) -> str:
+  """Lower case, punctuation removed, whitespace collapsed: what the word error rate compares."""
+  return ' '.join(re.sub(r'[^\w\s]', ' ', text.lower()).split())
+
+
+def word_error_rate(hypotheses: list[str], references: list[str]) -> float:
+  """The corpus's word edits over its reference words (jiwer's WER), after `normalized`; the
+  words of a hypothesis whose reference has none count as insertions."""
+  hypotheses = [normalized(text) for text in hypotheses]
+  references = [normalized(text) for text in references]
+  spoken = [(h, r) for h, r in zip(hypotheses, references) if r]
+  edits = sum(len(h.split()) for h, r in zip(hypotheses, references) if not r)
+  if spoken:
+    output = jiwer.process_words([r for _, r in spoken], [h for h, _ in spoken])
+    edits += output.substitutions + output.deletions + output.insertions
+  return edits / max(1, sum(len(r.split()) for r in references))
+
+
+def read_metadata(directory: str) -> list[tuple[str, str]]:
+  """(audio path, transcript) of each row of DIR/metadata.csv, in order."""
+  path = pathlib.Path(directory) / METADATA
+  if not path.is_file():
+    raise UserError(f'no {METADATA} in data.audio_dir={directory}: an audiofolder holds its audio '
+                    f'files beside a {METADATA} with the columns {", ".join(COLUMNS)}.')
+  with path.open(newline='', encoding='utf-8') as f:
+    reader = csv.DictReader(f)
+    missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+    if missing:
+      raise UserError(f'{path} has no column {" or ".join(missing)} (it has {reader.fieldnames}): '
+                      f'name its columns {", ".join(COLUMNS)}.')
+    rows = [(str(path.parent / row['file_name']), row['transcription']) for row in reader]
+  if len(rows) < 2:
+    raise UserError(f'{path} lists {len(rows)} file(s): a folder needs at least 2 (one held out).')
+  return rows
+
+
+def transcript_tokenizer(name: str, alphabet: str):
+  """data.tokenizer's tokenizer of transcripts: 'chars' (of `alphabet`), or a tokenizer.json
+  with an EOS, its BOS being Whisper's <|startoftranscript|> where it has none."""
+  if name == 'chars':
+    return Vocab.seq2seq(alphabet)
+  if name == 'bpe':
+    raise ConfigError("data.tokenizer='bpe' trains on text corpora, not transcripts: use 'chars' "
+                      'or the path of a tokenizer.json (a Whisper checkpoint directory).')
+  found = tokenizer.HFTokenizer.from_file(name)
+  if found.bos_id is None:
+    found.bos_id = found.id_of(START_OF_TRANSCRIPT)
+  if found.bos_id is None or found.eos_id is None:
+    raise ConfigError(f'data.tokenizer={name} has no BOS (or {START_OF_TRANSCRIPT}) or no EOS, '
+                      'which the decoder starts from and ends with: give a tokenizer.json that '
+                      'has them.')
+  return found
+
+
+class AudioTask:
+  """{'features': float32 (b, frames, mels), 'decoder_inputs': (b, T) = [BOS] + targets[:-1],
+  'targets': (b, T) = transcript + [EOS] padded, 'weights': float32 (b, T), 1.0 on the transcript
+  and its EOS}, T = data.seq_len. A batch is a pure function of (seed, step)."""
+
+  def __init__(self, settings, seed: int, *, num_mels: int, num_frames: int, max_len: int):
+    part = settings.part(AudioSettings)
+    self.part, self.seed, self.seq_len = part, seed, settings.seq_len
+    self.num_mels = part.n_mels or num_mels
+    frames = (round(part.window_seconds * audio.SAMPLE_RATE / audio.HOP_LENGTH)
+              if part.window_seconds else num_frames)
+    self.num_samples = frames * audio.HOP_LENGTH
+    if self.seq_len > max_len:
+      raise ConfigError(f'data.seq_len={self.seq_len} transcript tokens exceed the decoder\'s '
+                        f'model.max_len={max_len} positions: lower data.seq_len or raise '
+                        'model.max_len.')
+    if settings.name == 'audiofolder':
+      if not part.audio_dir:
+        raise ConfigError("data.name='audiofolder' reads data.audio_dir: set it to the folder "
+                          f'holding {METADATA}.')
+      rows = read_metadata(part.audio_dir)
+      held_out = max(1, len(rows) // 10)
+      self.train_rows, self.held_out_rows = rows[:-held_out], rows[-held_out:]
+      alphabet = ''.join(sorted({c for _, text in rows for c in text}))
+      self.num_eval_examples = held_out
+    else:
+      self.train_rows = self.held_out_rows = None
+      alphabet = DIGITS
+      self.num_eval_examples = settings.eval_examples
+    self.vocab = transcript_tokenizer(settings.part(corpus.TextSettings).tokenizer, alphabet)
+    self.pad_id = self.vocab.eos_id if self.vocab.pad_id is None else self.vocab.pad_id
+    self.token_bytes = self.vocab.token_bytes
+    self.info = {'vocab_size': self.vocab.size, 'num_mels': self.num_mels,
+                 'num_frames': frames, 'seq_len': self.seq_len}
+
+  def train_batch(self, step: int, batch_size: int, rows: slice) -> dict:
+    generator = rng.generator(rng.GENERATE, self.seed, step)
+    if self.train_rows is None:
+      utterances = [self._tone(generator) for _ in range(batch_size)][rows]
+    else:
+      chosen = generator.integers(0, len(self.train_rows), size=batch_size)[rows]
+      utterances = [self._read(self.train_rows[i]) for i in chosen]
+    augment = rng.generator(rng.AUGMENT, self.seed, step) if self.part.spec_augment else None
+    return self._batch(utterances, augment)
+
+  def eval_examples(self, indices: np.ndarray) -> dict:
+    if self.held_out_rows is None:
+      utterances = [self._tone(rng.generator(rng.HELD_OUT, int(i))) for i in indices]
+    else:
+      utterances = [self._read(self.held_out_rows[int(i)]) for i in indices]
+    return self._batch(utterances, None)
+
+  def generation_metrics(self, generate, batch_size: int) -> dict:
+    """{'eval_wer'} of the transcripts of the first data.wer_examples held-out utterances ({}
+    for none); generate as seq2seq.decode_held_out's."""
+    count = min(self.part.wer_examples, self.num_eval_examples)
+    if not count:
+      return {}
+    utterances = lambda rows: {'inputs': self.eval_examples(np.asarray(rows))['features'],
+                               'input_valid': None}
+    outputs = seq2seq.decode_held_out(generate, utterances, count, batch_size, self.vocab,
+                                      self.seq_len)
+    references = [self.vocab.decode(row) for row in
+                  self.eval_examples(np.arange(count))['targets']]
+    return {'eval_wer': word_error_rate([self.vocab.decode(o) for o in outputs], references)}
+
+  def _tone(self, generator: np.random.Generator) -> tuple[np.ndarray, str]:
+    """A tone of digit d at 300 + 100 d Hz, 40 to 100% of the window long, and its transcript."""
+    digit = int(generator.integers(0, 10))
+    length = int(self.num_samples * generator.uniform(0.4, 1.0))
+    start = int(generator.integers(0, self.num_samples - length + 1))
+    t = np.arange(length) / audio.SAMPLE_RATE
+    waveform = np.zeros(self.num_samples)
+    waveform[start:start + length] = 0.5 * np.sin(2 * np.pi * (300 + 100 * digit) * t
+                                                  + generator.uniform(0, 2 * np.pi))
+    waveform += self.part.tone_noise * generator.standard_normal(self.num_samples)
+    return waveform.astype(np.float32), DIGITS[digit]
+
+  def _read(self, row: tuple[str, str]) -> tuple[np.ndarray, str]:
+    path, text = row
+    return audio.load_audio(path, self.part.sample_rate), text
+
+  def _batch(self, utterances, augment: np.random.Generator | None) -> dict:
+    features, targets = [], []
+    for waveform, text in utterances:
+      mel = audio.log_mel_spectrogram(waveform, num_mels=self.num_mels,
+                                      num_samples=self.num_samples)
+      if augment is not None:
+        mel = audio.spec_augment(mel, augment, num_time_masks=self.part.num_time_masks,
+                                 max_time_width=self.part.max_time_width,
+                                 num_freq_masks=self.part.num_freq_masks,
+                                 max_freq_width=self.part.max_freq_width)
+      features.append(mel)
+      targets.append(self._transcript(text))
+    targets = np.stack(targets)
+    bos = np.full((len(targets), 1), self.vocab.bos_id, np.int32)
+    ends = (targets == self.vocab.eos_id).argmax(axis=1)
+    return {'features': np.stack(features).astype(np.float32),
+            'decoder_inputs': np.concatenate([bos, targets[:, :-1]], axis=1),
+            'targets': targets,
+            'weights': (np.arange(self.seq_len) <= ends[:, None]).astype(np.float32)}
+
+  def _transcript(self, text: str) -> np.ndarray:
+    ids = self.vocab.encode(text) + [self.vocab.eos_id]
+    if len(ids) > self.seq_len:
+      raise UserError(f'The transcript {text[:40]!r} is {len(ids)} tokens with its EOS, over '
+                      f'data.seq_len={self.seq_len}: raise data.seq_len (up to model.max_len).')
+    return np.array(ids + [self.pad_id] * (self.seq_len - len(ids)), np.int32)
+
+
+def make_audio_task(settings, seed, tokenizer_dir=None, *, num_mels, num_frames, max_len,
+                    **unused):
+  del tokenizer_dir, unused
+  return AudioTask(settings, seed, num_mels=num_mels, num_frames=num_frames, max_len=max_len)
