@@ -1,4 +1,4 @@
-"""The position-wise feed-forward sublayer: a GELU/ReLU MLP or SwiGLU."""
+"""The position-wise feed-forward sublayer: a GELU/ReLU/QuickGELU MLP or SwiGLU."""
 from typing import Any
 
 import flax.linen as nn
@@ -14,6 +14,9 @@ ACTIVATIONS = {
     'gelu': lambda x: jax.nn.gelu(x, approximate=False),  # BERT, ViT
     'gelu_tanh': lambda x: jax.nn.gelu(x, approximate=True),  # GPT-2
     'relu': jax.nn.relu,  # the original transformer
+    # x * sigmoid(1.702 x), the sigmoid approximation of GELU (Hendrycks & Gimpel 2016) that
+    # OpenAI's CLIP checkpoints were trained with (Radford et al. 2021)
+    'quick_gelu': lambda x: x * jax.nn.sigmoid(1.702 * x),
 }
 KINDS = (*ACTIVATIONS, 'swiglu')  # every value of MLP.activation
 
