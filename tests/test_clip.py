@@ -201,3 +201,35 @@ def test_training_runs_through_the_run_and_evaluates(tmp_path):
   # A batch of 16 starts near the loss of chance, log 16.
   assert len(losses) == 2 and abs(losses[0] - np.log(16)) < 0.5
   assert np.isfinite(rows[-1]['eval_loss']) and 0 <= rows[-1]['eval_accuracy'] <= 1
+
+
+def test_clip_model_imports_and_exports_with_transformers_logits(tmp_path):
+  torch, transformers = pytest.importorskip('torch'), pytest.importorskip('transformers')
+  from transformer_jax.convert import directory  # pylint: disable=import-outside-toplevel
+  torch.manual_seed(0)
+  hf_config = transformers.CLIPConfig(
+      text_config=dict(hidden_size=18, num_hidden_layers=2, num_attention_heads=3,
+                       intermediate_size=37, vocab_size=23, max_position_embeddings=9,
+                       eos_token_id=5, pad_token_id=0, bos_token_id=1),
+      vision_config=dict(hidden_size=30, num_hidden_layers=2, num_attention_heads=3,
+                         intermediate_size=41, image_size=15, patch_size=5),
+      projection_dim=7, logit_scale_init_value=2.0)
+  hf = transformers.CLIPModel(hf_config).eval()
+  hf.save_pretrained(tmp_path / 'hf')
+  fields, params = directory.load(tmp_path / 'hf')
+  cfg = models.model_config({**fields, 'dtype': 'float32'})
+  images = np.random.default_rng(0).normal(size=(3, 15, 15, 3)).astype(np.float32)
+  # Padded with 0 after the first EOS (5); the last row has another 5 later.
+  tokens = np.array([[1, 7, 8, 5, 0, 0, 0, 0, 0], [1, 9, 10, 11, 12, 5, 0, 0, 0],
+                     [1, 13, 5, 14, 5, 0, 0, 0, 0]], np.int32)
+  ours = jax.jit(clip.ClipModel(cfg).apply)({'params': params}, images, tokens)
+  with torch.no_grad():
+    theirs = hf(input_ids=torch.from_numpy(tokens).long(),
+                pixel_values=torch.from_numpy(images.transpose(0, 3, 1, 2)),
+                attention_mask=torch.from_numpy((tokens != 0).astype(np.int64))).logits_per_image
+  np.testing.assert_allclose(ours, theirs.numpy(), atol=1e-4, rtol=1e-4)
+  assert accounting.param_counts(cfg)['total'] == sum(p.numel() for p in hf.parameters())
+  directory.save(tmp_path / 'ours', cfg, params)
+  back = transformers.CLIPModel.from_pretrained(tmp_path / 'ours').state_dict()
+  for name, value in hf.state_dict().items():
+    np.testing.assert_array_equal(back[name].numpy(), value.numpy(), err_msg=name)
