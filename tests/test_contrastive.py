@@ -11,7 +11,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from transformer_jax.errors import ConfigError
 from transformer_jax.settings import MeshSettings
-from transformer_jax.train import contrastive, sharding
+from transformer_jax import contrastive
+from transformer_jax.train import sharding
 
 CLIP_T = math.log(1 / 0.07)
 SIGLIP_T, SIGLIP_B = math.log(10), -10.0
@@ -225,3 +226,7 @@ def test_the_settings_give_the_papers_initial_scalars_and_their_loss():
 def test_bad_settings_name_the_fix(section, message):
   with pytest.raises(ConfigError, match=re.escape(message)):
     contrastive.ContrastiveSettings.of(section)
+
+
+def test_its_data_axis_is_the_meshs():
+  assert contrastive.DATA_AXIS == sharding.DATA_AXIS

@@ -248,7 +248,8 @@ def test_an_unsupported_architecture_fails_naming_the_supported_ones(checkpoint,
   _, path = checkpoint('gpt2')
   rewrite(path, tmp_path, config=dict(architectures=['T5ForConditionalGeneration']))
   with pytest.raises(convert.CheckpointError, match=r"\['T5ForConditionalGeneration'\], none of "
-                     r"which converts: transformer_jax converts \['BertForMaskedLM', 'GPT2"):
+                     r"which converts: transformer_jax converts "
+                     r"\['BertForMaskedLM', 'CLIPModel', 'GPT2"):
     convert.load(tmp_path)
 
 

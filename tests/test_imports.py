@@ -14,7 +14,7 @@ LAYERING = (
     ('errors', 'kernels'),
     ('ranges', 'layers', 'targets', 'diffusion'),
     ('settings',),
-    ('model_config', 'lora'),
+    ('model_config', 'lora', 'contrastive'),
     ('models',),
     ('accounting', 'decode', 'convert', 'data'),
     ('config_lib',),

@@ -13,8 +13,9 @@ __all__ = [
 
 # HF's activation names (transformers.activations.ACT2FN) -> our model.mlp, and back.
 ACTIVATIONS = {'gelu': 'gelu', 'gelu_new': 'gelu_tanh', 'gelu_pytorch_tanh': 'gelu_tanh',
-               'relu': 'relu'}
-HF_ACTIVATIONS = {'gelu': 'gelu', 'gelu_tanh': 'gelu_new', 'relu': 'relu'}
+               'relu': 'relu', 'quick_gelu': 'quick_gelu'}
+HF_ACTIVATIONS = {'gelu': 'gelu', 'gelu_tanh': 'gelu_new', 'relu': 'relu',
+                  'quick_gelu': 'quick_gelu'}
 # Every HF class here has every sublayer, norm and residual (none of our ablations); the text
 # ones add their embedding rows unscaled (scale_embeddings=False).
 NO_ABLATIONS = dict(use_attention=True, use_mlp=True, use_norm=True, use_residual=True)

@@ -20,6 +20,7 @@ from flax import traverse_util
 from transformer_jax import models
 from transformer_jax.convert.architecture import Architecture, CheckpointError, HfConfig
 from transformer_jax.convert.bert import BERT
+from transformer_jax.convert.clip import CLIP
 from transformer_jax.convert.gpt2 import GPT2
 from transformer_jax.convert.llama import LLAMA
 from transformer_jax.convert.vit import VIT
@@ -30,7 +31,7 @@ __all__ = [
     'architecture_of', 'ARCHITECTURES', 'eos_token_id', 'load', 'load_model_config', 'load_params',
     'model_config_of', 'read_config', 'read_tensors', 'save']
 
-ARCHITECTURES = {arch.name: arch for arch in (GPT2, LLAMA, VIT, BERT, WHISPER)}
+ARCHITECTURES = {arch.name: arch for arch in (GPT2, LLAMA, VIT, BERT, WHISPER, CLIP)}
 INDEX, WEIGHTS = 'model.safetensors.index.json', 'model.safetensors'
 
 
@@ -137,8 +138,9 @@ def save(path, model: ModelConfig | dict, params, architecture: str | None = Non
   cfg = models.model_config(model)
   arch, hf_values = _expressed(cfg, architecture)
   flat = traverse_util.flatten_dict(models.unstack_layers(params), sep='/')
-  tensors = {spec.name: np.ascontiguousarray(spec.layout.to_hf([np.asarray(flat[p])
-                                                                 for p in spec.paths]))
+  # np.array, not np.ascontiguousarray, which makes a scalar (CLIP's logit scale) 1-D.
+  tensors = {spec.name: np.array(spec.layout.to_hf([np.asarray(flat[p]) for p in spec.paths]),
+                                 order='C')
              for spec in arch.tensors(cfg)}
   path = pathlib.Path(path)
   path.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,8 @@ from transformer_jax.data import (images, preprocess, rng, seq2seq, sources, spe
                                   translation)
 from transformer_jax.data.settings import DataSettings
 
-__all__ = ['Data', 'DataSettings', 'make_data', 'register_task', 'Task', 'TASKS', 'tasks']
+__all__ = ['Data', 'DataSettings', 'image_preprocessing', 'make_data', 'register_task', 'Task',
+           'TASKS', 'tasks']
 
 log = logging.getLogger(__name__)
 
@@ -199,10 +200,10 @@ def _image_task(settings: DataSettings, seed: int, tokenizer_dir=None, image_siz
         images.synthetic_images(count, size, num_classes, (rng.HELD_OUT,)))
     # In memory, generated images are standardized with their exact channel statistics.
     scale = 'normalize({}, {})'.format(*images.channel_stats(train.images))
-    pp_train, pp_eval = _preprocessing(own, image_size, scale)
+    pp_train, pp_eval = image_preprocessing(own, image_size, scale)
     source, splits = name, ('generated', 'generated')
   else:
-    pp_train, pp_eval = _preprocessing(own, image_size)  # checked before reading
+    pp_train, pp_eval = image_preprocessing(own, image_size)  # checked before reading
     if name == 'cifar10':
       name = sources.prepare_cifar10(settings.tfds_data_dir, settings.manual_dir,
                                      settings.download)
@@ -219,7 +220,8 @@ def _image_task(settings: DataSettings, seed: int, tokenizer_dir=None, image_siz
   return task
 
 
-def _preprocessing(settings: images.ImageSettings, size: int, scale: str = 'value_range(-1, 1)'):
+def image_preprocessing(settings: images.ImageSettings, size: int,
+                        scale: str = 'value_range(-1, 1)'):
   """The training and held-out preprocessing: data.pp_train / data.pp_eval, else the image
   brought to size x size and scaled, with `augment` randomly cropped from a padded copy and
   flipped."""

@@ -141,7 +141,7 @@ def apply_rope(x: jax.Array, positions, base: float = 10000.0) -> jax.Array:
 
 class PatchEmbed(nn.Module):
   """Non-overlapping P x P patches (Dosovitskiy et al. 2020), each mapped by one shared matrix
-  plus bias.
+  plus bias (`use_bias`).
 
   A convolution with kernel = stride = P and no padding is that map: its (P, P, C, D) kernel
   flattened in (row, column, channel) order is the (P*P*C, D) patch matrix. The grid is read row
@@ -149,6 +149,7 @@ class PatchEmbed(nn.Module):
   """
   patch_size: int
   features: int
+  use_bias: bool = True  # CLIP's patch embedding has none (Radford et al. 2021)
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
 
@@ -157,7 +158,8 @@ class PatchEmbed(nn.Module):
     """images (B, H, W, C) -> (B, H/P * W/P, features), patches read row by row."""
     p = self.patch_size
     conv = nn.Conv(
-        self.features, (p, p), strides=(p, p), padding='VALID', dtype=self.dtype,
+        self.features, (p, p), strides=(p, p), padding='VALID', use_bias=self.use_bias,
+        dtype=self.dtype,
         param_dtype=self.param_dtype,
         kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(),
                                                  (None, None, 'channels', 'embed')),

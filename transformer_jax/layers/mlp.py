@@ -1,4 +1,5 @@
-"""The position-wise feed-forward sublayer: a GELU/ReLU MLP, or a gated one (SwiGLU, GeGLU)."""
+"""The position-wise feed-forward sublayer: a GELU/ReLU/QuickGELU MLP, or a gated one (SwiGLU,
+GeGLU)."""
 from typing import Any
 
 import flax.linen as nn
@@ -14,6 +15,9 @@ ACTIVATIONS = {
     'gelu': lambda x: jax.nn.gelu(x, approximate=False),  # BERT, ViT
     'gelu_tanh': lambda x: jax.nn.gelu(x, approximate=True),  # GPT-2
     'relu': jax.nn.relu,  # the original transformer
+    # x * sigmoid(1.702 x), the sigmoid approximation of GELU (Hendrycks & Gimpel 2016) that
+    # OpenAI's CLIP checkpoints were trained with (Radford et al. 2021)
+    'quick_gelu': lambda x: x * jax.nn.sigmoid(1.702 * x),
 }
 # Gated units (Shazeer 2020): the activation of a gate times a second projection.
 GATED = {

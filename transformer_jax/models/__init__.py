@@ -14,8 +14,9 @@ from transformer_jax.layers.block import LAYERS
 from transformer_jax.model_config import ModelConfig, compute_dtype_of, defaults, names
 from transformer_jax.models import (decoder, dit, encoder, encoder_decoder, registry, styles, vit,
                                     whisper)
+from transformer_jax.models import clip  # after vit, whose towers it builds
 
-__all__ = ['abstract_variables', 'attention_kernel', 'build', 'decoder', 'dit', 'encoder',
+__all__ = ['abstract_variables', 'attention_kernel', 'build', 'clip', 'decoder', 'dit', 'encoder',
            'encoder_decoder', 'example_inputs', 'family_of', 'init_params', 'model_config',
            'registry', 'resolved', 'stack_layers', 'styles', 'unstack_layers', 'vit', 'whisper']
 

@@ -21,12 +21,12 @@ from transformer_jax.models import registry
 from transformer_jax.ranges import COUNT, Range
 
 __all__ = [
-    'attention', 'attention_weights', 'attention_width', 'block', 'block_params', 'block_weights',
-    'both_masks', 'decoder_mask', 'default_positions', 'follow_text_data', 'key_mask', 'lm_head',
-    'LmHead', 'mlp_weights', 'norm', 'norm_params', 'packed_arguments', 'stack',
-    'text_data_sizes', 'text_embed', 'text_embedding_params', 'text_example_inputs', 'text_family',
-    'text_flops', 'text_lengths', 'text_logits_shape', 'TextConfig', 'untied_head_params',
-    'with_total']
+    'attention', 'attention_params', 'attention_weights', 'attention_width', 'block',
+    'block_params', 'block_weights', 'both_masks', 'decoder_mask', 'default_positions',
+    'follow_text_data', 'key_mask', 'lm_head', 'LmHead', 'mlp', 'mlp_params', 'mlp_weights',
+    'norm', 'norm_params', 'packed_arguments', 'stack', 'text_data_sizes', 'text_embed',
+    'text_embedding_params', 'text_example_inputs', 'text_family', 'text_flops', 'text_lengths',
+    'text_logits_shape', 'TextConfig', 'untied_head_params', 'with_total']
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,13 +61,16 @@ def attention(cfg: ModelConfig, cross: bool = False) -> functools.partial:
       param_dtype=cfg.weight_dtype)
 
 
+def mlp(cfg: ModelConfig) -> functools.partial:
+  return functools.partial(MLP, hidden=cfg.hidden_dim, activation=cfg.mlp, use_bias=cfg.use_bias,
+                           init_std=cfg.init_std, dtype=cfg.compute_dtype,
+                           param_dtype=cfg.weight_dtype)
+
+
 def block(cfg: ModelConfig, cross_attention: bool = False) -> functools.partial:
   """The Block of every family, bound to the config's options."""
-  mlp = functools.partial(MLP, hidden=cfg.hidden_dim, activation=cfg.mlp, use_bias=cfg.use_bias,
-                          init_std=cfg.init_std, dtype=cfg.compute_dtype,
-                          param_dtype=cfg.weight_dtype)
   return functools.partial(
-      Block, attention=attention(cfg), mlp=mlp, norm=norm(cfg) if cfg.use_norm else None,
+      Block, attention=attention(cfg), mlp=mlp(cfg), norm=norm(cfg) if cfg.use_norm else None,
       cross_attention=attention(cfg, cross=True) if cross_attention else None,
       norm_position=cfg.norm_position, use_attention=cfg.use_attention, use_mlp=cfg.use_mlp,
       use_residual=cfg.use_residual, dropout_rate=cfg.dropout_rate)
@@ -211,14 +214,23 @@ def mlp_weights(cfg: ModelConfig) -> int:
   return (3 if cfg.mlp in GATED else 2) * cfg.width * cfg.hidden_dim
 
 
+def attention_params(cfg: ModelConfig) -> int:
+  """One attention's weights and biases (the key projection's where model.key_bias)."""
+  kv = cfg.kv_heads * cfg.head_dim
+  return attention_weights(cfg) + cfg.use_bias * (
+      cfg.num_heads * cfg.head_dim + cfg.width + (1 + cfg.key_bias) * kv)
+
+
+def mlp_params(cfg: ModelConfig) -> int:
+  """One MLP's weights and biases."""
+  return mlp_weights(cfg) + cfg.use_bias * (
+      (2 if cfg.mlp in GATED else 1) * cfg.hidden_dim + cfg.width)
+
+
 def block_params(cfg: ModelConfig, num: int, cross: bool = False) -> dict[str, int]:
   """Parameters of `num` blocks by part (with cross-attention: a decoder's of an
   encoder-decoder)."""
-  kv = cfg.kv_heads * cfg.head_dim
-  attn = attention_weights(cfg) + cfg.use_bias * (
-      cfg.num_heads * cfg.head_dim + cfg.width + (1 + cfg.key_bias) * kv)
-  mlp = mlp_weights(cfg) + cfg.use_bias * (
-      (2 if cfg.mlp in GATED else 1) * cfg.hidden_dim + cfg.width)
+  attn, mlp = attention_params(cfg), mlp_params(cfg)
   sublayers = [cfg.use_attention] * (2 if cross else 1) + [cfg.use_mlp]
   # A pre-LN block only normalizes the input of a sublayer that exists; post-LN always normalizes.
   norms = sum(cfg.use_norm and (present or cfg.norm_position == 'post') for present in sublayers)

@@ -1,23 +1,24 @@
-"""Vision transformer: patch tokens, optional [CLS], learned 1-D positions, encoder blocks; its
-settings and its sizes by name (ViT-Ti, S, B, ...)."""
+"""Vision transformer: patch tokens, optional [CLS], learned 1-D positions, encoder blocks, and a
+pooling of them ([CLS], mean, or big_vision's multihead attention pooling); its settings and its
+sizes by name (ViT-Ti, S, B, ...)."""
 import dataclasses
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from transformer_jax.errors import ConfigError
-from transformer_jax.layers import Linear, PatchEmbed, resize_position_grid
+from transformer_jax.layers import Linear, PatchEmbed, axes, resize_position_grid
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.models import common, registry
 from transformer_jax.ranges import COUNT, Range
 
 __all__ = [
-    'check_data', 'FAMILY', 'forward_flops', 'num_tokens', 'param_counts', 'POOLS',
+    'check_data', 'FAMILY', 'forward_flops', 'MapHead', 'num_tokens', 'param_counts', 'POOLS',
     'resize_positions', 'variant', 'ViT', 'VIT_SIZES', 'ViTConfig']
 
-POOLS = ('cls', 'mean')
+POOLS = ('cls', 'mean', 'map')
 # ViT sizes by name: (width, depth, heads).
 VIT_SIZES = {'XS': (128, 6, 4), 'Ti': (192, 12, 3), 'S': (384, 12, 6), 'M': (512, 12, 8),
              'B': (768, 12, 12), 'L': (1024, 24, 16)}
@@ -41,7 +42,11 @@ class ViTConfig(ModelConfig):
   patch_size: int = 4
   num_channels: int = 3
   num_classes: int = 0  # 0: the data's classes
-  pool: str = 'cls'  # 'cls' prepends a [CLS] token; 'mean' averages the patch tokens
+  # 'cls' prepends a [CLS] token; 'mean' averages the patch tokens; 'map' pools them by
+  # attention from a learned probe (MapHead)
+  pool: str = 'cls'
+  pre_norm: bool = False  # a norm after the patch and position embeddings (CLIP's ViTs)
+  patch_bias: bool = True  # the patch embedding's bias (CLIP's has none)
 
   RANGES: ClassVar = {**ModelConfig.RANGES, 'image_size': COUNT, 'patch_size': COUNT,
                       'num_channels': COUNT, 'num_classes': Range(0, integer=True, example=10)}
@@ -76,6 +81,34 @@ def resize_positions(params, new_image_size: int, cfg):
   return {**params, 'pos_embed': pos}
 
 
+class MapHead(nn.Module):
+  """Multihead attention pooling (Lee et al. 2019; big_vision's MAPHead, SigLIP's image head):
+  a learned probe attends over the tokens, then a residual MLP on its normed output.
+
+  x (B, T, D) -> (B, D). `attention` and `mlp` are the Attention and MLP classes with their
+  arguments bound (common.attention(cfg, cross=True), an MLP); `norm` a norm class.
+  """
+  attention: Any
+  mlp: Any
+  norm: Any
+  param_dtype: Any = jnp.float32
+
+  @classmethod
+  def of(cls, cfg: ModelConfig, **kwargs) -> 'MapHead':
+    return cls(common.attention(cfg, cross=True), common.mlp(cfg), common.norm(cfg),
+               cfg.weight_dtype, **kwargs)
+
+  @nn.compact
+  def __call__(self, x):
+    width = x.shape[-1]
+    probe = self.param('probe', nn.with_logical_partitioning(
+        nn.initializers.xavier_uniform(), (None, 'embed')), (1, width), self.param_dtype)
+    probe = jnp.broadcast_to(probe.astype(x.dtype)[None], (x.shape[0], 1, width))
+    y = self.attention(name='attn')(probe, x)
+    y = y + self.mlp(name='mlp')(self.norm(name='norm')(y))
+    return axes.constrain(y[:, 0], None)
+
+
 class ViT(nn.Module):
   """images (B, H, W, C) -> float32 class logits (B, num_classes).
 
@@ -87,7 +120,8 @@ class ViT(nn.Module):
 
   def setup(self):
     cfg = self.cfg
-    self.patch_embed = PatchEmbed(cfg.patch_size, cfg.width, cfg.compute_dtype, cfg.weight_dtype)
+    self.patch_embed = PatchEmbed(cfg.patch_size, cfg.width, cfg.patch_bias, cfg.compute_dtype,
+                                  cfg.weight_dtype)
     if cfg.pool == 'cls':
       self.cls_token = self.param('cls_token', nn.with_logical_partitioning(
           nn.initializers.zeros, (None, 'embed')), (1, cfg.width), cfg.weight_dtype)
@@ -95,15 +129,19 @@ class ViT(nn.Module):
       self.pos_embed = self.param('pos_embed', nn.with_logical_partitioning(
           nn.initializers.normal(cfg.embed_init_std), ('positions', 'embed')),
                                   (num_tokens(cfg), cfg.width), cfg.weight_dtype)
+    self.pre_norm = common.norm(cfg)() if cfg.pre_norm else None
     self.dropout = nn.Dropout(cfg.dropout_rate)
     self.encoder = common.stack(cfg, cfg.num_layers)
     self.final_norm = common.norm(cfg)() if cfg.final_norm else None
-    self.head = Linear((cfg.num_classes,), ('embed',), ('classes',), use_bias=True, init_std=0.0,
-                       dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
-                       out_dtype=jnp.float32)
+    self.map_head = MapHead.of(cfg) if cfg.pool == 'map' else None
+    if cfg.num_classes:  # none in a tower of a model of its own (models.clip)
+      self.head = Linear((cfg.num_classes,), ('embed',), ('classes',), use_bias=True,
+                         init_std=0.0, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
+                         out_dtype=jnp.float32)
 
   def encode(self, images, *, deterministic=True):
-    """The pooled representation (B, width): the [CLS] vector, or the mean of the patches'."""
+    """The pooled representation (B, width): the [CLS] vector, the mean of the patches', or
+    their attention pooling."""
     cfg = self.cfg
     x = self.patch_embed(images)
     if cfg.pool == 'cls':
@@ -116,9 +154,13 @@ class ViT(nn.Module):
             f'position table has {self.pos_embed.shape[0]} rows: set model.image_size to the '
             'image size, or resize the table with transformer_jax.models.vit.resize_positions.')
       x = x + self.pos_embed.astype(x.dtype)[None]
+    if self.pre_norm is not None:
+      x = self.pre_norm(x)
     x = self.encoder(self.dropout(x, deterministic=deterministic), deterministic=deterministic)
     if self.final_norm is not None:
       x = self.final_norm(x)
+    if cfg.pool == 'map':
+      return self.map_head(x)
     return x[:, 0] if cfg.pool == 'cls' else x.mean(axis=1)
 
   def __call__(self, images, *, deterministic=True):
@@ -148,11 +190,16 @@ def check_data(info: dict, cfg: ViTConfig) -> None:
 
 
 def param_counts(cfg: ViTConfig) -> dict[str, int]:
-  d, cls = cfg.width, cfg.pool == 'cls'
+  """By part; a MapHead's attention, norm and MLP count with those of the blocks, its probe as
+  'other'."""
+  d, cls, map_head = cfg.width, cfg.pool == 'cls', cfg.pool == 'map'
   blocks = common.block_params(cfg, cfg.num_layers)
+  norms = common.norm_params(cfg) * (cfg.final_norm + cfg.pre_norm + map_head)
   return common.with_total({
-      **blocks, 'norms': blocks['norms'] + common.norm_params(cfg) * cfg.final_norm,
-      'embedding': (cfg.num_channels * cfg.patch_size ** 2 * d + d + d * cls
+      'attention': blocks['attention'] + common.attention_params(cfg) * map_head,
+      'mlp': blocks['mlp'] + common.mlp_params(cfg) * map_head,
+      'norms': blocks['norms'] + norms, 'other': d * map_head,
+      'embedding': (cfg.num_channels * cfg.patch_size ** 2 * d + d * cfg.patch_bias + d * cls
                     + num_tokens(cfg) * d * (cfg.positions == 'learned')),
       'head': d * cfg.num_classes + cfg.num_classes})
 

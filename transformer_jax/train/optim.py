@@ -45,11 +45,12 @@ def _names(path) -> list[str]:
 
 
 def decay_mask(params, opt):
-  """True for parameters that weight decay applies to: matmul kernels always; norms, biases and
-  embeddings only where the config asks."""
+  """True for parameters that weight decay applies to: matmul kernels always; norms, biases,
+  embeddings (at the top or inside a tower, as a dual encoder's) and any other parameter (a
+  learned temperature) only where the config asks."""
   def decays(path, _):
     names = _names(path)
-    if names[0] in EMBEDDING_NAMES:
+    if any(name in EMBEDDING_NAMES for name in names):
       return opt.decay_embeddings
     return names[-1] == 'kernel' or opt.decay_norms_and_biases
   return jax.tree_util.tree_map_with_path(decays, params)

@@ -30,7 +30,6 @@ from transformer_jax.errors import ConfigError
 from transformer_jax.layers import axes
 from transformer_jax.ranges import Range
 from transformer_jax.settings import Settings
-from transformer_jax.train.sharding import DATA_AXIS
 
 __all__ = ['ContrastiveSettings', 'MAX_SCALE', 'on_mesh', 'sigmoid_loss',
            'sigmoid_loss_per_device', 'softmax_contrastive_loss',
@@ -42,6 +41,7 @@ MAX_SCALE = 100.0  # CLIP clips its logit scale exp(t) here, "to prevent scaling
 # The initial temperature exp(t) and bias of each loss, as their papers give them.
 _INITIAL = {'softmax': (1 / 0.07, None), 'sigmoid': (10.0, -10.0)}
 
+DATA_AXIS = 'data'  # the mesh axis of data parallelism (train.sharding's, which imports this)
 _HIGHEST = jax.lax.Precision.HIGHEST  # the similarities in full float32 on every platform
 
 
