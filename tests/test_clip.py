@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from transformer_jax import accounting, config_lib, data, models, run
+from transformer_jax import accounting, config_lib, data, models, run, train
 from transformer_jax.data import image_text
 from transformer_jax.errors import ConfigError
 from transformer_jax.layers.mlp import ACTIVATIONS
@@ -233,3 +233,15 @@ def test_clip_model_imports_and_exports_with_transformers_logits(tmp_path):
   back = transformers.CLIPModel.from_pretrained(tmp_path / 'ours').state_dict()
   for name, value in hf.state_dict().items():
     np.testing.assert_array_equal(back[name].numpy(), value.numpy(), err_msg=name)
+
+
+@pytest.mark.parametrize('key, value, fix', [
+    ('parallelism', 'shard_map', '--config.parallelism=jit'),
+    ('training.grad_accum_steps', 2, '--config.training.grad_accum_steps=1'),
+])
+def test_a_loss_over_the_whole_batch_refuses_steps_that_split_it(key, value, fix):
+  config = config_lib.from_file(ROOT / 'configs' / 'clip_reference.py', 'smoke')
+  section, _, name = key.rpartition('.')
+  (config[section] if section else config)[name] = value
+  with pytest.raises(ConfigError, match=fix):
+    train.resolve(config, 'cpu')

@@ -277,7 +277,7 @@ FAMILY = registry.register(registry.Family(
         jnp.zeros((batch, cfg.max_len), jnp.int32)),
     logits=lambda apply, batch: apply(batch['image'], batch['text']), task='image_text',
     targets='label', config=ClipConfig, unit='image', check_data=check_data,
-    param_counts=param_counts, loss=contrastive_sums, stacks=_stacks,
+    param_counts=param_counts, loss=contrastive_sums, loss_over_batch=True, stacks=_stacks,
     batch_shapes=_batch_shapes, describe=_describe, follow_data=follow_data,
     data_sizes=lambda cfg: {'image_size': cfg.image_size, 'vocab_size': cfg.vocab_size or None,
                             'text_len': cfg.max_len},

@@ -104,6 +104,10 @@ class Family:
     regression, a contrastive loss); rng: a key of the step's own for the family's noise
     (fixed at evaluation); apply: the module applied as for `logits`. None: loss_sums of the
     logits against `targets`.
+  loss_over_batch: the family's loss is one function of the whole global batch (a contrastive
+    loss, whose negatives are the batch's other examples), not a sum over its examples: the
+    per-device steps of parallelism='shard_map' and microbatches of training.grad_accum_steps
+    would each see part of the batch, and are refused.
 
   What the rest of the library asks of a family instead of reading its settings:
   stacks: (cfg, seq_len) -> [Stack]: the blocks it runs and the positions they see (the memory
@@ -139,6 +143,7 @@ class Family:
   param_counts: Callable[[ModelConfig], dict[str, int]] | None = None
   forward_flops: Callable[[ModelConfig, int | None, int | None], dict[str, int]] | None = None
   loss: Callable[[Apply, dict, jax.Array, float], dict] | None = None
+  loss_over_batch: bool = False
   stacks: Callable[[ModelConfig, int], list[Stack]] = _one_stack
   batch_shapes: Callable[[ModelConfig, int, int], dict] = text_batch_shapes
   logits_shape: Callable[[ModelConfig, int], tuple[int, int] | None] = lambda cfg, seq_len: None

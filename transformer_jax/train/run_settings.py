@@ -77,13 +77,15 @@ def resolve(config: 'ml_collections.ConfigDict | RunSettings',
   _check_rules(config, mesh)
   sharding.check_rule_set(config.rule_set, mesh.axes)
   _check_lengths(family, cfg, data)
+  training = TrainingSettings.of(config.training)
+  _check_whole_batch(family, config.parallelism, training)
   if config.init_from_hf and config.init_from_checkpoint:
     raise ConfigError('Set one of init_from_hf and init_from_checkpoint, not both: a run starts '
                       'from one set of parameters.')
   from transformer_jax import decode  # decode's settings; decode reads models, not train
   return RunSettings(
       config=config, platform=platform, model=cfg, kernel=kernel, dtype_reason=dtype_reason,
-      data=data, training=TrainingSettings.of(config.training),
+      data=data, training=training,
       optimizer=OptimizerSettings.of(config.optimizer), mesh=mesh,
       lora=lora.LoraSettings.of(config.lora), eval=decode.EvalSettings.of(config.eval),
       sample=(family.sample_settings or decode.SampleSettings).of(config.sample),
@@ -101,6 +103,20 @@ def _check_rules(config, mesh: MeshSettings) -> None:
       raise ConfigError(f'sharding_rules entry {tuple(rule)} must be a pair (logical axis, mesh '
                         f'axis) with the mesh axis one of {list(mesh.axes)} or None: for example '
                         f'--config.sharding_rules="((\'embed\', \'{mesh.axes[0]}\'),)".')
+
+
+def _check_whole_batch(family: Family, parallelism: str, training: TrainingSettings) -> None:
+  """A loss over the whole global batch (Family.loss_over_batch) needs the whole batch at once."""
+  if not family.loss_over_batch:
+    return
+  if parallelism != 'jit':
+    raise ConfigError(f"A {family.name!r} model's loss is over the whole global batch: set "
+                      "--config.parallelism=jit (a shard_map step would score each device's "
+                      'share alone).')
+  if training.grad_accum_steps != 1:
+    raise ConfigError(f"A {family.name!r} model's loss is over the whole global batch: set "
+                      '--config.training.grad_accum_steps=1 (each microbatch would be scored '
+                      'alone), or a smaller data.batch_size.')
 
 
 def _check_lengths(family: Family, cfg: ModelConfig, data: DataSettings) -> None:
