@@ -1,14 +1,17 @@
-"""A Hugging Face checkpoint directory (GPT-2, LLaMA, ViT or BERT): the model from its
+"""A Hugging Face checkpoint directory (GPT-2, LLaMA, ViT, BERT or T5): the model from its
 config.json, the parameters from its safetensors.
 
   python launch.py --config configs/from_hf.py:path=/ckpt/gpt2 --mode=sample
   python launch.py --config configs/from_hf.py:path=/ckpt/vit-cifar10 --mode=eval
+  python launch.py --config configs/from_hf.py:path=/ckpt/t5-small --mode=describe
 
 `config.init_from_hf` names the directory that run.py takes the parameters from
 (transformer_jax.convert.load_params(config.init_from_hf, config.model)) instead of a checkpoint
 of ours; a causal LM samples with the directory's tokenizer.json (transformer_jax.convert.
 Tokenizer) and the settings of config.sample. A ViT evaluates on CIFAR-10 when it is a 10-class
 model of 32x32 images; otherwise set --config.data.name to a dataset of its classes and size.
+A T5ForConditionalGeneration (1.0 or 1.1) is an encoder-decoder of the T5 style: evaluating or
+fine-tuning it takes a text-to-text task (--config.data.name).
 Without a path the model is the shape of transformers' GPT2Config() defaults (GPT-2 small), so
 that --mode=describe has something to describe; sampling and evaluation need path=.
 """
