@@ -13,7 +13,10 @@ import transformers
 
 from helpers import ROOT, load_config
 from test_convert import assert_same_tree, flat
-from transformer_jax import accounting, convert, decode, models
+from train_helpers import small_config
+from transformer_jax import accounting, convert, decode, models, run, train
+from transformer_jax.models import styles
+from transformer_jax.train import setup
 
 VOCAB, WIDTH, SOURCE, TARGET = 45, 21, 14, 6
 # Odd widths (d_model 21, 3 heads of 5, d_ff 27), decoders deeper than encoders, an eps of
@@ -205,3 +208,29 @@ def test_from_hf_config_builds_the_checkpoint_as_an_encoder_decoder(checkpoint):
   config = load_config(ROOT / 'configs' / 'from_hf.py', f'path={path}')
   assert config.model.to_dict() == dict(config.model.to_dict(), **convert.load_model_config(path))
   assert config.model.family == 'encoder_decoder' and config.init_from_hf == str(path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('style', ['t5', 't5_v1_1'])
+def test_export_mode_writes_a_trained_t5_that_transformers_runs(tmp_path, style):
+  """--mode=export of a T5 trained one step: transformers' model of the directory gives the
+  logits of the trained parameters, which the directory holds exactly. The style applies over
+  the original transformer's (scaled embeddings), and the decoder's depth is left unset."""
+  config = small_config('encoder_decoder', steps=1)
+  config.model.update(styles.STYLES[style])
+  config.model.update(width=WIDTH, num_heads=3, head_width=5, d_ff=27, relative_buckets=10,
+                      relative_max_distance=12, dtype='float32')
+  train.train(config, str(tmp_path))
+  path = run.run(config, str(tmp_path), 'export')  # what launch.py --mode=export does
+  trained_run, params, step = setup.restore_trained(config, str(tmp_path))
+  assert step == 1
+  assert_same_tree(convert.load_params(path), params)
+  inputs, valid, targets = example()
+  inputs, targets = inputs % config.model.vocab_size, targets % config.model.vocab_size
+  ours = trained_run.model.apply({'params': params}, inputs, targets, valid)
+  hf = transformers.T5ForConditionalGeneration.from_pretrained(path, local_files_only=True)
+  with torch.no_grad():
+    theirs = hf.eval()(input_ids=torch.from_numpy(inputs),
+                       attention_mask=torch.from_numpy(valid.astype(np.int64)),
+                       decoder_input_ids=torch.from_numpy(targets)).logits.numpy()
+  np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4, rtol=0)

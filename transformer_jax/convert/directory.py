@@ -213,8 +213,10 @@ def _check_complete(arch: Architecture, unused: dict, unfilled: set[str], path):
 
 def _effective(cfg: ModelConfig, key: str):
   """An option's value as it takes effect: d_ff=None is the default width, num_kv_heads=None one
-  key-value head per query head."""
-  return getattr(cfg, {'d_ff': 'hidden_dim', 'num_kv_heads': 'kv_heads'}.get(key, key))
+  key-value head per query head, num_decoder_layers=None the encoder's depth."""
+  effective = {'d_ff': 'hidden_dim', 'num_kv_heads': 'kv_heads',
+               'num_decoder_layers': 'decoder_layers'}
+  return getattr(cfg, effective.get(key, key))
 
 
 def _differences(fields: dict, cfg: ModelConfig, where: str) -> list[str]:

@@ -27,7 +27,7 @@ MLP_KERNELS = {'relu': (('wi', 'up'), ('wo', 'down')),
                'gated-gelu': (('wi_0', 'gate'), ('wi_1', 'up'), ('wo', 'down'))}
 _HEAD_SETTINGS = ('mlp', 'tie_embeddings', 'scale_tied_head')
 FIXED = dict({k: v for k, v in styles.STYLES['t5'].items() if k not in _HEAD_SETTINGS},
-             family='encoder_decoder', num_kv_heads=None, scale_embeddings=False, **NO_ABLATIONS)
+             family='encoder_decoder', num_kv_heads=None, **NO_ABLATIONS)
 EMBEDDING, HEAD = 'shared.weight', 'lm_head.weight'
 
 
