@@ -1,8 +1,9 @@
-"""A Hugging Face checkpoint directory (GPT-2, LLaMA, ViT, BERT or Whisper): the model from its
-config.json, the parameters from its safetensors.
+"""A Hugging Face checkpoint directory (GPT-2, LLaMA, ViT, BERT, CLIP, Whisper or T5): the model
+from its config.json, the parameters from its safetensors.
 
   python launch.py --config configs/from_hf.py:path=/ckpt/gpt2 --mode=sample
   python launch.py --config configs/from_hf.py:path=/ckpt/vit-cifar10 --mode=eval
+  python launch.py --config configs/from_hf.py:path=/ckpt/t5-small --mode=describe
 
 `config.init_from_hf` names the directory that run.py takes the parameters from
 (transformer_jax.convert.load_params(config.init_from_hf, config.model)) instead of a checkpoint
@@ -11,6 +12,8 @@ Tokenizer) and the settings of config.sample. A ViT evaluates on CIFAR-10 when i
 model of 32x32 images; otherwise set --config.data.name to a dataset of its classes and size. A
 Whisper model reads an audiofolder (set --config.data.audio_dir) with the checkpoint's
 tokenizer.json (data.tokenizer: the directory) and its window and Mel bins.
+A T5ForConditionalGeneration (1.0 or 1.1) is an encoder-decoder of the T5 style: evaluating or
+fine-tuning it takes a text-to-text task (--config.data.name).
 Without a path the model is the shape of transformers' GPT2Config() defaults (GPT-2 small), so
 that --mode=describe has something to describe; sampling and evaluation need path=.
 """

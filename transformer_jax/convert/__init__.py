@@ -1,4 +1,5 @@
-"""Hugging Face checkpoints (GPT-2, LLaMA, ViT, BERT, Whisper) <-> our model configs and parameters.
+"""Hugging Face checkpoints (GPT-2, LLaMA, ViT, BERT, CLIP, Whisper, T5) <-> our model configs and
+parameters.
 
   fields, params = convert.load('/ckpt/gpt2')     # config.model fields, parameter tree
   convert.save('/tmp/out', fields, params)         # back to config.json + model.safetensors
@@ -6,7 +7,7 @@
 from transformer_jax.convert.architecture import CheckpointError
 from transformer_jax.convert.directory import (ARCHITECTURES, eos_token_id, load,
                                                load_model_config, load_params, model_config_of,
-                                               read_tensors, save)
+                                               read_tensors, save, tensor_names)
 
 __all__ = ['ARCHITECTURES', 'CheckpointError', 'eos_token_id', 'load', 'load_model_config',
-           'load_params', 'model_config_of', 'read_tensors', 'save']
+           'load_params', 'model_config_of', 'read_tensors', 'save', 'tensor_names']

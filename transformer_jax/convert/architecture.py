@@ -27,10 +27,13 @@ class CheckpointError(UserError, ValueError):
 
 class HfConfig:
   """config.json's values, read as transformers reads them: a key that is absent or null takes
-  the default of HF's config class."""
+  the default of HF's config class. `tensor_names`: the names of the checkpoint's tensors where
+  the model depends on them (T5's head is untied where the checkpoint holds one), None where
+  config.json is all there is."""
 
-  def __init__(self, architecture: str, values: dict[str, Any]):
-    self.architecture, self.values = architecture, values
+  def __init__(self, architecture: str, values: dict[str, Any],
+               tensor_names: frozenset[str] | None = None):
+    self.architecture, self.values, self.tensor_names = architecture, values, tensor_names
 
   def get(self, key: str, default: Any) -> Any:
     value = self.values.get(key)

@@ -23,15 +23,16 @@ from transformer_jax.convert.bert import BERT
 from transformer_jax.convert.clip import CLIP
 from transformer_jax.convert.gpt2 import GPT2
 from transformer_jax.convert.llama import LLAMA
+from transformer_jax.convert.t5 import T5
 from transformer_jax.convert.vit import VIT
 from transformer_jax.convert.whisper import WHISPER
 from transformer_jax.model_config import ModelConfig
 
 __all__ = [
     'architecture_of', 'ARCHITECTURES', 'eos_token_id', 'load', 'load_model_config', 'load_params',
-    'model_config_of', 'read_config', 'read_tensors', 'save']
+    'model_config_of', 'read_config', 'read_tensors', 'save', 'tensor_names']
 
-ARCHITECTURES = {arch.name: arch for arch in (GPT2, LLAMA, VIT, BERT, WHISPER, CLIP)}
+ARCHITECTURES = {arch.name: arch for arch in (GPT2, LLAMA, VIT, BERT, WHISPER, CLIP, T5)}
 INDEX, WEIGHTS = 'model.safetensors.index.json', 'model.safetensors'
 
 
@@ -45,10 +46,11 @@ def architecture_of(hf_values: dict) -> Architecture:
                         'convert/ has one module per architecture).')
 
 
-def model_config_of(hf_values: dict) -> dict:
-  """ModelConfig fields (a dict config.model.update takes) from the contents of a config.json."""
+def model_config_of(hf_values: dict, names: frozenset[str] | None = None) -> dict:
+  """ModelConfig fields (a dict config.model.update takes) from the contents of a config.json
+  and, where known, the names of the checkpoint's tensors."""
   arch = architecture_of(hf_values)
-  fields = arch.model_fields(HfConfig(arch.name, hf_values))
+  fields = arch.model_fields(HfConfig(arch.name, hf_values, names))
   models.model_config(fields)  # fails here, not later, on sizes our model rejects
   return fields
 
@@ -69,23 +71,35 @@ def eos_token_id(path) -> int | None:
 
 
 def load_model_config(path) -> dict:
-  """ModelConfig fields of the checkpoint in directory `path`; reads config.json only."""
-  return model_config_of(read_config(path))
+  """ModelConfig fields of the checkpoint in directory `path`; reads config.json and the names
+  of the tensors (not the tensors)."""
+  return model_config_of(read_config(path), tensor_names(path))
+
+
+def _weight_files(path: pathlib.Path) -> list[str]:
+  """model.safetensors, or the shards model.safetensors.index.json lists."""
+  if (path / INDEX).is_file():
+    return sorted(set(json.loads((path / INDEX).read_text())['weight_map'].values()))
+  if (path / WEIGHTS).is_file():
+    return [WEIGHTS]
+  raise CheckpointError(f'{path} holds neither {WEIGHTS} nor {INDEX}: transformer_jax reads '
+                        'safetensors only (never pickled .bin files); re-save the model with '
+                        'save_pretrained(path, safe_serialization=True).')
+
+
+def tensor_names(path) -> frozenset[str]:
+  """The names of the checkpoint's tensors, from the files' headers."""
+  path, names = pathlib.Path(path), set()
+  for file in _weight_files(path):
+    with safetensors.safe_open(path / file, framework='np') as f:
+      names.update(f.keys())
+  return frozenset(names)
 
 
 def read_tensors(path) -> dict[str, np.ndarray]:
   """Every tensor of model.safetensors, or of the shards model.safetensors.index.json lists."""
-  path = pathlib.Path(path)
-  if (path / INDEX).is_file():
-    files = sorted(set(json.loads((path / INDEX).read_text())['weight_map'].values()))
-  elif (path / WEIGHTS).is_file():
-    files = [WEIGHTS]
-  else:
-    raise CheckpointError(f'{path} holds neither {WEIGHTS} nor {INDEX}: transformer_jax reads '
-                          'safetensors only (never pickled .bin files); re-save the model with '
-                          'save_pretrained(path, safe_serialization=True).')
-  tensors = {}
-  for file in files:
+  path, tensors = pathlib.Path(path), {}
+  for file in _weight_files(path):
     with safetensors.safe_open(path / file, framework='np') as f:
       tensors.update({name: f.get_tensor(name) for name in f.keys()})
   return tensors
@@ -100,7 +114,7 @@ def load_params(path, model: ModelConfig | dict | None = None) -> dict:
   that differs from config.json fails, naming it.
   """
   hf_values = read_config(path)
-  arch, fields = architecture_of(hf_values), model_config_of(hf_values)
+  arch, fields = architecture_of(hf_values), model_config_of(hf_values, tensor_names(path))
   cfg = models.model_config(fields if model is None else model)
   differences = _differences(fields, cfg, 'config.json')
   if differences:
@@ -202,8 +216,10 @@ def _check_complete(arch: Architecture, unused: dict, unfilled: set[str], path):
 
 def _effective(cfg: ModelConfig, key: str):
   """An option's value as it takes effect: d_ff=None is the default width, num_kv_heads=None one
-  key-value head per query head."""
-  return getattr(cfg, {'d_ff': 'hidden_dim', 'num_kv_heads': 'kv_heads'}.get(key, key))
+  key-value head per query head, num_decoder_layers=None the encoder's depth."""
+  effective = {'d_ff': 'hidden_dim', 'num_kv_heads': 'kv_heads',
+               'num_decoder_layers': 'decoder_layers'}
+  return getattr(cfg, effective.get(key, key))
 
 
 def _differences(fields: dict, cfg: ModelConfig, where: str) -> list[str]:
@@ -227,7 +243,8 @@ def _expressed(cfg: ModelConfig, name: str | None) -> tuple[Architecture, dict]:
       continue
     try:
       hf_values = arch.hf_config(cfg)
-      differences = _differences(arch.model_fields(HfConfig(arch.name, hf_values)), cfg,
+      names = frozenset(spec.name for spec in arch.tensors(cfg))  # what save writes
+      differences = _differences(arch.model_fields(HfConfig(arch.name, hf_values, names)), cfg,
                                  arch.name)
     except CheckpointError as error:
       differences = [str(error)]
