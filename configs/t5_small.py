@@ -8,7 +8,12 @@ get_config('v1_1'): T5 1.1 small: 8 + 8 blocks, 6 heads of 64 (384 wide in D = 5
 hidden 1024, an untied head: 76,961,152 parameters. Dropout 0.1 in both, as T5 pre-trains.
 
 This config describes the model (--mode=describe) and receives converted weights
-(configs/from_hf.py:path=DIR); training it needs a data task of your own (data.name).
+(configs/from_hf.py:path=DIR). It pre-trains with T5's span corruption of any text source
+(data.task='span_corruption'; data/span_corruption_task.py), e.g.
+  --config.data.task=span_corruption --config.data.name=tiny_shakespeare
+  --config.data.tokenizer=bpe --config.data.vocab_size=32128
+(a BPE whose 100 top ids are the sentinels <extra_id_N>), or with data.tokenizer the path of
+T5's tokenizer.json, which has them.
 """
 from transformer_jax import config_lib
 from transformer_jax.models import styles

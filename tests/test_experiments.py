@@ -12,6 +12,7 @@ import scipy.optimize
 from helpers import load_experiment, ROOT
 from train_helpers import small_config
 from transformer_jax import sweep, train
+from transformer_jax.data import tokenizer as tokenizer_lib
 
 # Each experiment's plots, by file name.
 FIGURES = {'ablations': ['ablations'], 'beam_search': [], 'long_context': ['loss_vs_position'],
@@ -19,6 +20,7 @@ FIGURES = {'ablations': ['ablations'], 'beam_search': [], 'long_context': ['loss
            'optimizer_compare': ['optimizer_compare'],
            'patch_sweep': ['accuracy_vs_flops', 'accuracy_vs_patch', 'flops_vs_tokens', 'resize'],
            'scaling': ['isoflop', 'loss_vs_params', 'loss_vs_tokens', 'surface'],
+           't5_pretrain': [],
            'vmapped_sweep': ['vmapped_sweep']}
 
 
@@ -166,3 +168,19 @@ def test_notebook_runs_end_to_end_in_its_quick_setting(tmp_path, monkeypatch):
             for output in cell.get('outputs', []) if 'image/png' in output.get('data', {})]
   assert len(images) == 5  # four patch-sweep plots and the ablation chart
   assert (tmp_path / 'ablations' / 'results' / 'README.md').exists()
+
+
+def test_t5_pretrain_pairs_reverse_the_words_of_each_short_line():
+  t5_pretrain = load_experiment('t5_pretrain')
+  bpe = tokenizer_lib.train_bpe(['to be or not to be that is the question'] * 5, 300)
+  lines = ['to be or not', 'one', 'that is the question to be or not to be', 'be that']
+  task = t5_pretrain.ReverseWordsTask(lines, lines, bpe, seq_len=32, seed=0,
+                                      exact_match_examples=2)
+  pairs = task.eval_examples([0, 1])  # the one-word and the nine-word lines are left out
+  assert task.num_eval_examples == 2
+  assert [bpe.decode(row) for row in pairs['inputs']] == [
+      'reverse words: to be or not', 'reverse words: be that']
+  assert [bpe.decode(row) for row in pairs['targets']] == ['not or be to', 'that be']
+  np.testing.assert_array_equal(pairs['decoder_inputs'][:, 1:], pairs['targets'][:, :-1])
+  assert pairs['weights'].sum(axis=1).tolist() == [len(bpe.encode('not or be to')) + 1,
+                                                   len(bpe.encode('that be')) + 1]

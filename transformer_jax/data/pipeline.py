@@ -9,12 +9,12 @@ import grain
 import numpy as np
 
 from transformer_jax.errors import ConfigError
-from transformer_jax.data import (images, preprocess, rng, seq2seq, sources, speech, text_data,
-                                  translation)
+from transformer_jax.data import (images, preprocess, rng, seq2seq, sources,
+                                  span_corruption_task, speech, text_data, translation)
 from transformer_jax.data.settings import DataSettings
 
-__all__ = ['Data', 'DataSettings', 'image_preprocessing', 'make_data', 'register_task', 'Task',
-           'TASKS', 'tasks']
+__all__ = ['chosen_task', 'Data', 'DataSettings', 'image_preprocessing', 'make_data',
+           'register_task', 'Task', 'TASKS', 'tasks']
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +29,13 @@ class Task:
     source's defaults follow; a maker ignores those it does not read.
   sources: the data.name values of data made by this package for it ('synthetic', files...);
     any other name is a TFDS dataset, which `make` opens by name.
+  layout: the task whose batches it makes, where another's: a family that trains on that task
+    trains on this one when data.task names it. None: its own.
   """
   name: str
   make: Callable[..., Any]
   sources: tuple[str, ...] = ('synthetic',)
+  layout: str | None = None
 
 
 TASKS: dict[str, Task] = {}
@@ -120,7 +123,8 @@ def make_data(settings: 'DataSettings | Any', task: str, *, seed: int,
               process_index: int | None = None, process_count: int | None = None,
               tokenizer_dir: str | None = None, **sizes) -> Data:
   """The data of the data settings (DataSettings, or a ConfigDict or dict of config.data's
-  keys) for `task` (a name of TASKS), as a model family's registry entry names it.
+  keys) for `task` (a name of TASKS), as a model family's registry entry names it, or data.task
+  where that names another task of its batches (chosen_task).
 
   Opens, and where needed prepares, the dataset now, so that missing data fails before any
   compile. process_index/process_count default to jax.process_index()/jax.process_count().
@@ -136,6 +140,7 @@ def make_data(settings: 'DataSettings | Any', task: str, *, seed: int,
   batch_size = settings.batch_size
   eval_batch_size = settings.eval_batch_size or batch_size
   _check_shares(batch_size, eval_batch_size, process_index, process_count)  # before any reading
+  task = chosen_task(task, settings.task)
   check_name(settings.name, task)
   made = TASKS[task].make(settings, seed, tokenizer_dir, **sizes)
   return Data(made, batch_size=batch_size,
@@ -143,6 +148,23 @@ def make_data(settings: 'DataSettings | Any', task: str, *, seed: int,
               process_index=process_index, process_count=process_count,
               read_options=grain.ReadOptions(num_threads=settings.num_threads,
                                              prefetch_buffer_size=settings.prefetch_buffer_size))
+
+
+def chosen_task(family_task: str, chosen: str | None) -> str:
+  """data.task `chosen` where set, else `family_task` (the family's); a chosen task must make
+  the family's batches (its Task.layout)."""
+  if not chosen or chosen == family_task:
+    return family_task
+  if chosen not in TASKS:
+    raise ConfigError(f'Unknown data.task={chosen!r}: one of {tasks()}, or unset it (the model '
+                      'family\'s own).')
+  layout = TASKS[chosen].layout or chosen
+  if layout != family_task:
+    fitting = sorted(name for name, entry in TASKS.items()
+                     if (entry.layout or name) == family_task)
+    raise ConfigError(f'data.task={chosen!r} makes {layout!r} batches, but this model trains on '
+                      f'{family_task!r} ones: set data.task to one of {fitting}, or unset it.')
+  return chosen
 
 
 def check_name(name, task: str) -> None:
@@ -237,5 +259,7 @@ for _task in (Task('image', _image_task, ('cifar10', 'synthetic')),
               Task('next_token', _text_task('next_token'), TEXT_SOURCES),
               Task('masked', _text_task('masked'), TEXT_SOURCES),
               Task('seq2seq', _seq2seq_task, tuple(seq2seq.TASKS)),
-              Task('audio', speech.make_audio_task, speech.SOURCES)):
+              Task('audio', speech.make_audio_task, speech.SOURCES),
+              Task('span_corruption', span_corruption_task.make_span_corruption_task,
+                   span_corruption_task.SOURCES, layout='seq2seq')):
   register_task(_task)

@@ -59,6 +59,9 @@ class DataSettings(Settings):
   # A source the data package makes for the family's task (data.TASKS), or any TFDS dataset's
   # name.
   name: str | None = None
+  # The data task; None: the model family's. Another task that makes the family's batches
+  # (data.Task.layout) may replace it: 'span_corruption' for an encoder-decoder.
+  task: str | None = None
   tfds_data_dir: str | None = None  # TFDS data dir; None: TFDS's default (TFDS_DATA_DIR or ~/...)
   manual_dir: str | None = None  # local source files to prepare a dataset from (see sources.py)
   download: bool = True  # whether a dataset that is not prepared may be downloaded

@@ -71,9 +71,10 @@ def _windows(task: str, train, held_out, tokenizer, settings: DataSettings, seed
 
 def resolve_tokenizer(settings: DataSettings, train: corpus_lib.Corpus,
                       held_out: corpus_lib.Corpus, *, mask: bool, separated: bool,
-                      vocab_size: int | None, saved_dir: str | None):
+                      vocab_size: int | None, saved_dir: str | None, sentinels: int = 0):
   """The run's saved tokenizer, else data.tokenizer's: characters of `train` and `held_out`
-  (with EOS where `separated`, MASK where `mask`), a BPE trained on `train`, or a tokenizer.json."""
+  (with EOS where `separated`, MASK where `mask`), a BPE trained on `train` (with `sentinels`
+  at its top ids), or a tokenizer.json."""
   saved = tokenizer_lib.saved(saved_dir) if saved_dir else None
   if saved is not None:
     log.info('Tokenizer: the run\'s own, %s (%d ids).', saved_dir, saved.size)
@@ -81,7 +82,7 @@ def resolve_tokenizer(settings: DataSettings, train: corpus_lib.Corpus,
   text_settings = settings.part(TextSettings)
   kind = text_settings.tokenizer
   if kind == 'bpe':
-    return _trained_bpe(text_settings, train, text_settings.vocab_size or vocab_size)
+    return _trained_bpe(text_settings, train, text_settings.vocab_size or vocab_size, sentinels)
   if kind == 'chars':
     everything = ''.join(d for c in (train, held_out) for d in c.documents())
     tokenizer = Vocab.of_text(everything, mask=mask, eos=separated)
@@ -95,13 +96,15 @@ def resolve_tokenizer(settings: DataSettings, train: corpus_lib.Corpus,
   return tokenizer
 
 
-def _trained_bpe(settings: TextSettings, train: corpus_lib.Corpus, vocab_size: int | None):
-  """A BPE of `vocab_size` ids trained on the training documents, once: it is kept in the token
-  root, keyed by the documents and the size."""
+def _trained_bpe(settings: TextSettings, train: corpus_lib.Corpus, vocab_size: int | None,
+                 sentinels: int):
+  """A BPE of `vocab_size` ids (`sentinels` of them reserved) trained on the training documents,
+  once: it is kept in the token root, keyed by the documents and the sizes."""
   if not vocab_size:
     raise ConfigError("data.tokenizer='bpe' trains a vocabulary of data.vocab_size ids: set "
                       '--config.data.vocab_size (or model.vocab_size).')
-  described = json.dumps({'corpus': train.identity, 'name': train.name, 'size': vocab_size},
+  sizes = {'size': vocab_size, **({'sentinels': sentinels} if sentinels else {})}
+  described = json.dumps({'corpus': train.identity, 'name': train.name, **sizes},
                          sort_keys=True)
   key = hashlib.sha256(described.encode()).hexdigest()[:16]
   directory = os.path.join(settings.token_dir or token_files.default_root(),
@@ -111,6 +114,6 @@ def _trained_bpe(settings: TextSettings, train: corpus_lib.Corpus, vocab_size: i
     return cached
   log.info('Training a byte-level BPE of %d ids on the %s training documents.', vocab_size,
            train.name)
-  trained = tokenizer_lib.train_bpe(train.documents(), vocab_size)
+  trained = tokenizer_lib.train_bpe(train.documents(), vocab_size, sentinels)
   tokenizer_lib.save(trained, directory)
   return trained

@@ -23,7 +23,8 @@ from transformer_jax.data import vocab as vocab_lib
 from transformer_jax.data.vocab import Vocab
 from transformer_jax.errors import ConfigError
 
-__all__ = ['BPE_SPECIALS', 'HFTokenizer', 'save', 'saved', 'train_bpe']
+__all__ = ['BPE_SPECIALS', 'HFTokenizer', 'save', 'saved', 'sentinel', 'sentinel_count',
+           'train_bpe']
 
 # The special tokens of a trained BPE, ids 0..3, so that one vocabulary serves every family.
 BPE_SPECIALS = (vocab_lib.PAD, vocab_lib.BOS, vocab_lib.EOS, vocab_lib.MASK)
@@ -125,21 +126,41 @@ class HFTokenizer:
                            self._tokenizer.to_str(pretty=True))
 
 
-def train_bpe(documents: Iterable[str], vocab_size: int) -> HFTokenizer:
+def sentinel(index: int) -> str:
+  """The name of T5's sentinel `index` (<extra_id_0> is the top id of the vocabulary)."""
+  return f'<extra_id_{index}>'
+
+
+def sentinel_count(tokenizer) -> int:
+  """How many sentinels the tokenizer has where span corruption puts them: <extra_id_i> at id
+  size - 1 - i for i = 0, 1, ... (T5's tokenizer.json has 100; characters have none)."""
+  if not isinstance(tokenizer, HFTokenizer):
+    return 0
+  count = 0
+  while tokenizer._tokenizer.token_to_id(sentinel(count)) == tokenizer.size - 1 - count:
+    count += 1
+  return count
+
+
+def train_bpe(documents: Iterable[str], vocab_size: int, sentinels: int = 0) -> HFTokenizer:
   """A byte-level BPE (GPT-2's pre-tokenization) of `vocab_size` ids trained on `documents`:
-  PAD, BOS, EOS, MASK are ids 0..3, then the 256 bytes, then the merges."""
-  minimum = len(BPE_SPECIALS) + 256
+  PAD, BOS, EOS, MASK are ids 0..3, then the 256 bytes, then the merges, then `sentinels`
+  special tokens <extra_id_N> at the top ids, <extra_id_0> the last (T5's span corruption). A
+  corpus too small for every merge gives fewer ids; the sentinels are still the top ones."""
+  minimum = len(BPE_SPECIALS) + 256 + sentinels
   if vocab_size < minimum:
+    reserved = f' and {sentinels} sentinels' if sentinels else ''
     raise ConfigError(f'data.vocab_size={vocab_size} is too small for a byte-level BPE: it needs '
-                      f'at least {minimum} ids (the 256 bytes and {len(BPE_SPECIALS)} special '
-                      'tokens).')
+                      f'at least {minimum} ids (the 256 bytes, {len(BPE_SPECIALS)} special '
+                      f'tokens{reserved}).')
   tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
   tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
   tokenizer.decoder = tokenizers.decoders.ByteLevel()
   trainer = tokenizers.trainers.BpeTrainer(
-      vocab_size=vocab_size, special_tokens=list(BPE_SPECIALS), show_progress=False,
+      vocab_size=vocab_size - sentinels, special_tokens=list(BPE_SPECIALS), show_progress=False,
       initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
   tokenizer.train_from_iterator(documents, trainer)
+  tokenizer.add_special_tokens([sentinel(i) for i in reversed(range(sentinels))])
   return HFTokenizer(tokenizer)
 
 

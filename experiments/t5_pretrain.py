@@ -1,0 +1,203 @@
+"""Does span-corruption pre-training help a small T5 on a text-to-text task?
+
+A small T5 (configs/t5_small.py's T5 1.0 block: RMS norms, ReLU, relative position biases, no
+biases; here 4 + 4 blocks of width 128, 4 heads, hidden 512) with a byte-level BPE of 1,024 ids
+(100 of them sentinels) trained on the first half of TinyShakespeare pre-trains with span
+corruption (Raffel et al. 2020: noise density 0.15, mean span 3, inputs of 64 tokens) on that
+half for PRETRAIN_STEPS. It is then fine-tuned on a text-to-text task made from the second half's
+lines, 'reverse words: w1 w2 ... wn' -> 'wn ... w1' (lines of 2 to 8 words; the last 10% of the
+text held out), against the same model fine-tuned from scratch (the same tokenizer, steps,
+batches and seed). Reported: held-out loss and greedy exact match of each after FINETUNE_STEPS.
+
+  python experiments/t5_pretrain.py --quick
+  nice -n 19 python experiments/t5_pretrain.py --manual_dir DIR
+
+DIR holds TinyShakespeare's input.txt. Writes experiments/results/t5_pretrain/: results.json and
+README.md (the table).
+"""
+import pathlib
+
+import numpy as np
+
+from transformer_jax import data, sweep
+from transformer_jax.data import builders, corpus, rng, seq2seq, span_corruption_task, text_data
+from transformer_jax.errors import ConfigError
+
+NAME = 't5_pretrain'
+TITLE = 'Span-corruption pre-training of a small T5 against training from scratch'
+CONFIG = pathlib.Path(__file__).resolve().parent.parent / 'configs' / 't5_small.py'
+PRETRAIN_STEPS, FINETUNE_STEPS = 1000, 300
+PREFIX = 'reverse words: '
+MAX_WORDS = 8
+MODEL = {'model.width': 128, 'model.num_layers': 4, 'model.num_decoder_layers': 4,
+         'model.num_heads': 4, 'model.d_ff': 512, 'model.vocab_size': 1024,
+         'model.dropout_rate': 0.0, 'model.max_len': 64, 'data.name': 'text_file',
+         'data.batch_size': 32, 'data.eval_batch_size': 32, 'optimizer.learning_rate': 1e-3}
+PRETRAIN = {'data.task': 'span_corruption', 'data.tokenizer': 'bpe', 'data.vocab_size': 1024,
+            'data.seq_len': 64, 'data.eval_steps': 8, 'training.steps': PRETRAIN_STEPS,
+            'training.eval_every': PRETRAIN_STEPS, 'training.checkpoint_every': PRETRAIN_STEPS,
+            'training.log_every': 50}
+FINETUNE = {'data.task': 'reverse_words', 'data.seq_len': 32, 'data.exact_match_examples': 256,
+            'data.eval_steps': 8, 'optimizer.warmup_steps': 30,
+            'training.steps': FINETUNE_STEPS, 'training.eval_every': 100,
+            'training.checkpoint_every': FINETUNE_STEPS, 'training.log_every': 25}
+QUICK = {'model.width': 32, 'model.num_layers': 1, 'model.num_decoder_layers': 1,
+         'model.num_heads': 2, 'model.d_ff': 64, 'model.vocab_size': 400, 'data.vocab_size': 400,
+         'data.num_sentinels': 20, 'data.batch_size': 8, 'data.eval_batch_size': 8,
+         'data.eval_steps': 1, 'data.exact_match_examples': 8, 'data.seq_len': 32}
+QUICK_STEPS = {'training.steps': 3, 'training.eval_every': 3, 'training.checkpoint_every': 3,
+               'training.log_every': 1, 'optimizer.warmup_steps': 1}
+
+
+class ReverseWordsTask:
+  """The text-to-text pairs of a corpus's lines of 2 to MAX_WORDS words: PREFIX + the line ->
+  its words in reverse order, then EOS, both tokenized with the run's tokenizer; lines whose
+  pair does not fit data.seq_len are left out. seq2seq.Seq2SeqTask's batches; training example
+  k is pair permutation(seed, k // N)[k % N] of the N training pairs. `generation_metrics`:
+  greedy exact match of the first data.exact_match_examples held-out pairs."""
+
+  def __init__(self, train_lines, held_out_lines, tokenizer, *, seq_len: int, seed: int,
+               exact_match_examples: int):
+    self.vocab, self.token_bytes = tokenizer, tokenizer.token_bytes
+    self.seq_len, self.seed = seq_len, seed
+    self.train, self.held_out = self._pairs(train_lines), self._pairs(held_out_lines)
+    self.num_eval_examples = len(self.held_out['inputs'])
+    self.exact_match_examples = min(exact_match_examples, self.num_eval_examples)
+    self.info = {'vocab_size': tokenizer.size, 'seq_len': seq_len,
+                 'num_train_pairs': len(self.train['inputs'])}
+
+  def _pairs(self, lines: list[str]) -> dict:
+    lines = [line.split() for line in lines if 2 <= len(line.split()) <= MAX_WORDS]
+    sources = self.vocab.encode_batch([PREFIX + ' '.join(words) for words in lines])
+    targets = [ids + [self.vocab.eos_id] for ids in
+               self.vocab.encode_batch([' '.join(reversed(words)) for words in lines])]
+    kept = [i for i in range(len(lines))
+            if len(sources[i]) <= self.seq_len and len(targets[i]) <= self.seq_len]
+    if not kept:
+      raise ConfigError(f'No line of 2 to {MAX_WORDS} words fits data.seq_len={self.seq_len}: '
+                        'raise it.')
+    pad = self.vocab.pad_id or 0
+    inputs, target = (np.full((len(kept), self.seq_len), pad, np.int32) for _ in range(2))
+    for row, i in enumerate(kept):
+      inputs[row, :len(sources[i])], target[row, :len(targets[i])] = sources[i], targets[i]
+    start = np.full((len(kept), 1), self.vocab.bos_id, np.int32)
+    return {'inputs': inputs, 'input_valid': inputs != pad,
+            'decoder_inputs': np.concatenate([start, target[:, :-1]], axis=1), 'targets': target,
+            'weights': (target != pad).astype(np.float32)}
+
+  def train_batch(self, step: int, batch_size: int, rows: slice) -> dict:
+    pairs = rng.shuffled(self.seed, step, batch_size, rows, len(self.train['inputs']))
+    return {key: value[pairs] for key, value in self.train.items()}
+
+  def eval_examples(self, indices) -> dict:
+    return {key: value[np.asarray(indices)] for key, value in self.held_out.items()}
+
+  def generation_metrics(self, generate, batch_size: int) -> dict:
+    count = self.exact_match_examples
+    if not count:
+      return {}
+    outputs = seq2seq.decode_held_out(generate, self.eval_examples, count, batch_size, self.vocab,
+                                      self.seq_len)
+    references = [row[:weights.sum().astype(int) - 1].tolist() for row, weights in
+                  zip(self.held_out['targets'][:count], self.held_out['weights'][:count])]
+    return {'eval_exact_match': seq2seq.exact_match(outputs, references)}
+
+
+def make_reverse_words(settings, seed: int, tokenizer_dir, vocab_size=None, **unused):
+  """ReverseWordsTask of the text source data.name, tokenized by data.tokenizer."""
+  del unused
+  train, held_out = corpus.open_corpus(settings, settings.name)
+  tokenizer = text_data.resolve_tokenizer(settings, train, held_out, mask=False, separated=True,
+                                          vocab_size=vocab_size, saved_dir=tokenizer_dir)
+  lines = lambda split: [line for document in split.documents() for line in document.split('\n')]
+  return ReverseWordsTask(
+      lines(train), lines(held_out), tokenizer, seq_len=settings.seq_len, seed=seed,
+      exact_match_examples=settings.part(seq2seq.Seq2SeqSettings).exact_match_examples)
+
+
+data.register_task(data.Task('reverse_words', make_reverse_words, span_corruption_task.SOURCES,
+                             layout='seq2seq'))
+
+
+def smoke_text() -> str:
+  """Lines of 2 to 8 random words of a small lexicon, for --quick."""
+  generator = np.random.default_rng(0)
+  words = ['to', 'be', 'or', 'not', 'that', 'is', 'the', 'question', 'whether', 'tis', 'nobler']
+  return '\n'.join(' '.join(generator.choice(words, generator.integers(2, 9)))
+                   for _ in range(1500))
+
+
+def write_texts(quick: bool, workdir: str, data_flags: dict) -> dict[str, str]:
+  """{'pretrain': path, 'finetune': path}: TinyShakespeare (the smoke text with --quick) cut at
+  the first blank line after its middle, written into workdir/data."""
+  if quick:
+    text = smoke_text()
+  else:
+    source = builders.find_shakespeare(data_flags.get('data.manual_dir'))
+    if source is None:
+      raise ConfigError(f'{NAME} reads TinyShakespeare from --manual_dir DIR, a folder holding '
+                        f'{builders.SHAKESPEARE_FILE}.')
+    text = source.read_text(encoding='utf-8')
+  cut = text.index('\n', len(text) // 2) + 1
+  paths = {}
+  for part, part_text in (('pretrain', text[:cut]), ('finetune', text[cut:])):
+    path = pathlib.Path(workdir, 'data', f'{part}.txt')
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() or path.read_text(encoding='utf-8') != part_text:
+      path.write_text(part_text, encoding='utf-8')
+    paths[part] = str(path)
+  return paths
+
+
+def finetune_runs(pretrain_dir: str) -> list[sweep.SweepRun]:
+  """The fine-tuning runs: from the pre-trained checkpoint, and from scratch."""
+  return [sweep.SweepRun('pretrained', overrides=(('init_from_checkpoint', pretrain_dir),)),
+          sweep.SweepRun('scratch')]
+
+
+def exact_match(result: dict) -> float | None:
+  last = result['eval_curve'][-1] if result['eval_curve'] else {}
+  return last.get('eval_exact_match')
+
+
+def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{NAME}',
+        results_dir: str | None = None, data_flags: dict | None = None,
+        command: str = 't5_pretrain.run()', vmap: bool = False) -> dict:
+  """Pre-trains (or reads the run back), fine-tunes both ways, writes the results folder."""
+  del vmap  # two runs of different initializations: nothing to group
+  texts = write_texts(quick, workdir, data_flags or {})
+  # The quick settings last: they shrink both phases.
+  shrunk = [QUICK, QUICK_STEPS] if quick else []
+  tokens = {'data.token_dir': f'{workdir}/tokens'}
+  pretrain_run = sweep.SweepRun('pretrain', overrides=(('data.path', texts['pretrain']),))
+  (pretrained,) = sweep.run_all(
+      [pretrain_run], lambda r: sweep.config_for(r, CONFIG, MODEL, PRETRAIN, *shrunk, tokens),
+      workdir)
+  pretrain_dir = f'{workdir}/{pretrain_run.dirname}'
+  start = {'data.path': texts['finetune'],
+           'data.tokenizer': f'{pretrain_dir}/tokenizer/tokenizer.json'}
+  results = sweep.run_all(
+      finetune_runs(pretrain_dir),
+      lambda r: sweep.config_for(r, CONFIG, MODEL, FINETUNE, *shrunk, tokens, start), workdir)
+  return sweep.finish(TITLE, command, results, lambda: report(pretrained, results, command), {},
+                      results_dir or f'{workdir}/results', quick, pretrain=pretrained)
+
+
+def report(pretrained: dict, results: list[dict], command: str) -> str:
+  lines = [f'# {TITLE}', '', __doc__.split('\n\n')[1].replace('\n', ' '), '',
+           f'Command: `{command}`', '',
+           f'Pre-training: {pretrained["steps"]} steps, held-out span-corruption loss '
+           f'{pretrained["eval_loss"]:.4f}.', '',
+           '| fine-tuned from | steps | held-out loss | exact match |', '|---|---|---|---|']
+  for result in results:
+    lines.append(f'| {result["name"]} | {result["steps"]} | {result["eval_loss"]:.4f} | '
+                 f'{exact_match(result):.3f} |')
+  return '\n'.join(lines) + '\n'
+
+
+def main(argv=None):
+  sweep.main(NAME, run, argv)
+
+
+if __name__ == '__main__':
+  main()
