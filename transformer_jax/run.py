@@ -103,8 +103,7 @@ def run(config, workdir: str | None, mode: str):
   if mode == 'eval':
     return train.evaluate(settings, workdir)
   if mode == 'sample':
-    own_sampler = settings.family.sample  # a family that does not decode text samples itself
-    return own_sampler(settings, workdir) if own_sampler else sample(settings, workdir)
+    return sample(settings, workdir)
   if mode == 'export':
     return export(settings, workdir)
   raise errors.ConfigError(f'Unknown --mode={mode}: use train, eval, sample, export, describe or '
@@ -144,6 +143,10 @@ def sample(settings: train.RunSettings, workdir: str | None) -> list[str]:
   config.sample (its window unset: the context the run trained on, data.seq_len). Writes
   nothing. `settings`: the run's RunSettings, or a config resolved here."""
   settings = train.resolve(settings)
+  if settings.family.sample:  # a family that does not decode text samples itself
+    settings.sample.check_for(settings.model)  # before anything is read
+    run_, params, step = train.restore_trained(settings, workdir)
+    return settings.family.sample(run_.model, params, step, settings.sample, workdir)
   trained = workdir and checkpoint.latest_step(workdir) is not None
   hf = settings.init_from_hf
   if trained or not hf:

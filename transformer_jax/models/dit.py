@@ -246,7 +246,8 @@ class SampleSettings(Settings):
   CHOICES = {'sampler': SAMPLERS}
 
   def check_for(self, cfg: DiTConfig) -> None:
-    """The settings' rules against the model's: raises ConfigError naming the fix."""
+    """The settings' rules against the model's (run.sample calls it before reading anything):
+    raises ConfigError naming the fix."""
     if self.steps > cfg.diffusion_steps:
       raise ConfigError(f'sample.steps={self.steps} is more than the {cfg.diffusion_steps} '
                         f'steps the model was trained with: set --config.sample.steps to at most '
@@ -307,17 +308,13 @@ def grid(images: np.ndarray) -> np.ndarray:
       rows * h, columns * w, c)
 
 
-def sample(settings, workdir: str | None) -> str:
-  """--mode=sample: images from the parameters of the workdir's latest checkpoint (its moving
-  average where it keeps one), written to WORKDIR/samples: samples.npz (images uint8 (N, H, W,
-  3), labels (N,)), sample_<i>.png each and grid.png; returns the folder."""
+def sample(model, params, step: int, wanted: 'SampleSettings', workdir: str) -> str:
+  """--mode=sample: images from `params` (the workdir's latest checkpoint, its moving average
+  where it keeps one), written to WORKDIR/samples: samples.npz (images uint8 (N, H, W, 3),
+  labels (N,)), sample_<i>.png each and grid.png; returns the folder."""
   from PIL import Image  # pylint: disable=import-outside-toplevel
-  from transformer_jax import train  # pylint: disable=import-outside-toplevel  # train imports us
-  wanted, cfg = settings.sample, settings.model
-  wanted.check_for(cfg)
-  run_, params, step = train.restore_trained(settings, workdir)
-  labels = wanted.labels(run_.model_config.num_classes)
-  draw = jax.jit(functools.partial(generate, run_.model, settings=wanted))
+  labels = wanted.labels(model.cfg.num_classes)
+  draw = jax.jit(functools.partial(generate, model, settings=wanted))
   images = to_uint8(draw(params, jnp.asarray(labels), jax.random.key(wanted.seed)))
   folder = os.path.join(workdir, 'samples')
   os.makedirs(folder, exist_ok=True)

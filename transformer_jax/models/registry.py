@@ -125,8 +125,10 @@ class Family:
   depth_keys: the settings that count its blocks (config_lib.smoke shrinks each).
 
   Sampling, for a family that does not decode text:
-  sample_settings: the Settings class of config.sample (None: decode.SampleSettings).
-  sample: (run settings, workdir) -> what --mode=sample returns (None: decode's text sampling).
+  sample_settings: the Settings class of config.sample (None: decode.SampleSettings), with
+    check_for(cfg), its rules against the model's, which --mode=sample checks before reading.
+  sample: (model, params, step, sample settings, workdir) -> what --mode=sample returns, from
+    the parameters of the workdir's latest checkpoint (None: decode's text sampling).
   """
   name: str
   module: Callable[[ModelConfig], Any]
@@ -152,7 +154,7 @@ class Family:
   describe: Callable[[ModelConfig], str] = lambda cfg: ''
   depth_keys: tuple[str, ...] = ('num_layers',)
   sample_settings: type | None = None
-  sample: Callable[[Any, str | None], Any] | None = None
+  sample: Callable[..., Any] | None = None
 
   def weights(self, batch: dict) -> jax.Array:
     """Float32 weight of each target: the batch's 'weights', else one per target."""

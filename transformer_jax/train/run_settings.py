@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from transformer_jax import config_lib, kernels, lora, models
+from transformer_jax import config_lib, decode, kernels, lora, models
 from transformer_jax.data import DataSettings
 from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import ModelConfig
@@ -82,7 +82,6 @@ def resolve(config: 'ml_collections.ConfigDict | RunSettings',
   if config.init_from_hf and config.init_from_checkpoint:
     raise ConfigError('Set one of init_from_hf and init_from_checkpoint, not both: a run starts '
                       'from one set of parameters.')
-  from transformer_jax import decode  # decode's settings; decode reads models, not train
   return RunSettings(
       config=config, platform=platform, model=cfg, kernel=kernel, dtype_reason=dtype_reason,
       data=data, training=training,
