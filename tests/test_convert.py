@@ -313,7 +313,8 @@ def test_eval_mode_starts_from_the_hugging_face_weights(checkpoint):
                      eval_batch_size=8, eval_steps=2)
   result = run.run(config, None, 'eval')  # what launch.py --mode=eval does, no workdir
   losses = []
-  for batch in data.make_data(config.data, 'image', seed=0).eval_batches():
+  sizes = dict(image_size=config.model.image_size, num_classes=config.model.num_classes)
+  for batch in data.make_data(config.data, 'image', seed=0, **sizes).eval_batches():
     with torch.no_grad():
       logits = model(pixel_values=torch.from_numpy(batch['image'].transpose(0, 3, 1, 2))).logits
     losses.append(torch.nn.functional.cross_entropy(
