@@ -253,7 +253,7 @@ def test_a_file_that_is_not_utf8_is_named_with_the_offset_of_its_first_bad_byte(
   first_bad = len(records[0]) + 1 + records[1].index(b'\xe9')  # byte offset in the file
   with pytest.raises(ConfigError, match=rf'^{jsonl} is not UTF-8 from byte {first_bad} on '
                                         r'\(0xe9: invalid continuation byte\)'):
-    list(corpus.open_corpus(data.DataSettings(path=str(jsonl)), 'jsonl')[0].documents())
+    list(corpus.open_corpus(data.DataSettings.of({'path': str(jsonl)}), 'jsonl')[0].documents())
 
 
 def test_bits_per_byte_of_an_ascii_character_run_is_the_loss_over_ln_2(tmp_path):

@@ -183,9 +183,9 @@ def test_non_finite_gradients_with_a_finite_loss_are_never_saved(tmp_path, monke
   checkpoint it names holds finite parameters."""
   apply_update = step_lib._apply_update  # pylint: disable=protected-access
 
-  def nan_gradients_from_step_3(tx, schedule, state, grads, sums):
+  def nan_gradients_from_step_3(tx, schedule, state, grads, sums, *rest):
     grads = jax.tree.map(lambda g: jnp.where(state.step >= 2, jnp.nan, g), grads)
-    return apply_update(tx, schedule, state, grads, sums)
+    return apply_update(tx, schedule, state, grads, sums, *rest)
 
   monkeypatch.setattr(step_lib, '_apply_update', nan_gradients_from_step_3)
   config = small_config(steps=6, **{'training.checkpoint_every': 1})
