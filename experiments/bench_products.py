@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 import bench_train
-from transformer_jax import models
+from transformer_jax import train
 from transformer_jax.train import cpu_runtime, metrics
 
 _WIDTH = flags.DEFINE_integer('width', 128, 'The reference LM at this width (heads of 32).')
@@ -65,7 +65,7 @@ def main(argv):
   del argv
   cpu_runtime.configure()
   config = bench_train.reference_lm_config(_WIDTH.value)
-  cfg = models.model_config(config.model)
+  cfg = train.resolve(config).model
   print(f'jax {jax.__version__}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}')
   peak = metrics.measured_matmul_flops()
   print(f'float32 matmul peak (best jitted square matmul): {peak / 1e9:.1f} GFLOP/s')

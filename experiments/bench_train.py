@@ -27,7 +27,7 @@ import time
 from absl import app, flags
 import jax
 
-from transformer_jax import accounting, config_lib
+from transformer_jax import accounting, config_lib, train
 from transformer_jax.train import cpu_runtime, metrics, setup, sharding
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -121,9 +121,10 @@ def main(argv):
     config, script, torch_args, items, unit = benchmark(name)
     # A text example is a window of seq_len tokens; a ViT's length is its patch count.
     seq_len = config.data.seq_len if unit == 'tokens' else None
-    flops_per_step = 3 * accounting.forward_flops(config.model, seq_len)['total']
+    model = train.resolve(config).model  # its vocabulary as its data states it
+    flops_per_step = 3 * accounting.forward_flops(model, seq_len)['total']
     flops_per_step *= config.data.batch_size
-    params = accounting.param_counts(config.model)['total']
+    params = accounting.param_counts(model)['total']
     print(f'{name}: {params:,} parameters, batch {config.data.batch_size}, {items:,} {unit} per '
           f'step, {flops_per_step / 1e9:.2f} GFLOP per step (accounting)', flush=True)
     for _ in range(_REPEATS.value):

@@ -35,7 +35,7 @@ import scipy.optimize
 import scipy.stats
 from matplotlib.figure import Figure
 
-from transformer_jax import accounting, models, sweep
+from transformer_jax import accounting, sweep, train
 
 NAME = 'scaling'
 TITLE = 'A mini scaling law on TinyShakespeare characters'
@@ -104,7 +104,7 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
 
 def sizes(config) -> dict:
   """N, D and C of a run, from the accounting module."""
-  cfg = models.model_config(config.model)
+  cfg = train.resolve(config).model  # its vocabulary as its data states it
   counts = accounting.param_counts(cfg)
   seq_len = config.data.seq_len
   flops = accounting.forward_flops(cfg, seq_len)

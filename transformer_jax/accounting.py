@@ -38,7 +38,7 @@ def _config_of(model, function: str) -> ModelConfig:
                     f'ModelConfig of a registered family), not {type(model).__name__}: for a model '
                     'of your own, count its parameters with accounting.count_params(params) and '
                     'its FLOPs with accounting.xla_flops(module, *inputs).')
-  return models.model_config(model)
+  return models.require_sizes(models.model_config(model))
 
 
 def param_counts(model: ModelConfig | Mapping[str, Any]) -> dict[str, int]:

@@ -18,7 +18,8 @@ from transformer_jax.models import clip  # after vit, whose towers it builds
 
 __all__ = ['abstract_variables', 'attention_kernel', 'build', 'clip', 'decoder', 'dit', 'encoder',
            'encoder_decoder', 'example_inputs', 'family_of', 'init_params', 'model_config',
-           'registry', 'resolved', 'stack_layers', 'styles', 'unstack_layers', 'vit', 'whisper']
+           'registry', 'require_sizes', 'resolved', 'stack_layers', 'styles', 'unstack_layers',
+           'vit', 'whisper']
 
 
 def model_config(model: ModelConfig | Mapping[str, Any]) -> ModelConfig:
@@ -74,19 +75,27 @@ def resolved(model: ModelConfig | Mapping[str, Any], platform: str
   return dataclasses.replace(cfg, dtype=dtype, attention_kernel=kernel.name), kernel, dtype_reason
 
 
+def require_sizes(cfg: ModelConfig) -> ModelConfig:
+  """`cfg`, whose sizes that follow the data (a vocabulary, classes) are all known: one left
+  unset (a config resolved before its data stated it) fails, naming the key."""
+  unset = [size for size, value in registry.get(cfg.family).data_sizes(cfg).items()
+           if not value]
+  if unset:
+    raise ConfigError(f'model.{unset[0]} is unset and no data has stated it: set '
+                      f'--config.model.{unset[0]}'
+                      + (' or --config.data.vocab_size (the tokenizer\'s ids)'
+                         if unset[0] == 'vocab_size' else '')
+                      + ', or take the model of the run\'s settings (train.resolve(config).model).')
+  return cfg
+
+
 def build(model: ModelConfig | Mapping[str, Any], platform: str | None = None) -> nn.Module:
   """The Flax module of `model.family`, after validating every option. A config resolved for a
   platform (`resolved`: what a run builds) is built as it is; one that leaves the dtype or the
   kernel to 'auto' is resolved for `platform` (default: this machine's, for a module used
   outside a run)."""
-  cfg = model_config(model)
+  cfg = require_sizes(model_config(model))
   family = registry.get(cfg.family)
-  unset = [size for size, value in family.data_sizes(cfg).items() if not value]
-  if unset:
-    raise ConfigError(f'model.{unset[0]} is unset and no data has stated it: set '
-                      f'--config.model.{unset[0]}'
-                      + (' or --config.data.vocab_size (the tokenizer\'s ids)'
-                         if unset[0] == 'vocab_size' else '') + '.')
   if 'auto' in (cfg.dtype, cfg.attention_kernel):
     cfg = resolved(cfg, platform or jax.default_backend())[0]
   return family.module(cfg)
