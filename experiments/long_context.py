@@ -39,7 +39,7 @@ CONTEXTS = 16  # each piece of held-out text is this many training contexts long
 SAMPLE = dict(prompt='ROMEO:', max_new_tokens=600, temperature=0.8, seed=0)
 QUICK = {'data.name': 'synthetic', 'data.seq_len': 16, 'data.batch_size': 16,
          'data.eval_batch_size': 16, 'data.eval_steps': 2, 'model.width': 32,
-         'model.num_layers': 2, 'model.vocab_size': 26, 'training.steps': 6,
+         'model.num_layers': 2, 'data.vocab_size': 26, 'training.steps': 6,
          'training.log_every': 2, 'training.eval_every': 6, 'training.checkpoint_every': 6}
 QUICK_SAMPLE = dict(prompt='abc', max_new_tokens=40, temperature=0.8, seed=0)
 QUICK_ROWS = 4

@@ -51,7 +51,7 @@ FULL = {**BASIC, 'model.width': 64, 'model.num_layers': 4, 'model.num_heads': 4,
         'optimizer.warmup_steps': STEPS // 10, 'training.steps': STEPS,
         'training.log_every': 10, 'training.eval_every': STEPS,
         'training.checkpoint_every': STEPS, 'data.eval_batch_size': 400}
-QUICK = {'data.name': 'synthetic', 'data.image_size': 16, 'model.image_size': 16,
+QUICK = {'data.name': 'synthetic', 'model.image_size': 16,
          'data.pp_train': None, 'data.pp_eval': None,
          'model.width': 32, 'model.num_layers': 1, 'data.batch_size': 16,
          'data.eval_batch_size': 16, 'data.eval_steps': 2, 'optimizer.warmup_steps': 2,
