@@ -48,17 +48,13 @@ def describe(config) -> str:
   unit = f'token at T={seq_len}' if family.unit == 'token' else family.unit
   lines.append(f'FLOPs per {unit}: forward {flops["forward"]:,.0f}, training '
                f'{flops["train"]:,.0f} (attention matrices {flops["attention_share"]:.1%})')
-  if family.decoding and seq_len is None:  # fixed inputs (audio): their encoder's positions
+  if family.decoding:
     decoded = settings.data.seq_len
-    source = family.stacks(cfg, decoded)[0].tokens
+    source = memory.encoder_positions(cfg, decoded)
+    over = f' over {source} encoder positions' if source not in (None, decoded) else ''
     for dtype in sorted({cfg.dtype, 'bfloat16'}):
-      cache = accounting.kv_cache_bytes(cfg, decoded, dtype=dtype, source_len=source)
-      lines.append(f'KV cache per sequence of {decoded} tokens over {source} encoder positions '
-                   f'in {dtype}: {cache:,} bytes ({cfg.kv_heads} of {cfg.num_heads} heads cached)')
-  elif family.decoding:
-    for dtype in sorted({cfg.dtype, 'bfloat16'}):
-      cache = memory.kv_cache_bytes(cfg, seq_len, dtype)
-      lines.append(f'KV cache per sequence of {seq_len} tokens in {dtype}: {cache:,} bytes '
+      cache = memory.kv_cache_bytes(cfg, decoded, dtype)
+      lines.append(f'KV cache per sequence of {decoded} tokens{over} in {dtype}: {cache:,} bytes '
                    f'({cfg.kv_heads} of {cfg.num_heads} heads cached)')
   else:
     lines.append('KV cache: none (no causal mask, nothing can be reused between steps)')

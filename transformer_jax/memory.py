@@ -182,12 +182,22 @@ def activation_bytes(terms: dict[str, float], platform: str) -> int:
   return int(sum(copies[name] * terms[name] for name in ACTIVATION_TERMS))
 
 
+def encoder_positions(cfg: ModelConfig, seq_len: int) -> int | None:
+  """The encoder outputs an encoder-decoder's cache holds beside `seq_len` decoded tokens: the
+  positions of its first stack (the source's tokens, an audio window's frames); None for a
+  decoder."""
+  family = models.registry.get(cfg.family)
+  if family.decoding != 'encoder_decoder':
+    return None
+  return family.stacks(cfg, seq_len)[0].tokens
+
+
 def kv_cache_bytes(cfg: ModelConfig, seq_len: int, dtype: str) -> int:
-  """Bytes of one sequence's KV cache of `seq_len` tokens (and as many encoder outputs, for an
-  encoder-decoder): by the accounting's formula, or, for a family that registers none, from
+  """Bytes of one sequence's KV cache of `seq_len` tokens (and, for an encoder-decoder, of its
+  encoder_positions): by the accounting's formula, or, for a family that registers none, from
   the shapes of its cache (decode.init_cache, abstractly)."""
   family = models.registry.get(cfg.family)
-  source = seq_len if family.decoding == 'encoder_decoder' else None
+  source = encoder_positions(cfg, seq_len)
   if family.param_counts is not None:
     return accounting.kv_cache_bytes(cfg, seq_len, dtype=dtype, source_len=source)
   model = models.build(dataclasses.replace(cfg, dtype=dtype))

@@ -251,11 +251,9 @@ def param_counts(cfg: ClipConfig) -> dict[str, int]:
 
 
 def _batch_shapes(cfg: ClipConfig, batch_size: int, seq_len=None) -> dict:
-  del seq_len
-  side = cfg.image_size
-  return {'image': jax.ShapeDtypeStruct((batch_size, side, side, cfg.num_channels), jnp.float32),
-          'text': jax.ShapeDtypeStruct((batch_size, cfg.max_len), jnp.int32),
-          'label': jax.ShapeDtypeStruct((batch_size,), jnp.int32)}
+  """The image task's batch, with the captions' token ids."""
+  return {**vit.batch_shapes(cfg, batch_size, seq_len),
+          'text': jax.ShapeDtypeStruct((batch_size, cfg.max_len), jnp.int32)}
 
 
 def _stacks(cfg: ClipConfig, seq_len=None) -> list[registry.Stack]:

@@ -202,13 +202,6 @@ def forward_flops(cfg: DiTConfig, seq_len=None, target_len=None) -> dict[str, in
           'tokens': 1}
 
 
-def _batch_shapes(cfg: DiTConfig, batch_size: int, seq_len=None) -> dict:
-  del seq_len
-  side = cfg.image_size
-  return {'image': jax.ShapeDtypeStruct((batch_size, side, side, cfg.num_channels), jnp.float32),
-          'label': jax.ShapeDtypeStruct((batch_size,), jnp.int32)}
-
-
 def _example_inputs(cfg: DiTConfig, batch: int = 1, seq_len=None) -> tuple:
   del seq_len
   side = cfg.image_size
@@ -338,6 +331,6 @@ FAMILY = registry.register(registry.Family(
     param_counts=param_counts, forward_flops=forward_flops,
     stacks=lambda cfg, seq_len=None: [
         registry.Stack('blocks', cfg.num_layers, cfg.num_patches, (cfg.num_patches,))],
-    batch_shapes=_batch_shapes, describe=_describe, follow_data=vit.follow_data,
+    batch_shapes=vit.batch_shapes, describe=_describe, follow_data=vit.follow_data,
     data_sizes=lambda cfg: {'image_size': cfg.image_size, 'num_classes': cfg.num_classes or None},
     sample_settings=SampleSettings, sample=sample))

@@ -15,8 +15,8 @@ from transformer_jax.models import common, registry
 from transformer_jax.ranges import COUNT, Range
 
 __all__ = [
-    'check_data', 'FAMILY', 'forward_flops', 'MapHead', 'num_tokens', 'param_counts', 'POOLS',
-    'resize_positions', 'variant', 'ViT', 'VIT_SIZES', 'ViTConfig']
+    'batch_shapes', 'check_data', 'FAMILY', 'forward_flops', 'MapHead', 'num_tokens',
+    'param_counts', 'POOLS', 'resize_positions', 'variant', 'ViT', 'VIT_SIZES', 'ViTConfig']
 
 POOLS = ('cls', 'mean', 'map')
 # ViT sizes by name: (width, depth, heads).
@@ -214,7 +214,9 @@ def forward_flops(cfg: ViTConfig, seq_len=None, target_len=None) -> dict[str, in
           'tokens': 1}
 
 
-def _batch_shapes(cfg: ViTConfig, batch_size: int, seq_len=None) -> dict:
+def batch_shapes(cfg: ViTConfig, batch_size: int, seq_len=None) -> dict:
+  """A batch of the 'image' task: images (B, side, side, channels) and integer labels; any
+  family with a ViT's image settings reads it (DiT, CLIP's image tower)."""
   del seq_len
   side = cfg.image_size
   return {'image': jax.ShapeDtypeStruct((batch_size, side, side, cfg.num_channels), jnp.float32),
@@ -237,5 +239,5 @@ FAMILY = registry.register(registry.Family(
     param_counts=param_counts, forward_flops=forward_flops,
     stacks=lambda cfg, seq_len=None: [
         registry.Stack('encoder', cfg.num_layers, num_tokens(cfg), (num_tokens(cfg),))],
-    batch_shapes=_batch_shapes, describe=_describe, follow_data=follow_data,
+    batch_shapes=batch_shapes, describe=_describe, follow_data=follow_data,
     data_sizes=lambda cfg: {'image_size': cfg.image_size, 'num_classes': cfg.num_classes or None}))
