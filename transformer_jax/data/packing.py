@@ -13,7 +13,7 @@ import numpy as np
 
 from transformer_jax.data import files
 
-__all__ = ['cached', 'cached_pairs', 'Packing', 'pack', 'packed_rows']
+__all__ = ['cached', 'cached_pairs', 'cached_windows', 'Packing', 'pack', 'packed_rows']
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,14 +52,17 @@ def _pieces(starts: np.ndarray, length: int):
           index_in_document == 0)
 
 
-def _row_breaks(lengths, length: int, paired=None, filled=(0, 0)) -> tuple[list[int], tuple]:
+def _row_breaks(lengths, length: int | tuple[int, int], paired=None,
+                filled=(0, 0)) -> tuple[list[int], tuple]:
   """Next-fit: the pieces that start a new row (where the piece would overflow the row, or with
-  `paired`, the lengths of a second stream's pieces, either stream), and how full the last row
-  is, continuing a row filled `filled` by earlier pieces."""
+  `paired`, the lengths of a second stream's pieces, either stream; `length` a pair gives the
+  streams rows of their own lengths), and how full the last row is, continuing a row filled
+  `filled` by earlier pieces."""
   paired = lengths if paired is None else paired
+  length, paired_length = (length, length) if np.isscalar(length) else length
   breaks, (used, used_paired) = [], filled
   for i, (size, size_paired) in enumerate(zip(lengths.tolist(), paired.tolist())):
-    if used + size > length or used_paired + size_paired > length:
+    if used + size > length or used_paired + size_paired > paired_length:
       breaks.append(i)
       used = used_paired = 0
     used += size
@@ -106,7 +109,26 @@ def cached_pairs(directory, source_starts: np.ndarray, target_starts: np.ndarray
           files['kept'])
 
 
-def _cached(directory, count: int, chunk: int, pieces, length: int, dtypes: dict) -> dict:
+def cached_windows(directory, starts: np.ndarray, window: int, grown, row_lengths: tuple[int, int],
+                   chunk: int = 1 << 20) -> Packing:
+  """The documents at `starts` cut into windows of `window` tokens (a document's last one
+  shorter; windows of fewer than 2 tokens left out), each window growing into a pair of pieces
+  of lengths grown(window lengths) -> (first stream's, second's) int arrays, as a corruption
+  does: the rows are filled next-fit until either stream would overflow its row of
+  `row_lengths`. The Packing's pieces are the windows. Memory-mapped as `cached` is."""
+  def pieces(low: int, high: int):
+    piece_starts, piece_lengths, first = _pieces(np.asarray(starts[low:high + 1]), window)
+    kept = piece_lengths >= 2
+    piece_lengths = piece_lengths[kept]
+    return ({'piece_starts': piece_starts[kept], 'piece_lengths': piece_lengths,
+             'piece_first': first[kept]}, *grown(piece_lengths))
+  files = _cached(directory, len(starts) - 1, chunk, pieces, row_lengths, _DOCUMENT_FILES)
+  return Packing(files['piece_starts'], files['piece_lengths'], files['piece_first'],
+                 files['row_starts'])
+
+
+def _cached(directory, count: int, chunk: int, pieces, length: int | tuple[int, int],
+            dtypes: dict) -> dict:
   """The arrays of `dtypes` and 'row_starts', memory-mapped from `directory`; where it is not
   complete, written first from pieces(low, high) -> (arrays, lengths, paired lengths) of items
   low..high - 1, under a temporary name renamed when done. Length 0: a row per piece."""
@@ -118,8 +140,8 @@ def _cached(directory, count: int, chunk: int, pieces, length: int, dtypes: dict
           for name, dtype in dtypes.items()}
 
 
-def _write_chunks(directory: pathlib.Path, count: int, chunk: int, pieces, length: int,
-                  dtypes: dict) -> dict:
+def _write_chunks(directory: pathlib.Path, count: int, chunk: int, pieces,
+                  length: int | tuple[int, int], dtypes: dict) -> dict:
   """Writes the arrays chunk by chunk, the rows by next-fit across chunks; returns the sizes."""
   outputs = {name: open(directory / f'{name}.bin', 'wb') for name in dtypes}
   num_pieces, num_rows, filled = 0, 1, (0, 0)

@@ -24,7 +24,8 @@ import numpy as np
 from transformer_jax.data import rng
 from transformer_jax.errors import ConfigError
 
-__all__ = ['check_settings', 'noise_mask', 'noise_span_counts', 'raw_length', 'span_corruption']
+__all__ = ['check_settings', 'corrupted_lengths', 'noise_mask', 'noise_span_counts', 'raw_length',
+           'span_corruption']
 
 
 def check_settings(noise_density: float, mean_noise_span_length: float) -> None:
@@ -49,6 +50,14 @@ def noise_span_counts(length: int, noise_density: float,
   noise = min(max(int(np.round(length * noise_density)), 1), length - 1)
   spans = int(np.round(noise / mean_noise_span_length))
   return noise, min(max(spans, 1), length - noise)
+
+
+def corrupted_lengths(length: int, noise_density: float,
+                      mean_noise_span_length: float) -> tuple[int, int]:
+  """(inputs, targets) lengths, EOS included, of the corruption of any `length` >= 2 tokens:
+  N - noise + spans + 1 and noise + spans + 1 (`noise_span_counts`), whatever the seed."""
+  noise, spans = noise_span_counts(length, noise_density, mean_noise_span_length)
+  return length - noise + spans + 1, noise + spans + 1
 
 
 def _random_segmentation(num_items: int, num_segments: int,
@@ -126,11 +135,7 @@ def raw_length(inputs_length: int, noise_density: float = 0.15,
   if inputs_length < 3:
     raise ConfigError(f'inputs_length={inputs_length} leaves no room for a token, a sentinel '
                       'and EOS: choose at least 3.')
-
-  def lengths(raw: int) -> tuple[int, int]:
-    noise, spans = noise_span_counts(raw, noise_density, mean_noise_span_length)
-    return raw - noise + spans + 1, noise + spans + 1
-
+  lengths = lambda raw: corrupted_lengths(raw, noise_density, mean_noise_span_length)
   raw = 2
   while lengths(raw + 1)[0] <= inputs_length:
     raw += 1
