@@ -28,8 +28,6 @@ from matplotlib.figure import Figure
 import numpy as np
 
 from transformer_jax import accounting, memory, run as run_lib, sweep, train
-from transformer_jax.data import builders
-from transformer_jax.errors import ConfigError
 from transformer_jax.train import metrics, setup, sharding
 
 NAME = 'lora_finetune'
@@ -82,39 +80,11 @@ DESCRIPTION = (
     'the optimizer state of the memory plan (transformer_jax.memory, exact for the state).')
 
 
-def split_text(text: str) -> tuple[str, str]:
-  """(pretraining text, fine-tuning text): the text cut at the first blank line after its
-  middle, so that no speech is split."""
-  cut = text.index('\n\n', len(text) // 2) + 2
-  return text[:cut], text[cut:]
-
-
 def smoke_text() -> str:
   """Paragraphs of random words of a small lexicon, for --quick."""
   words = np.random.default_rng(0).choice(['to', 'be', 'or', 'not', 'that', 'is', 'the',
                                            'question', 'whether', 'tis', 'nobler'], 3000)
   return '\n\n'.join(' '.join(paragraph) for paragraph in words.reshape(-1, 30))
-
-
-def write_texts(quick: bool, workdir: str, data: dict) -> dict[str, str]:
-  """{'pretrain': path, 'finetune': path}: the two halves of TinyShakespeare (of the smoke text
-  with --quick), written into workdir/data."""
-  if quick:
-    text = smoke_text()
-  else:
-    source = builders.find_shakespeare(data.get('data.manual_dir'))
-    if source is None:
-      raise ConfigError(f'{NAME} reads TinyShakespeare from --manual_dir DIR, a folder holding '
-                        f'{builders.SHAKESPEARE_FILE}.')
-    text = source.read_text(encoding='utf-8')
-  paths = {}
-  for part, part_text in zip(('pretrain', 'finetune'), split_text(text)):
-    path = pathlib.Path(workdir, 'data', f'{part}.txt')
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists() or path.read_text(encoding='utf-8') != part_text:
-      path.write_text(part_text, encoding='utf-8')
-    paths[part] = str(path)
-  return paths
 
 
 def exported(config, run_dir: str) -> str:
@@ -162,7 +132,7 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
         command: str = 'lora_finetune.run()', vmap: bool = False) -> dict:
   """Pretrains and exports the base (or reads it back), fine-tunes it each way, measures,
   writes the results folder."""
-  texts = write_texts(quick, workdir, data or {})
+  texts = sweep.text_halves(NAME, smoke_text() if quick else None, workdir, data or {})
   model = [MODEL, QUICK if quick else {}, {'data.token_dir': f'{workdir}/tokens'}]
   pretrain_run = sweep.SweepRun('pretrain', overrides=(('data.path', texts['pretrain']),))
   pretrain_config = sweep.config_for(pretrain_run, CONFIG, *model, PRETRAIN,

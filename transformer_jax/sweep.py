@@ -28,14 +28,15 @@ from absl import app, flags
 import ml_collections
 
 from transformer_jax import config_lib, errors, run as run_lib
+from transformer_jax.data import builders
 from transformer_jax.train import checkpoint, vmapped
 from transformer_jax.train.metrics import read_metrics
 
 __all__ = [
     'args', 'config_for', 'CURVE_KEYS', 'DATA_FLAGS', 'finish', 'machine_seconds', 'main',
     'named', 'override', 'parse_flags', 'product', 'READING', 'run_all', 'SMOKE_NOTE',
-    'smoke_report', 'STATUS_FILE', 'summary', 'SweepRun', 'train_once', 'values', 'write_readme',
-    'write_results']
+    'smoke_report', 'STATUS_FILE', 'summary', 'SweepRun', 'text_halves', 'train_once', 'values',
+    'write_readme', 'write_results']
 
 log = logging.getLogger(__name__)
 
@@ -284,6 +285,28 @@ def write_readme(results_dir, report: str) -> None:
   previous = path.read_text() if path.exists() else ''
   start = previous.find(f'\n{READING}\n')
   path.write_text(report if start < 0 else f'{report}{previous[start:]}')
+
+
+def text_halves(name: str, text: str | None, workdir: str, data_flags: dict) -> dict[str, str]:
+  """{'pretrain': path, 'finetune': path}: `text` (None: TinyShakespeare's input.txt, from the
+  folder data_flags['data.manual_dir']) cut at the first blank line after its middle, so that no
+  speech is split, each half written into workdir/data (rewritten only where it changed).
+  Raises ConfigError naming experiment `name`'s flag where the file is missing."""
+  if text is None:
+    source = builders.find_shakespeare(data_flags.get('data.manual_dir'))
+    if source is None:
+      raise errors.ConfigError(f'{name} reads TinyShakespeare from --manual_dir DIR, a folder '
+                               f'holding {builders.SHAKESPEARE_FILE}.')
+    text = source.read_text(encoding='utf-8')
+  cut = text.index('\n\n', len(text) // 2) + 2
+  paths = {}
+  for part, part_text in (('pretrain', text[:cut]), ('finetune', text[cut:])):
+    path = pathlib.Path(workdir, 'data', f'{part}.txt')
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() or path.read_text(encoding='utf-8') != part_text:
+      path.write_text(part_text, encoding='utf-8')
+    paths[part] = str(path)
+  return paths
 
 
 def machine_seconds(results: list[dict]) -> float:
