@@ -254,8 +254,9 @@ def test_a_tokenizer_without_room_for_the_sentinels_fails_naming_the_fix(text_fi
 def test_bad_corruption_settings_fail_when_the_config_resolves(options, message):
   config = t5_config('unused.txt', steps=1)
   config.data.update(options)
-  with pytest.raises(ConfigError, match=message):
+  with pytest.raises(ConfigError, match=message) as error:
     train.resolve(config, 'cpu')
+  assert '\n' not in str(error.value)
 
 
 def test_a_task_chosen_for_the_wrong_family_is_refused(text_file):

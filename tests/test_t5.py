@@ -101,6 +101,8 @@ def test_flops_count_the_relative_bias_additions():
     (dict(family='decoder', positions='relative'),
      "model.positions='relative' .* encoder_decoder family only, not 'decoder'"),
     (dict(family='encoder', positions='relative'), 'encoder_decoder family only'),
+    (dict(family='decoder', relative_buckets=8),
+     "model.relative_buckets sets T5's relative position bias, which family 'decoder' does not"),
     (dict(positions='relative', relative_buckets=1),
      'model.relative_buckets=1 and model.relative_max_distance=128 leave no room'),
     (dict(positions='relative', relative_buckets=8, relative_max_distance=2), 'leave no room'),

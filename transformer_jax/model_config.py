@@ -112,6 +112,11 @@ class ModelConfig:
     ones."""
     known = names(cls)
     unknown = sorted(set(values) - set(known))
+    relative = [name for name in unknown if name.startswith('relative_')]
+    if relative and not cls.RELATIVE_POSITIONS:
+      raise ConfigError(f"model.{relative[0]} sets T5's relative position bias, which family "
+                        f'{values.get("family", cls.family)!r} does not have: remove it, or '
+                        "choose model.family='encoder_decoder' with model.positions='relative'.")
     if unknown:
       raise ConfigError(f'Unknown model config key(s) {unknown} for family '
                         f'{values.get("family", cls.family)!r}. Known keys: {sorted(known)}.')
