@@ -28,7 +28,7 @@ from transformer_jax.errors import ConfigError
 NAME = 't5_pretrain'
 TITLE = 'Span-corruption pre-training of a small T5 against training from scratch'
 CONFIG = pathlib.Path(__file__).resolve().parent.parent / 'configs' / 't5_small.py'
-PRETRAIN_STEPS, FINETUNE_STEPS = 1000, 600
+PRETRAIN_STEPS, FINETUNE_STEPS = 600, 300
 PREFIX = 'reverse words: '
 MAX_WORDS = 8
 MODEL = {'model.width': 128, 'model.num_layers': 4, 'model.num_decoder_layers': 4,
@@ -41,7 +41,7 @@ PRETRAIN = {'data.task': 'span_corruption', 'data.tokenizer': 'bpe', 'data.vocab
             'training.log_every': 50}
 FINETUNE = {'data.task': 'reverse_words', 'data.seq_len': 32, 'data.exact_match_examples': 256,
             'data.eval_steps': 8, 'optimizer.warmup_steps': 30,
-            'training.steps': FINETUNE_STEPS, 'training.eval_every': 200,
+            'training.steps': FINETUNE_STEPS, 'training.eval_every': 100,
             'training.checkpoint_every': FINETUNE_STEPS, 'training.log_every': 25}
 QUICK = {'model.width': 32, 'model.num_layers': 1, 'model.num_decoder_layers': 1,
          'model.num_heads': 2, 'model.d_ff': 64, 'model.vocab_size': 400, 'data.vocab_size': 400,
