@@ -10,7 +10,8 @@ import numpy as np
 
 from transformer_jax.errors import ConfigError
 from transformer_jax.data import (images, preprocess, rng, seq2seq, sources,
-                                  span_corruption_task, speech, text_data, translation)
+                                  span_corruption_task, speech, text_data, text_to_text,
+                                  translation)
 from transformer_jax.data.settings import DataSettings
 
 __all__ = ['chosen_task', 'Data', 'DataSettings', 'image_preprocessing', 'make_data',
@@ -261,5 +262,7 @@ for _task in (Task('image', _image_task, ('cifar10', 'synthetic')),
               Task('seq2seq', _seq2seq_task, tuple(seq2seq.TASKS)),
               Task('audio', speech.make_audio_task, speech.SOURCES),
               Task('span_corruption', span_corruption_task.make_span_corruption_task,
-                   span_corruption_task.SOURCES, layout='seq2seq')):
+                   span_corruption_task.SOURCES, layout='seq2seq'),
+              Task('text_classification_as_text', text_to_text.make_classification_as_text, (),
+                   layout='seq2seq')):
   register_task(_task)

@@ -224,6 +224,17 @@ def open_text_split(name: str, *, data_dir, key: str, split: str | None, text_ke
                   'version': str(builder.info.version), 'text_key': text_key}
 
 
+def class_names(name: str, data_dir, label_key: str) -> list[str]:
+  """The class names of the ClassLabel feature `label_key` of the TFDS dataset `name`. Reads no
+  record."""
+  features = _builder(name, data_dir).info.features
+  if label_key not in features or not isinstance(features[label_key], tfds.features.ClassLabel):
+    labels = [k for k in features.keys() if isinstance(features[k], tfds.features.ClassLabel)]
+    raise ConfigError(f'data.label_key={label_key!r}: {name} has no ClassLabel feature of that '
+                      f'name; its ClassLabel features: {labels}.')
+  return list(features[label_key].names)
+
+
 def translation_languages(name: str, data_dir) -> tuple[str, ...] | None:
   """The languages of the Translation feature of the TFDS dataset `name` (its records: one text
   per language); None where its features are not a Translation. Reads no record."""
