@@ -116,3 +116,19 @@ def test_bad_t5_settings_fail_in_one_line_naming_the_fix(overrides, message):
   with pytest.raises(ConfigError, match=message) as error:
     models.model_config(settings)
   assert '\n' not in str(error.value)
+
+
+def test_dropout_changes_training_logits_only(rng):
+  """model.dropout_rate drops the embeddings and every sublayer's output in training (as T5's
+  dropout_rate does there); evaluation computes the model without it."""
+  cfg = tiny('encoder_decoder', **styles.STYLES['t5'], dropout_rate=0.1, dtype='float32')
+  plain = models.build(tiny('encoder_decoder', **styles.STYLES['t5'], dtype='float32'))
+  model = models.build(cfg)
+  inputs = jax.random.randint(rng, (2, 7), 0, 40)
+  params = nn.meta.unbox(model.init(rng, inputs, inputs)['params'])
+  apply = lambda key, **kw: model.apply({'params': params}, inputs, inputs,
+                                        rngs={'dropout': jax.random.key(key)}, **kw)
+  np.testing.assert_array_equal(apply(0), plain.apply({'params': params}, inputs, inputs))
+  first, second = apply(0, deterministic=False), apply(1, deterministic=False)
+  assert not np.allclose(first, apply(0)) and not np.allclose(first, second)
+  np.testing.assert_array_equal(first, apply(0, deterministic=False))
