@@ -95,6 +95,22 @@ def test_unpacked_batches_are_each_pair_tokenized_with_bos_and_eos(data_dir):
   assert tokenizer.decode(batch['targets'][0]) == records(data_dir)[0][0]
 
 
+def test_a_task_prefix_goes_before_each_unpacked_source(data_dir):
+  plain = make(data_dir, bleu_examples=0)
+  prefixed = make(data_dir, bleu_examples=0, task_prefix='translate German to English: ')
+  prefix = plain.vocab.encode('translate German to English: ')
+  rows = np.arange(len(TEST))
+  batch, expected = prefixed.task.eval_examples(rows), plain.task.eval_examples(rows)
+  np.testing.assert_array_equal(batch['inputs'][:, :len(prefix)], np.tile(prefix, (len(TEST), 1)))
+  np.testing.assert_array_equal(batch['inputs'][:, len(prefix):],
+                                expected['inputs'][:, :32 - len(prefix)])
+  np.testing.assert_array_equal(batch['input_valid'].sum(axis=1), np.minimum(
+      expected['input_valid'].sum(axis=1) + len(prefix), 32))
+  np.testing.assert_array_equal(batch['targets'], expected['targets'])
+  with pytest.raises(ConfigError, match='set data.packing=False'):
+    make(data_dir, packing=True, task_prefix='translate: ')
+
+
 def test_packed_rows_hold_whole_pairs_in_order_as_matching_segments(data_dir):
   made = make(data_dir, packing=True, seq_len=64)
   held_out = made.task.eval_examples(np.arange(made.task.num_eval_examples))

@@ -11,12 +11,13 @@ memory-mapped like the tokens. A pair whose source is empty is left out.
 
 Batches are Seq2SeqTask's: 'inputs' (the source, cut to seq_len), 'input_valid', 'targets' (the
 target and its EOS, cut to seq_len: a target that long loses its EOS), 'decoder_inputs' ([BOS] +
-targets[:-1]) and 'weights' (1.0 on the target and its EOS). With data.packing, the pairs fill
-rows of seq_len tokens in both streams, in corpus order, a new row starting where either side
-would overflow (a side longer than seq_len is first cut to seq_len, as above); 'input_valid'
-gives way to 'input_segment_ids', 'input_positions', 'target_segment_ids' and
-'target_positions': segment k of a row's targets translates segment k of its inputs, and 0 is
-padding, which carries no weight.
+targets[:-1]) and 'weights' (1.0 on the target and its EOS); data.task_prefix (T5's 'translate
+German to English: ') puts its tokens before each source, unpacked (the whole cut to seq_len).
+With data.packing, the pairs fill rows of seq_len tokens in both streams, in corpus order, a new
+row starting where either side would overflow (a side longer than seq_len is first cut to
+seq_len, as above); 'input_valid' gives way to 'input_segment_ids', 'input_positions',
+'target_segment_ids' and 'target_positions': segment k of a row's targets translates segment k
+of its inputs, and 0 is padding, which carries no weight.
 
 Training example k is row permutation(seed, k // R)[k % R] of the R training rows (pairs, or
 packed rows); held-out rows are read in order. `generation_metrics` scores the translations
@@ -31,7 +32,8 @@ import numpy as np
 import sacrebleu
 
 from transformer_jax.data import corpus as corpus_lib
-from transformer_jax.data import packing, rng, seq2seq, sources, text_data, token_files
+from transformer_jax.data import (packing, rng, seq2seq, sources, text_data, text_to_text,
+                                  token_files)
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.data.settings import DataPart, DataSettings, register_part
 from transformer_jax.data.corpus import TextSettings
@@ -78,6 +80,10 @@ def make_translation_task(settings: DataSettings, seed: int, *, vocab_size: int 
                                           saved_dir=tokenizer_dir)
   if tokenizer.bos_id is None or tokenizer.eos_id is None:
     raise ConfigError(_NEEDS_BOS_AND_EOS.format(tokenizer.kind))
+  prefix = settings.part(text_to_text.TextToTextSettings).task_prefix
+  if prefix and text_settings.packing:
+    raise ConfigError(f'data.task_prefix={prefix!r} goes before each unpacked source: set '
+                      'data.packing=False, or leave data.task_prefix unset.')
   root = text_settings.token_dir or token_files.default_root()
 
   def tokenized(sides):  # the targets end with EOS, the sources with nothing
@@ -86,7 +92,8 @@ def make_translation_task(settings: DataSettings, seed: int, *, vocab_size: int 
   return TranslationTask(tokenized(train), tokenized(held_out), tokenizer,
                          seq_len=settings.seq_len, seed=seed, packed=text_settings.packing,
                          bleu_examples=own.bleu_examples, references=held_out[1],
-                         languages=(source, target))
+                         languages=(source, target),
+                         prefix_ids=tokenizer.encode(prefix) if prefix else [])
 
 
 def languages(settings: DataSettings, name: str) -> tuple[str, str]:
@@ -166,8 +173,10 @@ class TranslationTask:
   training and held-out splits, and BLEU and exact match of decoded translations."""
 
   def __init__(self, train, held_out, tokenizer, *, seq_len: int, seed: int, packed: bool,
-               bleu_examples: int, references: corpus_lib.Corpus, languages: tuple[str, str]):
+               bleu_examples: int, references: corpus_lib.Corpus, languages: tuple[str, str],
+               prefix_ids=()):
     self.vocab, self.token_bytes = tokenizer, tokenizer.token_bytes
+    self.prefix_ids = np.asarray(prefix_ids, np.int32)
     self.seq_len, self.seed, self.packed = seq_len, seed, packed
     self.pad_id = tokenizer.pad_id or 0
     self.train = _split(train, seq_len, packed)
@@ -198,10 +207,20 @@ class TranslationTask:
              'targets': target['tokens'],
              'weights': (target['segment_ids'] > 0).astype(np.float32)}
     if not packed:
-      return {**batch, 'input_valid': source['segment_ids'] > 0}
+      return self._prefixed({**batch, 'input_valid': source['segment_ids'] > 0})
     return {**batch, 'input_segment_ids': source['segment_ids'],
             'input_positions': source['positions'], 'target_segment_ids': target['segment_ids'],
             'target_positions': target['positions']}
+
+  def _prefixed(self, batch: dict) -> dict:
+    """The unpacked batch with the task prefix's ids before each source, cut to seq_len."""
+    if not self.prefix_ids.size:
+      return batch
+    rows = len(batch['inputs'])
+    before = lambda values, prefix: np.concatenate(
+        [np.broadcast_to(prefix, (rows, self.prefix_ids.size)), values], axis=1)[:, :self.seq_len]
+    return {**batch, 'inputs': before(batch['inputs'], self.prefix_ids),
+            'input_valid': before(batch['input_valid'], True)}
 
   def generation_metrics(self, generate, batch_size: int) -> dict:
     """{'eval_bleu', 'eval_exact_match'} of the translations of the first held-out pairs (data.
