@@ -1,5 +1,7 @@
 """Whisper (Radford et al. 2022): its audio stem and encoder positions against torch and
 openai/whisper's formulas, the model, its cached decoding, its configs and its data."""
+import dataclasses
+
 import flax.linen as nn
 import numpy as np
 import jax
@@ -15,7 +17,7 @@ from helpers import ROOT, load_config, tiny
 from test_decode import NEW_TOKENS, TARGET_LENGTHS, TARGET_PROMPTS, uncached_greedy
 from transformer_jax import accounting, convert, data, decode, describe, layers, models, run
 from transformer_jax.data import audio, speech
-from transformer_jax.errors import UserError
+from transformer_jax.errors import ConfigError, UserError
 from transformer_jax.train import metrics
 
 
@@ -172,7 +174,7 @@ def test_forward_flops_per_second_of_audio_by_hand():
 
 
 def audio_data(tmp_path=None, name='synthetic', **overrides):
-  settings = data.DataSettings.of(dict(name=name, seq_len=6, eval_examples=8, **overrides))
+  settings = data.DataSettings.of({'name': name, 'seq_len': 6, 'eval_examples': 8, **overrides})
   return speech.AudioTask(settings, seed=0, num_mels=8, num_frames=20, max_len=8)
 
 
@@ -341,6 +343,62 @@ def test_transcripts_take_a_tokenizer_json_starting_from_whispers_start_of_trans
   np.testing.assert_array_equal(batch['decoder_inputs'][0, :2], [1, 3])
   np.testing.assert_array_equal(batch['targets'][0, :2], [3, 0])
   np.testing.assert_array_equal(batch['weights'][0], [1, 1, 0, 0, 0, 0])
+
+
+WHISPER_SPECIALS = ['<|endoftext|>', '<|startoftranscript|>', '<|en|>', '<|fr|>',
+                    '<|transcribe|>', '<|translate|>', '<|notimestamps|>']
+
+
+def whisper_tokenizer(directory):
+  """A word-level tokenizer.json with Whisper's special tokens at ids 0-6 and words after."""
+  words = {token: i for i, token in enumerate(WHISPER_SPECIALS + ['[UNK]', 'three', 'two'])}
+  made = tokenizers.Tokenizer(tokenizers.models.WordLevel(words, unk_token='[UNK]'))
+  made.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+  made.add_special_tokens(WHISPER_SPECIALS)
+  made.save(str(directory / 'tokenizer.json'))
+  return str(directory)
+
+
+@pytest.mark.parametrize('language,task,prompt', [
+    ('en', 'transcribe', [1, 2, 4, 6]), ('fr', 'translate', [1, 3, 5, 6])])
+def test_whispers_special_tokens_prompt_the_decoder_and_the_loss_skips_them(
+    tmp_path, language, task, prompt):
+  write_folder(tmp_path, [('0.wav', 0.1, 'two three'), ('1.wav', 0.1, 'two three two')])
+  made = audio_data(name='audiofolder', audio_dir=str(tmp_path), seq_len=8, language=language,
+                    whisper_task=task, tokenizer=whisper_tokenizer(tmp_path))
+  assert made.prompt == prompt
+  batch = made.eval_examples(np.array([0]))  # 1.wav: 'two three two' = 9 8 9, <|endoftext|> 0
+  np.testing.assert_array_equal(batch['decoder_inputs'][0], prompt + [9, 8, 9, 0])
+  np.testing.assert_array_equal(batch['targets'][0], prompt[1:] + [9, 8, 9, 0, 0])
+  np.testing.assert_array_equal(batch['weights'][0], [0, 0, 0, 1, 1, 1, 1, 0])
+
+  def generate(prompt_tokens, max_new_tokens, eos_id, **unused):  # writes 'two three', then EOS
+    np.testing.assert_array_equal(prompt_tokens, [prompt])
+    assert max_new_tokens == 8 + 1 - 4  # what fits the decoder's seq_len after the prompt
+    return np.array([[9, 8, eos_id] + [0] * (max_new_tokens - 3)])
+
+  assert made.generation_metrics(generate, batch_size=1) == {}  # data.wer_examples=0
+  made.part = dataclasses.replace(made.part, wer_examples=1)
+  assert made.generation_metrics(generate, batch_size=1) == {'eval_wer': 1 / 3}  # one deletion
+
+
+def test_whispers_tokens_without_the_language_fail_naming_the_setting(tmp_path):
+  write_folder(tmp_path, [('0.wav', 0.1, 'two'), ('1.wav', 0.1, 'three')])
+  with pytest.raises(ConfigError, match=r'not <\|de\|>: set data.language'):
+    audio_data(name='audiofolder', audio_dir=str(tmp_path), language='de',
+               tokenizer=whisper_tokenizer(tmp_path))
+  with pytest.raises(ConfigError, match='whisper_task'):
+    audio_data(name='audiofolder', audio_dir=str(tmp_path), whisper_task='align',
+               tokenizer=whisper_tokenizer(tmp_path))
+
+
+def test_a_transcript_over_seq_len_after_the_prompt_fails_naming_the_fix(tmp_path):
+  write_folder(tmp_path, [('0.wav', 0.1, 'two three two'), ('1.wav', 0.1, 'two')])
+  made = audio_data(name='audiofolder', audio_dir=str(tmp_path), seq_len=6,
+                    tokenizer=whisper_tokenizer(tmp_path))
+  with pytest.raises(UserError, match='is 4 tokens with its EOS after a prompt of 4, over '
+                     'data.seq_len=6: raise data.seq_len'):
+    made.train_batch(0, 8, slice(None))
 
 
 def test_from_hf_describes_a_whisper_checkpoint_with_transformers_count(hf_whisper):

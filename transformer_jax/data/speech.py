@@ -12,8 +12,13 @@ Features are data.audio's (Whisper's front end), computed per example in the pip
 workers, with SpecAugment (Park et al. 2019) on training examples where data.spec_augment.
 Transcripts are encoded by the text data's tokenizer (data.tokenizer): 'chars', a character
 vocabulary with PAD, BOS and EOS (data.vocab.Vocab) of the digits for generated data and of the
-transcripts' characters for a folder; or a tokenizer.json (Whisper's, from its checkpoint
-directory), whose decoder starts from its BOS, else Whisper's <|startoftranscript|>.
+transcripts' characters for a folder; or a tokenizer.json. One with Whisper's special tokens
+(<|startoftranscript|>, the language's <|en|>, the task's <|transcribe|> or <|translate|>,
+<|notimestamps|>, <|endoftext|>: a Whisper checkpoint directory's) makes Whisper's decoder
+prompt, <|startoftranscript|> <|LANG|> <|TASK|> <|notimestamps|> (LANG: data.language, TASK:
+data.whisper_task), before the text and its <|endoftext|>: the loss and the word error rate skip
+the prompt, and decoding starts from it. Any other tokenizer (the characters, a tokenizer.json
+without them) starts the decoder from its BOS (<|startoftranscript|> where it has no BOS).
 `generation_metrics` gives eval_wer, the word error rate (jiwer) of the greedy (or beam)
 transcripts of the first data.wer_examples held-out utterances, both sides lower-cased and
 stripped of punctuation.
@@ -40,6 +45,8 @@ METADATA = 'metadata.csv'
 COLUMNS = ('file_name', 'transcription')
 DIGITS = '0123456789'
 START_OF_TRANSCRIPT = '<|startoftranscript|>'  # Whisper's decoder start
+NO_TIMESTAMPS = '<|notimestamps|>'
+WHISPER_TASKS = ('transcribe', 'translate')
 
 
 @register_part
@@ -58,12 +65,15 @@ class AudioSettings(DataPart):
   max_freq_width: int = 27  # Mel bins
   tone_noise: float = 0.05  # the noise of generated tones (standard deviation)
   wer_examples: int = 0  # held-out utterances transcribed for eval_wer; 0: none
+  language: str = 'en'  # Whisper's language token <|en|>, where the tokenizer has Whisper's
+  whisper_task: str = 'transcribe'  # Whisper's task token, where the tokenizer has Whisper's
 
   RANGES = {'sample_rate': COUNT, 'window_seconds': Range(0, open_low=True, optional=True),
             'n_mels': Range(1, integer=True, optional=True),
             'num_time_masks': Range(0, integer=True), 'max_time_width': Range(0, integer=True),
             'num_freq_masks': Range(0, integer=True), 'max_freq_width': Range(0, integer=True),
             'tone_noise': Range(0), 'wer_examples': Range(0, integer=True)}
+  CHOICES = {'whisper_task': WHISPER_TASKS}
 
 
 def normalized(text: str) -> str:
@@ -120,10 +130,29 @@ def transcript_tokenizer(name: str, alphabet: str):
   return found
 
 
+def decoder_prompt(vocab, language: str, task: str) -> list[int]:
+  """The ids the decoder starts from: Whisper's <|startoftranscript|> <|language|> <|task|>
+  <|notimestamps|> where `vocab` has Whisper's special tokens (their first and last decide), else
+  its BOS alone."""
+  id_of = getattr(vocab, 'id_of', lambda token: None)
+  if id_of(START_OF_TRANSCRIPT) is None or id_of(NO_TIMESTAMPS) is None:
+    return [vocab.bos_id]
+  tokens = [START_OF_TRANSCRIPT, f'<|{language}|>', f'<|{task}|>', NO_TIMESTAMPS]
+  missing = [token for token in tokens if id_of(token) is None]
+  if missing:
+    raise ConfigError(f'The tokenizer has Whisper\'s special tokens but not {", ".join(missing)}: '
+                      'set data.language (a code it has, such as en) and data.whisper_task '
+                      f'({" or ".join(WHISPER_TASKS)}).')
+  return [id_of(token) for token in tokens]
+
+
 class AudioTask:
-  """{'features': float32 (b, frames, mels), 'decoder_inputs': (b, T) = [BOS] + targets[:-1],
-  'targets': (b, T) = transcript + [EOS] padded, 'weights': float32 (b, T), 1.0 on the transcript
-  and its EOS}, T = data.seq_len. A batch is a pure function of (seed, step)."""
+  """{'features': float32 (b, frames, mels), 'decoder_inputs': (b, T), 'targets': (b, T),
+  'weights': float32 (b, T)}, T = data.seq_len: of the sequence prompt + transcript + [EOS],
+  padded to T + 1 (the prompt: `decoder_prompt`, [BOS] for a tokenizer without Whisper's
+  tokens), the decoder inputs are all but its last token and the targets all but its first;
+  the weights are 1.0 on the targets of the transcript and its EOS, 0.0 on the prompt's and the
+  padding. A batch is a pure function of (seed, step)."""
 
   def __init__(self, settings, seed: int, *, num_mels: int, num_frames: int, max_len: int):
     part = settings.part(AudioSettings)
@@ -150,6 +179,7 @@ class AudioTask:
       alphabet = DIGITS
       self.num_eval_examples = settings.eval_examples
     self.vocab = transcript_tokenizer(settings.part(corpus.TextSettings).tokenizer, alphabet)
+    self.prompt = decoder_prompt(self.vocab, part.language, part.whisper_task)
     self.pad_id = self.vocab.eos_id if self.vocab.pad_id is None else self.vocab.pad_id
     self.token_bytes = self.vocab.token_bytes
     self.info = {'vocab_size': self.vocab.size, 'num_mels': self.num_mels,
@@ -181,9 +211,10 @@ class AudioTask:
     utterances = lambda rows: {'inputs': self.eval_examples(np.asarray(rows))['features'],
                                'input_valid': None}
     outputs = seq2seq.decode_held_out(generate, utterances, count, batch_size, self.vocab,
-                                      self.seq_len)
-    references = [self.vocab.decode(row) for row in
-                  self.eval_examples(np.arange(count))['targets']]
+                                      self.seq_len + 1 - len(self.prompt), prompt=self.prompt)
+    held_out = self.eval_examples(np.arange(count))
+    references = [self.vocab.decode(row[weights > 0])
+                  for row, weights in zip(held_out['targets'], held_out['weights'])]
     return {'eval_wer': word_error_rate([self.vocab.decode(o) for o in outputs], references)}
 
   def _tone(self, generator: np.random.Generator) -> tuple[np.ndarray, str]:
@@ -203,7 +234,7 @@ class AudioTask:
     return audio.load_audio(path, self.part.sample_rate), text
 
   def _batch(self, utterances, augment: np.random.Generator | None) -> dict:
-    features, targets = [], []
+    features, sequences, lengths = [], [], []
     for waveform, text in utterances:
       mel = audio.log_mel_spectrogram(waveform, num_mels=self.num_mels,
                                       num_samples=self.num_samples)
@@ -213,21 +244,25 @@ class AudioTask:
                                  num_freq_masks=self.part.num_freq_masks,
                                  max_freq_width=self.part.max_freq_width)
       features.append(mel)
-      targets.append(self._transcript(text))
-    targets = np.stack(targets)
-    bos = np.full((len(targets), 1), self.vocab.bos_id, np.int32)
-    ends = (targets == self.vocab.eos_id).argmax(axis=1)
+      ids = self._sequence(text)
+      lengths.append(len(ids))
+      sequences.append(ids + [self.pad_id] * (self.seq_len + 1 - len(ids)))
+    sequences = np.array(sequences, np.int32)
+    positions = np.arange(self.seq_len)
+    scored = (positions >= len(self.prompt) - 1) & (positions < np.array(lengths)[:, None] - 1)
     return {'features': np.stack(features).astype(np.float32),
-            'decoder_inputs': np.concatenate([bos, targets[:, :-1]], axis=1),
-            'targets': targets,
-            'weights': (np.arange(self.seq_len) <= ends[:, None]).astype(np.float32)}
+            'decoder_inputs': sequences[:, :-1], 'targets': sequences[:, 1:],
+            'weights': scored.astype(np.float32)}
 
-  def _transcript(self, text: str) -> np.ndarray:
-    ids = self.vocab.encode(text) + [self.vocab.eos_id]
-    if len(ids) > self.seq_len:
-      raise UserError(f'The transcript {text[:40]!r} is {len(ids)} tokens with its EOS, over '
-                      f'data.seq_len={self.seq_len}: raise data.seq_len (up to model.max_len).')
-    return np.array(ids + [self.pad_id] * (self.seq_len - len(ids)), np.int32)
+  def _sequence(self, text: str) -> list[int]:
+    """The prompt, the transcript's ids and EOS; a UserError if over data.seq_len + 1."""
+    ids = self.prompt + self.vocab.encode(text) + [self.vocab.eos_id]
+    if len(ids) - 1 > self.seq_len:
+      prompt = f' after a prompt of {len(self.prompt)}' if len(self.prompt) > 1 else ''
+      raise UserError(f'The transcript {text[:40]!r} is {len(ids) - len(self.prompt)} tokens with '
+                      f'its EOS{prompt}, over data.seq_len={self.seq_len}: raise data.seq_len '
+                      '(up to model.max_len).')
+    return ids
 
 
 def make_audio_task(settings, seed, tokenizer_dir=None, *, num_mels, num_frames, max_len,
