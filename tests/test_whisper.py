@@ -15,7 +15,8 @@ import transformers
 import train_helpers
 from helpers import ROOT, load_config, tiny
 from test_decode import NEW_TOKENS, TARGET_LENGTHS, TARGET_PROMPTS, uncached_greedy
-from transformer_jax import accounting, convert, data, decode, describe, layers, models, run
+from transformer_jax import (accounting, convert, data, decode, describe, layers, models, run,
+                             train)
 from transformer_jax.data import audio, speech
 from transformer_jax.errors import ConfigError, UserError
 from transformer_jax.train import metrics
@@ -244,6 +245,52 @@ def test_the_reference_config_trains_end_to_end_on_generated_tones(tmp_path):
   assert losses[1] > np.log(13) * 0.5  # near the uniform loss over 13 ids at the start
   (evaluation,) = [row for row in metrics.read_metrics(str(tmp_path)) if 'eval_wer' in row]
   assert evaluation['step'] == 3 and evaluation['eval_wer'] >= 0
+
+
+def snapshot(directory):
+  """{path: (size, mtime)} of every file under directory."""
+  return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in directory.rglob('*')
+          if p.is_file()}
+
+
+@pytest.mark.slow
+def test_sample_mode_transcribes_an_audio_file_greedily_and_writes_nothing(tmp_path, capsys):
+  config = load_config(ROOT / 'configs' / 'whisper_reference.py', 'steps=2')
+  config.model.update(width=32, num_frames=40, num_mels=16)
+  config.data.update(batch_size=8, eval_batch_size=8, eval_examples=8, wer_examples=0)
+  workdir = tmp_path / 'run'
+  run.run(config, str(workdir), 'train')
+  clip = tmp_path / 'clip.wav'
+  soundfile.write(clip, 0.5 * np.sin(2 * np.pi * 700 * np.arange(4000) / 8000), 8000)
+  config.sample.update(audio=str(clip), temperature=0.0, max_new_tokens=6)
+  before = snapshot(workdir)
+  (text,) = run.run(config, str(workdir), 'sample')
+  assert snapshot(workdir) == before  # read-only
+  assert capsys.readouterr().out.endswith(f'--- transcript 0 of {clip} (step 2) ---\n{text}\n')
+  # The same transcript by hand: the file's features, greedy from BOS, cut at EOS.
+  trained, params, _ = train.restore_trained(config, str(workdir))
+  features = audio.log_mel_spectrogram(audio.load_audio(clip), num_mels=16,
+                                       num_samples=40 * audio.HOP_LENGTH)
+  vocab = trained.data.vocab
+  tokens = decode.generate(trained.model, params, np.array([[vocab.bos_id]]), max_new_tokens=6,
+                           inputs=features[None], eos_id=vocab.eos_id).tokens[0].tolist()
+  assert text == vocab.decode(tokens)
+  config.sample.update(beam_size=2)
+  (beamed,) = run.run(config, str(workdir), 'sample')
+  beams = decode.beam_search(trained.model, params, np.array([[vocab.bos_id]]), beam_size=2,
+                             max_new_tokens=6, inputs=features[None], eos_id=vocab.eos_id,
+                             length_penalty=0.6)
+  assert beamed == vocab.decode(beams.tokens[0, 0, :int(beams.lengths[0, 0])].tolist())
+  (tmp_path / 'bad.wav').write_bytes(b'RIFF, but not audio')
+  for path, message in ((tmp_path / 'bad.wav', 'cannot read the audio file'),
+                        (tmp_path / 'absent.wav', 'no audio file at')):
+    config.sample.audio = str(path)
+    with pytest.raises(UserError, match=f'{message} {path}'):
+      run.run(config, str(workdir), 'sample')
+  config.sample.audio = None
+  with pytest.raises(ConfigError, match='set --config.sample.audio=FILE'):
+    run.run(config, str(workdir), 'sample')
+  assert snapshot(workdir) == before
 
 
 # Hugging Face's WhisperForConditionalGeneration.
