@@ -27,11 +27,12 @@ import csv
 import dataclasses
 import pathlib
 import re
+import string
 
 import jiwer
 import numpy as np
 
-from transformer_jax.data import audio, corpus, rng, seq2seq, tokenizer
+from transformer_jax.data import audio, corpus, rng, seq2seq, sources, tokenizer
 from transformer_jax.data.settings import DataPart, register_part
 from transformer_jax.data.vocab import Vocab
 from transformer_jax.errors import ConfigError, UserError
@@ -44,6 +45,9 @@ SOURCES = ('synthetic', 'audiofolder')
 METADATA = 'metadata.csv'
 COLUMNS = ('file_name', 'transcription')
 DIGITS = '0123456789'
+# The characters a TFDS dataset's Text transcripts may hold with data.tokenizer='chars' (they are
+# not read ahead to find theirs): LibriSpeech's are upper-case letters, the apostrophe and space.
+TEXT_ALPHABET = string.ascii_letters + string.digits + " '.,;:!?-"
 START_OF_TRANSCRIPT = '<|startoftranscript|>'  # Whisper's decoder start
 NO_TIMESTAMPS = '<|notimestamps|>'
 WHISPER_TASKS = ('transcribe', 'translate')
@@ -65,6 +69,9 @@ class AudioSettings(DataPart):
   max_freq_width: int = 27  # Mel bins
   tone_noise: float = 0.05  # the noise of generated tones (standard deviation)
   wer_examples: int = 0  # held-out utterances transcribed for eval_wer; 0: none
+  audio_key: str | None = None  # a TFDS dataset's Audio feature; None: its only one
+  transcript_key: str | None = None  # its Text or ClassLabel feature; None: its only one
+  source_sample_rate: int | None = None  # a TFDS dataset's audio rate where it states none
   language: str = 'en'  # Whisper's language token <|en|>, where the tokenizer has Whisper's
   whisper_task: str = 'transcribe'  # Whisper's task token, where the tokenizer has Whisper's
 
@@ -72,7 +79,8 @@ class AudioSettings(DataPart):
             'n_mels': Range(1, integer=True, optional=True),
             'num_time_masks': Range(0, integer=True), 'max_time_width': Range(0, integer=True),
             'num_freq_masks': Range(0, integer=True), 'max_freq_width': Range(0, integer=True),
-            'tone_noise': Range(0), 'wer_examples': Range(0, integer=True)}
+            'tone_noise': Range(0), 'wer_examples': Range(0, integer=True),
+            'source_sample_rate': Range(1, integer=True, optional=True)}
   CHOICES = {'whisper_task': WHISPER_TASKS}
 
 
@@ -146,6 +154,48 @@ def decoder_prompt(vocab, language: str, task: str) -> list[int]:
   return [id_of(token) for token in tokens]
 
 
+class FolderSplit:
+  """An audiofolder's rows: [i] -> (waveform at sample_rate, transcript) of row i."""
+
+  def __init__(self, rows: list[tuple[str, str]], sample_rate: int):
+    self.rows, self.sample_rate = rows, sample_rate
+
+  def __len__(self) -> int:
+    return len(self.rows)
+
+  def __getitem__(self, index) -> tuple[np.ndarray, str]:
+    path, text = self.rows[int(index)]
+    return audio.load_audio(path, self.sample_rate), text
+
+
+class TFDSSplit:
+  """A TFDS split's records: [i] -> (waveform at data.sample_rate, transcript) of record i, its
+  audio as audio.waveform_of makes it from the dataset's integer samples and rate; a ClassLabel's
+  name as words ('_silence_' -> 'silence'), a Text as it is."""
+
+  def __init__(self, source, dataset: 'sources.AudioDataset', part: AudioSettings):
+    self.source, self.dataset, self.sample_rate = source, dataset, part.sample_rate
+    self.source_rate = dataset.sample_rate or part.source_sample_rate
+    if self.source_rate is None:
+      raise ConfigError(f'{dataset.name}\'s {dataset.audio_key} feature states no sample rate: '
+                        'set data.source_sample_rate to the rate of its audio (Hz).')
+    self.label_words = tuple(' '.join(name.replace('_', ' ').split())
+                             for name in dataset.label_names or ())
+
+  def __len__(self) -> int:
+    return len(self.source)
+
+  def __getitem__(self, index) -> tuple[np.ndarray, str]:
+    record = self.source[int(index)]
+    name = f'{self.dataset.name} record {int(index)}'
+    waveform = audio.waveform_of(record[self.dataset.audio_key], self.source_rate,
+                                 self.sample_rate, source=name)
+    transcript = record[self.dataset.transcript_key]
+    if self.label_words:
+      return waveform, self.label_words[int(transcript)]
+    return waveform, transcript.decode() if isinstance(transcript, bytes) else str(transcript)
+
+
 class AudioTask:
   """{'features': float32 (b, frames, mels), 'decoder_inputs': (b, T), 'targets': (b, T),
   'weights': float32 (b, T)}, T = data.seq_len: of the sequence prompt + transcript + [EOS],
@@ -166,18 +216,22 @@ class AudioTask:
                         f'model.max_len={max_len} positions: lower data.seq_len or raise '
                         'model.max_len.')
     if settings.name == 'audiofolder':
-      if not part.audio_dir:
-        raise ConfigError("data.name='audiofolder' reads data.audio_dir: set it to the folder "
-                          f'holding {METADATA}.')
-      rows = read_metadata(part.audio_dir)
-      held_out = max(1, len(rows) // 10)
-      self.train_rows, self.held_out_rows = rows[:-held_out], rows[-held_out:]
-      alphabet = ''.join(sorted({c for _, text in rows for c in text}))
-      self.num_eval_examples = held_out
-    else:
-      self.train_rows = self.held_out_rows = None
+      self.train, self.held_out, alphabet = self._folder(part)
+      self.num_eval_examples = len(self.held_out)
+    elif settings.name == 'synthetic':
+      self.train = self.held_out = None
       alphabet = DIGITS
       self.num_eval_examples = settings.eval_examples
+    else:
+      dataset = sources.open_audio_dataset(
+          settings.name, data_dir=settings.tfds_data_dir, train_split=settings.train_split,
+          eval_split=settings.eval_split, audio_key=part.audio_key,
+          transcript_key=part.transcript_key)
+      self.train, self.held_out = (TFDSSplit(split, dataset, part)
+                                   for split in (dataset.train, dataset.held_out))
+      alphabet = (''.join(sorted({c for n in self.train.label_words for c in n}))
+                  if dataset.label_names else TEXT_ALPHABET)
+      self.num_eval_examples = len(self.held_out)
     self.vocab = transcript_tokenizer(settings.part(corpus.TextSettings).tokenizer, alphabet)
     self.prompt = decoder_prompt(self.vocab, part.language, part.whisper_task)
     self.pad_id = self.vocab.eos_id if self.vocab.pad_id is None else self.vocab.pad_id
@@ -187,19 +241,19 @@ class AudioTask:
 
   def train_batch(self, step: int, batch_size: int, rows: slice) -> dict:
     generator = rng.generator(rng.GENERATE, self.seed, step)
-    if self.train_rows is None:
+    if self.train is None:
       utterances = [self._tone(generator) for _ in range(batch_size)][rows]
     else:
-      chosen = generator.integers(0, len(self.train_rows), size=batch_size)[rows]
-      utterances = [self._read(self.train_rows[i]) for i in chosen]
+      chosen = generator.integers(0, len(self.train), size=batch_size)[rows]
+      utterances = [self.train[i] for i in chosen]
     augment = rng.generator(rng.AUGMENT, self.seed, step) if self.part.spec_augment else None
     return self._batch(utterances, augment)
 
   def eval_examples(self, indices: np.ndarray) -> dict:
-    if self.held_out_rows is None:
+    if self.held_out is None:
       utterances = [self._tone(rng.generator(rng.HELD_OUT, int(i))) for i in indices]
     else:
-      utterances = [self._read(self.held_out_rows[int(i)]) for i in indices]
+      utterances = [self.held_out[int(i)] for i in indices]
     return self._batch(utterances, None)
 
   def generation_metrics(self, generate, batch_size: int) -> dict:
@@ -229,9 +283,18 @@ class AudioTask:
     waveform += self.part.tone_noise * generator.standard_normal(self.num_samples)
     return waveform.astype(np.float32), DIGITS[digit]
 
-  def _read(self, row: tuple[str, str]) -> tuple[np.ndarray, str]:
-    path, text = row
-    return audio.load_audio(path, self.part.sample_rate), text
+  @staticmethod
+  def _folder(part: AudioSettings) -> tuple['FolderSplit', 'FolderSplit', str]:
+    """The training and held-out (the last tenth, at least one) rows of data.audio_dir, and
+    the characters of their transcripts."""
+    if not part.audio_dir:
+      raise ConfigError("data.name='audiofolder' reads data.audio_dir: set it to the folder "
+                        f'holding {METADATA}.')
+    rows = read_metadata(part.audio_dir)
+    held_out = max(1, len(rows) // 10)
+    alphabet = ''.join(sorted({c for _, text in rows for c in text}))
+    return (FolderSplit(rows[:-held_out], part.sample_rate),
+            FolderSplit(rows[-held_out:], part.sample_rate), alphabet)
 
   def _batch(self, utterances, augment: np.random.Generator | None) -> dict:
     features, sequences, lengths = [], [], []
