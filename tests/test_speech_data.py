@@ -157,3 +157,17 @@ def test_a_tfds_audio_feature_without_a_sample_rate_needs_the_setting(monkeypatc
     held_out = task.held_out.source[0]['audio']
     np.testing.assert_allclose(task.eval_examples(np.array([0]))['features'][0],
                                expected_features(held_out, rate=8000), atol=1e-5)
+
+
+def test_a_corrupt_file_read_in_a_training_thread_raises_its_own_error(tmp_path):
+  """grain's threads read the training batches: the UserError naming the file reaches the loop
+  as it is (run.errors_as_messages prints it as one line)."""
+  write_folder(tmp_path, 20, corrupt={3})
+  made = data.make_data({'name': 'audiofolder', 'audio_dir': str(tmp_path), 'seq_len': 4,
+                         'batch_size': 8, 'eval_batch_size': 2, 'num_threads': 2}, 'audio',
+                        seed=0, process_index=0, process_count=1, num_mels=8, num_frames=20,
+                        max_len=8)
+  batches = made.train_iterator(0)
+  with pytest.raises(UserError, match=f'cannot read the audio file {tmp_path / "3.wav"}'):
+    for _ in range(20):  # 160 draws of 18 training files: 3.wav among them
+      next(batches)

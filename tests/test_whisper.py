@@ -227,6 +227,12 @@ def test_a_corrupt_file_is_named_and_a_metadata_without_the_columns_is_refused(t
     audio_data(name='audiofolder', audio_dir=str(tmp_path))
 
 
+def test_transcripts_longer_than_the_decoders_positions_are_refused_naming_the_fix():
+  with pytest.raises(ConfigError, match=r"data.seq_len=9 transcript tokens exceed the decoder's "
+                     r'model.max_len=8 positions: lower data.seq_len or raise model.max_len'):
+    audio_data(seq_len=9)
+
+
 def test_a_transcript_longer_than_seq_len_fails_naming_the_fix(tmp_path):
   write_folder(tmp_path, [('0.wav', 0.1, 'abcdefgh'), ('1.wav', 0.1, 'b')])
   with pytest.raises(UserError, match='raise data.seq_len'):
