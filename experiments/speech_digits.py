@@ -46,7 +46,7 @@ ACCENTS = ('en-us', 'en-gb', 'en-gb-scotland', 'en-gb-x-rp', 'en-029', 'en-us-ny
 VARIANTS = ('m1', 'm3', 'm7', 'f2', 'f4', 'klatt')
 SPEEDS, PITCHES = (130, 200), (20, 80)  # inclusive ranges
 MIN_DIGITS, MAX_DIGITS = 3, 6
-NUM_UTTERANCES, QUICK_UTTERANCES = 4000, 40
+NUM_UTTERANCES, QUICK_UTTERANCES = 4000, 80  # the last tenth held out
 STEPS, EVALS = 800, 4
 WINDOW_SECONDS, SEQ_LEN = 4.0, 40
 ALPHABET = ''.join(sorted(set(' '.join(DIGIT_WORDS))))
@@ -57,7 +57,7 @@ MODEL = {'data.name': 'audiofolder', 'data.window_seconds': WINDOW_SECONDS,
          'data.num_threads': 2, 'training.steps': STEPS,
          'training.eval_every': STEPS // EVALS, 'training.checkpoint_every': STEPS // EVALS,
          'training.log_every': 50}
-QUICK = {'data.batch_size': 4, 'data.eval_batch_size': 4, 'data.wer_examples': 4,
+QUICK = {'data.batch_size': 8, 'data.eval_batch_size': 8, 'data.wer_examples': 8,
          'training.steps': 2, 'training.eval_every': 2, 'training.checkpoint_every': 2,
          'training.log_every': 1, 'optimizer.warmup_steps': 1}
 BEAM_SIZE = 4

@@ -1,6 +1,7 @@
 """Speech data from TFDS by name (TFDS's mock records of the real builders' features: integer
 audio of random lengths), integer waveforms' scale, and bad input reported as one line."""
 import json
+import shutil
 import subprocess
 import sys
 
@@ -9,7 +10,7 @@ import pytest
 import soundfile
 import tensorflow_datasets as tfds
 
-from helpers import mock_tfds, ROOT
+from helpers import load_experiment, mock_tfds, ROOT
 from transformer_jax import data
 from transformer_jax.data import audio, sources, speech
 from transformer_jax.errors import ConfigError, UserError
@@ -171,3 +172,35 @@ def test_a_corrupt_file_read_in_a_training_thread_raises_its_own_error(tmp_path)
   with pytest.raises(UserError, match=f'cannot read the audio file {tmp_path / "3.wav"}'):
     for _ in range(20):  # 160 draws of 18 training files: 3.wav among them
       next(batches)
+
+
+def test_speech_digits_draws_digit_strings_voices_speeds_and_pitches(monkeypatch):
+  speech_digits = load_experiment('speech_digits')
+  drawn = speech_digits.utterances(300)
+  assert drawn == speech_digits.utterances(300)  # the set is a function of its seed
+  lengths = {len(row['text'].split()) for row in drawn}
+  assert lengths == {3, 4, 5, 6}
+  assert {word for row in drawn for word in row['text'].split()} == set(speech_digits.DIGIT_WORDS)
+  accents = {row['voice'].split('+')[0] for row in drawn}
+  assert accents == set(speech_digits.ACCENTS)
+  assert {row['voice'].split('+')[1] for row in drawn} == set(speech_digits.VARIANTS)
+  assert min(r['speed'] for r in drawn) >= 130 and max(r['speed'] for r in drawn) <= 200
+  assert min(r['pitch'] for r in drawn) >= 20 and max(r['pitch'] for r in drawn) <= 80
+  monkeypatch.setattr(speech_digits.shutil, 'which', lambda name: None)
+  with pytest.raises(UserError, match='not installed: `apt-get install espeak-ng`'):
+    speech_digits.synthesize('/nonexistent/audio', 3)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which('espeak-ng') is None, reason='speech_digits speaks with espeak-ng')
+def test_speech_digits_quick_mode_synthesizes_trains_and_writes_its_results(tmp_path):
+  speech_digits = load_experiment('speech_digits')
+  speech_digits.main(['--quick', '--workdir', str(tmp_path)])
+  metadata = (tmp_path / 'audio' / 'metadata.csv').read_text().splitlines()
+  assert len(metadata) == 1 + speech_digits.QUICK_UTTERANCES
+  assert metadata[1] == f'00000.wav,{speech_digits.utterances(1)[0]["text"]}'
+  payload = json.loads((tmp_path / 'results' / 'results.json').read_text())
+  assert payload['command'] == f'python experiments/speech_digits.py --quick --workdir {tmp_path}'
+  assert [run['status'] for run in payload['runs']] == ['finished']
+  assert payload['beam']['beam_size'] == 4 and 0 <= payload['beam']['eval_wer']
+  assert payload['data']['longest_seconds'] <= speech_digits.WINDOW_SECONDS
