@@ -138,6 +138,9 @@ def report(made: dict, result: dict, beam: dict, command: str) -> str:
   audio_rate = result['examples_per_sec'] * made['mean_seconds']
   lines = [f'# {TITLE}', '', __doc__.split('\n\n')[1].replace('\n', ' '), '',
            f'Command: `{command}`', '',
+           f'Machine: {os.cpu_count()} CPU cores, no accelerator, jax {jax.__version__}, shared '
+           'with other jobs (the load averages below): the rates are what the run got, not '
+           'what the machine does alone (`--throughput` measures them on their own).', '',
            f'The set: {made["utterances"]} utterances, {made["hours"]:.2f} hours, mean '
            f'{made["mean_seconds"]:.2f} s, longest {made["longest_seconds"]:.2f} s. Training: '
            f'{result["steps"]} steps in {result["train_seconds"] / 60:.1f} min of wall time '
