@@ -204,3 +204,14 @@ def test_speech_digits_quick_mode_synthesizes_trains_and_writes_its_results(tmp_
   assert [run['status'] for run in payload['runs']] == ['finished']
   assert payload['beam']['beam_size'] == 4 and 0 <= payload['beam']['eval_wer']
   assert payload['data']['longest_seconds'] <= speech_digits.WINDOW_SECONDS
+
+
+def test_speech_digits_device_front_end_equals_the_pipelines():
+  """The jitted front end whose speed --throughput measures computes the pipeline's features."""
+  speech_digits = load_experiment('speech_digits')
+  generator = np.random.default_rng(0)
+  waveforms = np.stack([0.3 * np.sin(2 * np.pi * 440 * np.arange(3200) / 16000),
+                        0.1 * generator.standard_normal(3200)]).astype(np.float32)
+  expected = [audio.log_mel_spectrogram(w, num_mels=16, num_samples=3200) for w in waveforms]
+  np.testing.assert_allclose(speech_digits.device_log_mel(waveforms, num_mels=16), expected,
+                             atol=1e-4)
