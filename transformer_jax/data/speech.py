@@ -1,9 +1,13 @@
 """Speech to text for Whisper: utterances as log-Mel features and their transcripts as decoder
-targets, from an `audiofolder` or generated.
+targets, from an `audiofolder`, a TFDS speech dataset, or generated.
 
   data.name='audiofolder', data.audio_dir=DIR: audio files beside DIR/metadata.csv, whose
     `file_name` and `transcription` columns name each file and give its text (the layout of
     Hugging Face's audiofolder); the last tenth of the rows (at least one) are held out.
+  data.name=NAME of a TFDS dataset (librispeech, speech_commands, ...) prepared in
+    data.tfds_data_dir: its Audio feature data.audio_key and its Text (or ClassLabel, whose
+    names are the words) feature data.transcript_key, each unset for the dataset's only one;
+    splits data.train_split and data.eval_split.
   data.name='synthetic': tones whose transcript is their digit (digit d: a sine of 300 + 100 d
     Hz, of random phase, length and start, plus noise), so that describe, compile and training
     run without files.
