@@ -1,6 +1,7 @@
 """Whisper (Radford et al. 2022): its audio stem and encoder positions against torch and
 openai/whisper's formulas, the model, its cached decoding, its configs and its data."""
 import dataclasses
+import shutil
 
 import flax.linen as nn
 import numpy as np
@@ -452,6 +453,41 @@ def test_a_transcript_over_seq_len_after_the_prompt_fails_naming_the_fix(tmp_pat
   with pytest.raises(UserError, match='is 4 tokens with its EOS after a prompt of 4, over '
                      'data.seq_len=6: raise data.seq_len'):
     made.train_batch(0, 8, slice(None))
+
+
+def test_sample_mode_transcribes_with_an_imported_whisper_from_its_prompt(hf_whisper, tmp_path,
+                                                                          capsys):
+  """init_from_hf's weights and a tokenizer.json with Whisper's tokens (its <|endoftext|> the
+  checkpoint's EOS, 2): the transcript starts from <|startoftranscript|> <|en|> <|transcribe|>
+  <|notimestamps|> = 1 3 4 5; its first token is the argmax of transformers' logits there."""
+  model, path = hf_whisper
+  checkpoint = tmp_path / 'checkpoint'
+  shutil.copytree(path, checkpoint)
+  words = ['[UNK]', '<|startoftranscript|>', '<|endoftext|>', '<|en|>', '<|transcribe|>',
+           '<|notimestamps|>', 'two', 'three']
+  made = tokenizers.Tokenizer(tokenizers.models.WordLevel(
+      {word: i for i, word in enumerate(words)}, unk_token='[UNK]'))
+  made.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+  made.add_special_tokens(words[1:6])
+  made.save(str(checkpoint / 'tokenizer.json'))
+  clip = tmp_path / 'clip.wav'
+  soundfile.write(clip, 0.3 * np.sin(2 * np.pi * 500 * np.arange(2400) / 16000), 16000)
+  config = load_config(ROOT / 'configs' / 'from_hf.py', f'path={checkpoint}')
+  config.sample.update(audio=str(clip), temperature=0.0)
+  (text,) = run.run(config, None, 'sample')
+  assert f'--- transcript 0 of {clip} ({checkpoint}) ---' in capsys.readouterr().out
+  features = audio.log_mel_spectrogram(audio.load_audio(clip), num_mels=12,
+                                       num_samples=16 * audio.HOP_LENGTH)[None]
+  prompt = np.array([[1, 3, 4, 5]])
+  logits = hf_logits(model, features, prompt)
+  settings = train.resolve(config, 'cpu')
+  ours = models.build(settings.model)
+  params = convert.load_params(str(checkpoint), settings.model)
+  tokens = decode.generate(ours, params, prompt, max_new_tokens=10 + 1 - 4, inputs=features,
+                           eos_id=2, token_limit=len(words)).tokens[0].tolist()
+  assert tokens[0] == logits[0, -1, :len(words)].argmax()  # the tokenizer's ids only
+  vocab = data.tokenizer.HFTokenizer.from_file(str(checkpoint), eos_id=2)
+  assert text == vocab.decode(tokens)
 
 
 def test_from_hf_describes_a_whisper_checkpoint_with_transformers_count(hf_whisper):

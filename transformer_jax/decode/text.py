@@ -46,7 +46,7 @@ def sample_text(model, params, vocab: TextVocab, settings: SampleSettings, *,
   extra = {}
   if encoder_decoder:
     bos_id = getattr(vocab, 'bos_id', None)
-    if bos_id is None:
+    if bos_id is None and not start_ids:
       raise ValueError('An encoder-decoder starts its output from a BOS token: the vocabulary '
                        'needs a bos_id.')
     extra['inputs'] = (jnp.asarray([ids] * rows, jnp.int32) if inputs is None
