@@ -174,8 +174,13 @@ def test_a_corrupt_file_read_in_a_training_thread_raises_its_own_error(tmp_path)
       next(batches)
 
 
-def test_speech_digits_draws_digit_strings_voices_speeds_and_pitches(monkeypatch):
-  speech_digits = load_experiment('speech_digits')
+@pytest.fixture(scope='module')
+def speech_digits():
+  """experiments/speech_digits.py, loaded once (it defines absl flags)."""
+  return load_experiment('speech_digits')
+
+
+def test_speech_digits_draws_digit_strings_voices_speeds_and_pitches(speech_digits, monkeypatch):
   drawn = speech_digits.utterances(300)
   assert drawn == speech_digits.utterances(300)  # the set is a function of its seed
   lengths = {len(row['text'].split()) for row in drawn}
@@ -193,8 +198,8 @@ def test_speech_digits_draws_digit_strings_voices_speeds_and_pitches(monkeypatch
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which('espeak-ng') is None, reason='speech_digits speaks with espeak-ng')
-def test_speech_digits_quick_mode_synthesizes_trains_and_writes_its_results(tmp_path):
-  speech_digits = load_experiment('speech_digits')
+def test_speech_digits_quick_mode_synthesizes_trains_and_writes_its_results(speech_digits,
+                                                                           tmp_path):
   speech_digits.main(['--quick', '--workdir', str(tmp_path)])
   metadata = (tmp_path / 'audio' / 'metadata.csv').read_text().splitlines()
   assert len(metadata) == 1 + speech_digits.QUICK_UTTERANCES
@@ -206,9 +211,8 @@ def test_speech_digits_quick_mode_synthesizes_trains_and_writes_its_results(tmp_
   assert payload['data']['longest_seconds'] <= speech_digits.WINDOW_SECONDS
 
 
-def test_speech_digits_device_front_end_equals_the_pipelines():
+def test_speech_digits_device_front_end_equals_the_pipelines(speech_digits):
   """The jitted front end whose speed --throughput measures computes the pipeline's features."""
-  speech_digits = load_experiment('speech_digits')
   generator = np.random.default_rng(0)
   waveforms = np.stack([0.3 * np.sin(2 * np.pi * 440 * np.arange(3200) / 16000),
                         0.1 * generator.standard_normal(3200)]).astype(np.float32)
