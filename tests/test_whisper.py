@@ -1,5 +1,8 @@
 """Whisper (Radford et al. 2022): its audio stem and encoder positions against torch and
 openai/whisper's formulas, the model, its cached decoding, its configs and its data."""
+import dataclasses
+import shutil
+
 import flax.linen as nn
 import numpy as np
 import jax
@@ -13,9 +16,10 @@ import transformers
 import train_helpers
 from helpers import ROOT, load_config, tiny
 from test_decode import NEW_TOKENS, TARGET_LENGTHS, TARGET_PROMPTS, uncached_greedy
-from transformer_jax import accounting, convert, data, decode, describe, layers, models, run
+from transformer_jax import (accounting, convert, data, decode, describe, layers, models, run,
+                             train)
 from transformer_jax.data import audio, speech
-from transformer_jax.errors import UserError
+from transformer_jax.errors import ConfigError, UserError
 from transformer_jax.train import metrics
 
 
@@ -172,7 +176,7 @@ def test_forward_flops_per_second_of_audio_by_hand():
 
 
 def audio_data(tmp_path=None, name='synthetic', **overrides):
-  settings = data.DataSettings.of(dict(name=name, seq_len=6, eval_examples=8, **overrides))
+  settings = data.DataSettings.of({'name': name, 'seq_len': 6, 'eval_examples': 8, **overrides})
   return speech.AudioTask(settings, seed=0, num_mels=8, num_frames=20, max_len=8)
 
 
@@ -224,6 +228,12 @@ def test_a_corrupt_file_is_named_and_a_metadata_without_the_columns_is_refused(t
     audio_data(name='audiofolder', audio_dir=str(tmp_path))
 
 
+def test_transcripts_longer_than_the_decoders_positions_are_refused_naming_the_fix():
+  with pytest.raises(ConfigError, match=r"data.seq_len=9 transcript tokens exceed the decoder's "
+                     r'model.max_len=8 positions: lower data.seq_len or raise model.max_len'):
+    audio_data(seq_len=9)
+
+
 def test_a_transcript_longer_than_seq_len_fails_naming_the_fix(tmp_path):
   write_folder(tmp_path, [('0.wav', 0.1, 'abcdefgh'), ('1.wav', 0.1, 'b')])
   with pytest.raises(UserError, match='raise data.seq_len'):
@@ -242,6 +252,52 @@ def test_the_reference_config_trains_end_to_end_on_generated_tones(tmp_path):
   assert losses[1] > np.log(13) * 0.5  # near the uniform loss over 13 ids at the start
   (evaluation,) = [row for row in metrics.read_metrics(str(tmp_path)) if 'eval_wer' in row]
   assert evaluation['step'] == 3 and evaluation['eval_wer'] >= 0
+
+
+def snapshot(directory):
+  """{path: (size, mtime)} of every file under directory."""
+  return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in directory.rglob('*')
+          if p.is_file()}
+
+
+@pytest.mark.slow
+def test_sample_mode_transcribes_an_audio_file_greedily_and_writes_nothing(tmp_path, capsys):
+  config = load_config(ROOT / 'configs' / 'whisper_reference.py', 'steps=2')
+  config.model.update(width=32, num_frames=40, num_mels=16)
+  config.data.update(batch_size=8, eval_batch_size=8, eval_examples=8, wer_examples=0)
+  workdir = tmp_path / 'run'
+  run.run(config, str(workdir), 'train')
+  clip = tmp_path / 'clip.wav'
+  soundfile.write(clip, 0.5 * np.sin(2 * np.pi * 700 * np.arange(4000) / 8000), 8000)
+  config.sample.update(audio=str(clip), temperature=0.0, max_new_tokens=6)
+  before = snapshot(workdir)
+  (text,) = run.run(config, str(workdir), 'sample')
+  assert snapshot(workdir) == before  # read-only
+  assert capsys.readouterr().out.endswith(f'--- transcript 0 of {clip} (step 2) ---\n{text}\n')
+  # The same transcript by hand: the file's features, greedy from BOS, cut at EOS.
+  trained, params, _ = train.restore_trained(config, str(workdir))
+  features = audio.log_mel_spectrogram(audio.load_audio(clip), num_mels=16,
+                                       num_samples=40 * audio.HOP_LENGTH)
+  vocab = trained.data.vocab
+  tokens = decode.generate(trained.model, params, np.array([[vocab.bos_id]]), max_new_tokens=6,
+                           inputs=features[None], eos_id=vocab.eos_id).tokens[0].tolist()
+  assert text == vocab.decode(tokens)
+  config.sample.update(beam_size=2)
+  (beamed,) = run.run(config, str(workdir), 'sample')
+  beams = decode.beam_search(trained.model, params, np.array([[vocab.bos_id]]), beam_size=2,
+                             max_new_tokens=6, inputs=features[None], eos_id=vocab.eos_id,
+                             length_penalty=0.6)
+  assert beamed == vocab.decode(beams.tokens[0, 0, :int(beams.lengths[0, 0])].tolist())
+  (tmp_path / 'bad.wav').write_bytes(b'RIFF, but not audio')
+  for path, message in ((tmp_path / 'bad.wav', 'cannot read the audio file'),
+                        (tmp_path / 'absent.wav', 'no audio file at')):
+    config.sample.audio = str(path)
+    with pytest.raises(UserError, match=f'{message} {path}'):
+      run.run(config, str(workdir), 'sample')
+  config.sample.audio = None
+  with pytest.raises(ConfigError, match='set --config.sample.audio=FILE'):
+    run.run(config, str(workdir), 'sample')
+  assert snapshot(workdir) == before
 
 
 # Hugging Face's WhisperForConditionalGeneration.
@@ -341,6 +397,97 @@ def test_transcripts_take_a_tokenizer_json_starting_from_whispers_start_of_trans
   np.testing.assert_array_equal(batch['decoder_inputs'][0, :2], [1, 3])
   np.testing.assert_array_equal(batch['targets'][0, :2], [3, 0])
   np.testing.assert_array_equal(batch['weights'][0], [1, 1, 0, 0, 0, 0])
+
+
+WHISPER_SPECIALS = ['<|endoftext|>', '<|startoftranscript|>', '<|en|>', '<|fr|>',
+                    '<|transcribe|>', '<|translate|>', '<|notimestamps|>']
+
+
+def whisper_tokenizer(directory):
+  """A word-level tokenizer.json with Whisper's special tokens at ids 0-6 and words after."""
+  words = {token: i for i, token in enumerate(WHISPER_SPECIALS + ['[UNK]', 'three', 'two'])}
+  made = tokenizers.Tokenizer(tokenizers.models.WordLevel(words, unk_token='[UNK]'))
+  made.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+  made.add_special_tokens(WHISPER_SPECIALS)
+  made.save(str(directory / 'tokenizer.json'))
+  return str(directory)
+
+
+@pytest.mark.parametrize('language,task,prompt', [
+    ('en', 'transcribe', [1, 2, 4, 6]), ('fr', 'translate', [1, 3, 5, 6])])
+def test_whispers_special_tokens_prompt_the_decoder_and_the_loss_skips_them(
+    tmp_path, language, task, prompt):
+  write_folder(tmp_path, [('0.wav', 0.1, 'two three'), ('1.wav', 0.1, 'two three two')])
+  made = audio_data(name='audiofolder', audio_dir=str(tmp_path), seq_len=8, language=language,
+                    whisper_task=task, tokenizer=whisper_tokenizer(tmp_path))
+  assert made.prompt == prompt
+  batch = made.eval_examples(np.array([0]))  # 1.wav: 'two three two' = 9 8 9, <|endoftext|> 0
+  np.testing.assert_array_equal(batch['decoder_inputs'][0], prompt + [9, 8, 9, 0])
+  np.testing.assert_array_equal(batch['targets'][0], prompt[1:] + [9, 8, 9, 0, 0])
+  np.testing.assert_array_equal(batch['weights'][0], [0, 0, 0, 1, 1, 1, 1, 0])
+
+  def generate(prompt_tokens, max_new_tokens, eos_id, **unused):  # writes 'two three', then EOS
+    np.testing.assert_array_equal(prompt_tokens, [prompt])
+    assert max_new_tokens == 8 + 1 - 4  # what fits the decoder's seq_len after the prompt
+    return np.array([[9, 8, eos_id] + [0] * (max_new_tokens - 3)])
+
+  assert made.generation_metrics(generate, batch_size=1) == {}  # data.wer_examples=0
+  made.part = dataclasses.replace(made.part, wer_examples=1)
+  assert made.generation_metrics(generate, batch_size=1) == {'eval_wer': 1 / 3}  # one deletion
+
+
+def test_whispers_tokens_without_the_language_fail_naming_the_setting(tmp_path):
+  write_folder(tmp_path, [('0.wav', 0.1, 'two'), ('1.wav', 0.1, 'three')])
+  with pytest.raises(ConfigError, match=r'not <\|de\|>: set data.language'):
+    audio_data(name='audiofolder', audio_dir=str(tmp_path), language='de',
+               tokenizer=whisper_tokenizer(tmp_path))
+  with pytest.raises(ConfigError, match='whisper_task'):
+    audio_data(name='audiofolder', audio_dir=str(tmp_path), whisper_task='align',
+               tokenizer=whisper_tokenizer(tmp_path))
+
+
+def test_a_transcript_over_seq_len_after_the_prompt_fails_naming_the_fix(tmp_path):
+  write_folder(tmp_path, [('0.wav', 0.1, 'two three two'), ('1.wav', 0.1, 'two')])
+  made = audio_data(name='audiofolder', audio_dir=str(tmp_path), seq_len=6,
+                    tokenizer=whisper_tokenizer(tmp_path))
+  with pytest.raises(UserError, match='is 4 tokens with its EOS after a prompt of 4, over '
+                     'data.seq_len=6: raise data.seq_len'):
+    made.train_batch(0, 8, slice(None))
+
+
+def test_sample_mode_transcribes_with_an_imported_whisper_from_its_prompt(hf_whisper, tmp_path,
+                                                                          capsys):
+  """init_from_hf's weights and a tokenizer.json with Whisper's tokens (its <|endoftext|> the
+  checkpoint's EOS, 2): the transcript starts from <|startoftranscript|> <|en|> <|transcribe|>
+  <|notimestamps|> = 1 3 4 5; its first token is the argmax of transformers' logits there."""
+  model, path = hf_whisper
+  checkpoint = tmp_path / 'checkpoint'
+  shutil.copytree(path, checkpoint)
+  words = ['[UNK]', '<|startoftranscript|>', '<|endoftext|>', '<|en|>', '<|transcribe|>',
+           '<|notimestamps|>', 'two', 'three']
+  made = tokenizers.Tokenizer(tokenizers.models.WordLevel(
+      {word: i for i, word in enumerate(words)}, unk_token='[UNK]'))
+  made.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+  made.add_special_tokens(words[1:6])
+  made.save(str(checkpoint / 'tokenizer.json'))
+  clip = tmp_path / 'clip.wav'
+  soundfile.write(clip, 0.3 * np.sin(2 * np.pi * 500 * np.arange(2400) / 16000), 16000)
+  config = load_config(ROOT / 'configs' / 'from_hf.py', f'path={checkpoint}')
+  config.sample.update(audio=str(clip), temperature=0.0)
+  (text,) = run.run(config, None, 'sample')
+  assert f'--- transcript 0 of {clip} ({checkpoint}) ---' in capsys.readouterr().out
+  features = audio.log_mel_spectrogram(audio.load_audio(clip), num_mels=12,
+                                       num_samples=16 * audio.HOP_LENGTH)[None]
+  prompt = np.array([[1, 3, 4, 5]])
+  logits = hf_logits(model, features, prompt)
+  settings = train.resolve(config, 'cpu')
+  ours = models.build(settings.model)
+  params = convert.load_params(str(checkpoint), settings.model)
+  tokens = decode.generate(ours, params, prompt, max_new_tokens=10 + 1 - 4, inputs=features,
+                           eos_id=2, token_limit=len(words)).tokens[0].tolist()
+  assert tokens[0] == logits[0, -1, :len(words)].argmax()  # the tokenizer's ids only
+  vocab = data.tokenizer.HFTokenizer.from_file(str(checkpoint), eos_id=2)
+  assert text == vocab.decode(tokens)
 
 
 def test_from_hf_describes_a_whisper_checkpoint_with_transformers_count(hf_whisper):

@@ -21,7 +21,7 @@ import soxr
 from transformer_jax.errors import ConfigError, UserError
 
 __all__ = ['SAMPLE_RATE', 'load_audio', 'log_mel_spectrogram', 'mel_filters', 'pad_or_trim',
-           'spec_augment', 'spec_augment_masks']
+           'spec_augment', 'spec_augment_masks', 'waveform_of']
 
 SAMPLE_RATE = 16000
 N_FFT = 400  # 25 ms at 16 kHz
@@ -133,8 +133,7 @@ def spec_augment(features: np.ndarray, generator: np.random.Generator, *,
 def load_audio(path: str | pathlib.Path, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
   """The file's audio (any format libsndfile reads: WAV, FLAC, OGG, ...) as float32 mono (the
   channels' mean) at sample_rate, resampled by soxr's high-quality resampler."""
-  if not isinstance(sample_rate, int) or isinstance(sample_rate, bool) or sample_rate <= 0:
-    raise ConfigError(f'the audio sample rate must be a positive int (Hz), got {sample_rate!r}')
+  _check_rate(sample_rate)
   if not pathlib.Path(path).is_file():
     raise UserError(f'no audio file at {path}: check the path (or the metadata naming it)')
   try:
@@ -142,7 +141,34 @@ def load_audio(path: str | pathlib.Path, sample_rate: int = SAMPLE_RATE) -> np.n
   except (soundfile.LibsndfileError, RuntimeError, OSError) as error:
     raise UserError(f'cannot read the audio file {path} ({str(error).rstrip(".")}): convert it '
                     'to WAV or FLAC, or remove it from the data') from error
-  mono = samples.mean(axis=1)
-  if file_rate == sample_rate:
+  return waveform_of(samples, file_rate, sample_rate, source=str(path))
+
+
+def waveform_of(samples: np.ndarray, rate: int, sample_rate: int = SAMPLE_RATE, *,
+                source: str = 'the audio') -> np.ndarray:
+  """float32 mono at sample_rate of `samples` (length,) or (length, channels) at `rate` Hz: the
+  channels' mean, resampled by soxr's high-quality resampler. Integer samples are scaled to
+  [-1, 1) by their type's full scale (int16 / 32768; uint8 centred on 128), but int64, TFDS's
+  default for audio, whose files are 16-bit: by 32768. `source` names them in errors."""
+  _check_rate(sample_rate)
+  samples = np.asarray(samples)
+  if samples.dtype == np.uint8:
+    samples = (samples.astype(np.float32) - 128) / 128
+  elif samples.dtype == np.int64:
+    samples = samples.astype(np.float32) / 2**15
+  elif np.issubdtype(samples.dtype, np.integer):
+    samples = samples.astype(np.float32) / (np.iinfo(samples.dtype).max + 1)
+  mono = (samples.mean(axis=1) if samples.ndim == 2 else samples).astype(np.float32)
+  if rate == sample_rate:
     return mono
-  return soxr.resample(mono, file_rate, sample_rate, quality='HQ').astype(np.float32)
+  try:
+    return soxr.resample(mono, rate, sample_rate, quality='HQ').astype(np.float32)
+  except ValueError as error:
+    raise UserError(f'soxr cannot resample {source} from {rate} Hz to {sample_rate} Hz ({error}): '
+                    'give audio of a positive sample rate (re-encode the file, or set '
+                    'data.source_sample_rate for a dataset that states none)') from error
+
+
+def _check_rate(sample_rate) -> None:
+  if not isinstance(sample_rate, int) or isinstance(sample_rate, bool) or sample_rate <= 0:
+    raise ConfigError(f'the audio sample rate must be a positive int (Hz), got {sample_rate!r}')

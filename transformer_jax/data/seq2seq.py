@@ -55,15 +55,17 @@ def copy(sources: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 TASKS = {'seq2seq_reverse': reverse, 'seq2seq_sort': sort, 'synthetic': copy}
 
 
-def decode_held_out(generate, pairs, count: int, batch_size: int, vocab, max_new_tokens: int):
+def decode_held_out(generate, pairs, count: int, batch_size: int, vocab, max_new_tokens: int,
+                    prompt: list[int] | None = None):
   """The outputs (token lists, cut before EOS) of held-out pairs 0..count-1, whose encoder inputs
-  pairs(rows) gives, decoded from BOS by generate(**keywords) -> (B, N) tokens (decode.generate's
-  keywords) on batches of `batch_size`, the last filled up with repeats so that every batch has
-  one shape."""
+  pairs(rows) gives, decoded from `prompt` (default: [BOS]) by generate(**keywords) -> (B, N)
+  new tokens (decode.generate's keywords) on batches of `batch_size`, the last filled up with
+  repeats so that every batch has one shape."""
+  prompt = np.tile(np.asarray(prompt or [vocab.bos_id], np.int32), (batch_size, 1))
   outputs = []
   for start in range(0, count, batch_size):
     batch = pairs([min(row, count - 1) for row in range(start, start + batch_size)])
-    tokens = generate(prompt_tokens=np.full((batch_size, 1), vocab.bos_id, np.int32),
+    tokens = generate(prompt_tokens=prompt,
                       inputs=batch['inputs'], input_valid=batch['input_valid'],
                       max_new_tokens=max_new_tokens, eos_id=vocab.eos_id,
                       pad_id=vocab.pad_id or 0, token_limit=vocab.size)

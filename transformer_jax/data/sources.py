@@ -24,10 +24,10 @@ from transformer_jax.data import builders
 from transformer_jax.errors import ConfigError, UserError
 
 __all__ = [
-    'CIFAR10_HELP', 'CIFAR10_JPEG', 'CIFAR10_ORIGINAL', 'DataNotFoundError', 'decode_utf8',
-    'ImageDataset', 'load_text_file', 'load_tiny_shakespeare', 'open_image_dataset',
-    'open_text_split', 'prepare_cifar10', 'prepared_datasets', 'read_text', 'SHAKESPEARE',
-    'SHAKESPEARE_HELP', 'translation_languages']
+    'AudioDataset', 'CIFAR10_HELP', 'CIFAR10_JPEG', 'CIFAR10_ORIGINAL', 'DataNotFoundError',
+    'decode_utf8', 'ImageDataset', 'load_text_file', 'load_tiny_shakespeare',
+    'open_audio_dataset', 'open_image_dataset', 'open_text_split', 'prepare_cifar10',
+    'prepared_datasets', 'read_text', 'SHAKESPEARE', 'SHAKESPEARE_HELP', 'translation_languages']
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +205,84 @@ def _is_encoded(features, image_key: str) -> bool:
   TFDS's to decode."""
   feature = features[image_key] if image_key in features else None
   return isinstance(feature, tfds.features.Image) and feature.np_dtype == np.uint8
+
+
+@dataclasses.dataclass(frozen=True)
+class AudioDataset:
+  """The two splits of a speech dataset as random-access sources (len() and [index] -> the
+  record's features, its audio a NumPy waveform), the keys of its audio and its transcript, the
+  audio's sample rate (None: unstated) and, where the transcript is a ClassLabel, its names."""
+  name: str
+  train: Any
+  held_out: Any
+  audio_key: str
+  transcript_key: str
+  sample_rate: int | None
+  label_names: tuple[str, ...] | None
+  splits: tuple[str, str]
+
+
+def open_audio_dataset(name: str, *, data_dir, train_split: str, eval_split: str | None,
+                       audio_key: str | None, transcript_key: str | None) -> AudioDataset:
+  """The TFDS speech dataset `name` prepared in `data_dir`: its Audio feature `audio_key` and its
+  Text or ClassLabel feature `transcript_key` (None: the dataset's only one of each kind, a Text
+  before a ClassLabel); eval_split None: 'test' where it has one, else 'validation'. Reads no
+  record."""
+  _audio_without_tensorflow()
+  try:
+    builder = _builder(name, data_dir)
+  except ModuleNotFoundError as error:  # a feature TFDS builds with TensorFlow alone
+    raise DataNotFoundError(f'TFDS describes {name} with TensorFlow, which is not installed '
+                            f'({error}): pip install tensorflow-cpu, or convert the dataset to an '
+                            'audiofolder (data.name=audiofolder).') from None
+  features = builder.info.features
+  audio_key = _feature_key(name, features, audio_key, 'audio_key', (tfds.features.Audio,))
+  transcript_key = _feature_key(name, features, transcript_key, 'transcript_key',
+                                (tfds.features.Text, tfds.features.ClassLabel))
+  eval_split = eval_split or next((s for s in ('test', 'validation') if s in builder.info.splits),
+                                  'test')
+  train, held_out = (_split_source(builder, key, split, data_dir)
+                     for key, split in (('train_split', train_split), ('eval_split', eval_split)))
+  label = features[transcript_key]
+  names = tuple(label.names) if isinstance(label, tfds.features.ClassLabel) else None
+  return AudioDataset(name, train, held_out, audio_key, transcript_key,
+                      features[audio_key].sample_rate, names, (train_split, eval_split))
+
+
+def _feature_key(name: str, features, key: str | None, setting: str, kinds: tuple) -> str:
+  """`key`, checked to be a feature of one of `kinds`; None: the only feature of the first kind
+  the dataset has one of."""
+  if key is not None:
+    if key in features and isinstance(features[key], kinds):
+      return key
+  else:
+    for kind in kinds:
+      found = [k for k in features.keys() if isinstance(features[k], kind)]
+      if len(found) == 1:
+        return found[0]
+  fitting = [k for k in features.keys() if isinstance(features[k], kinds)]
+  wanted = ' or '.join(kind.__name__ for kind in kinds)
+  which = 'of that name' if key is not None else 'alone (None picks the only one)'
+  raise ConfigError(f'data.{setting}={key!r}: {name} has no {wanted} feature {which}; set '
+                    f'data.{setting} to one of {fitting} (all: {sorted(features.keys())}).')
+
+
+def _audio_without_tensorflow() -> None:
+  """TFDS 4.9's Audio feature asks TensorFlow for its dtype's name when it is built (to describe
+  a dataset, before any record is read), though a record of a non-lazy Audio feature is a NumPy
+  array that NumPy decodes: where TensorFlow is not installed, the decoder keeps NumPy's dtype."""
+  try:
+    import tensorflow  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    return
+  except ImportError:
+    pass
+  from tensorflow_datasets.core.features import audio_feature  # pylint: disable=import-outside-toplevel
+
+  def numpy_init(decoder, file_format, np_dtype, shape):
+    decoder._file_format, decoder._np_dtype, decoder._dtype = file_format, np_dtype, np_dtype
+    decoder._shape, decoder._channels = shape, shape[1] if len(shape) > 1 else 1
+
+  audio_feature._AudioDecoder.__init__ = numpy_init
 
 
 def open_text_split(name: str, *, data_dir, key: str, split: str | None, text_key: str):

@@ -1,9 +1,13 @@
 """Speech to text for Whisper: utterances as log-Mel features and their transcripts as decoder
-targets, from an `audiofolder` or generated.
+targets, from an `audiofolder`, a TFDS speech dataset, or generated.
 
   data.name='audiofolder', data.audio_dir=DIR: audio files beside DIR/metadata.csv, whose
     `file_name` and `transcription` columns name each file and give its text (the layout of
     Hugging Face's audiofolder); the last tenth of the rows (at least one) are held out.
+  data.name=NAME of a TFDS dataset (librispeech, speech_commands, ...) prepared in
+    data.tfds_data_dir: its Audio feature data.audio_key and its Text (or ClassLabel, whose
+    names are the words) feature data.transcript_key, each unset for the dataset's only one;
+    splits data.train_split and data.eval_split.
   data.name='synthetic': tones whose transcript is their digit (digit d: a sine of 300 + 100 d
     Hz, of random phase, length and start, plus noise), so that describe, compile and training
     run without files.
@@ -12,8 +16,13 @@ Features are data.audio's (Whisper's front end), computed per example in the pip
 workers, with SpecAugment (Park et al. 2019) on training examples where data.spec_augment.
 Transcripts are encoded by the text data's tokenizer (data.tokenizer): 'chars', a character
 vocabulary with PAD, BOS and EOS (data.vocab.Vocab) of the digits for generated data and of the
-transcripts' characters for a folder; or a tokenizer.json (Whisper's, from its checkpoint
-directory), whose decoder starts from its BOS, else Whisper's <|startoftranscript|>.
+transcripts' characters for a folder; or a tokenizer.json. One with Whisper's special tokens
+(<|startoftranscript|>, the language's <|en|>, the task's <|transcribe|> or <|translate|>,
+<|notimestamps|>, <|endoftext|>: a Whisper checkpoint directory's) makes Whisper's decoder
+prompt, <|startoftranscript|> <|LANG|> <|TASK|> <|notimestamps|> (LANG: data.language, TASK:
+data.whisper_task), before the text and its <|endoftext|>: the loss and the word error rate skip
+the prompt, and decoding starts from it. Any other tokenizer (the characters, a tokenizer.json
+without them) starts the decoder from its BOS (<|startoftranscript|> where it has no BOS).
 `generation_metrics` gives eval_wer, the word error rate (jiwer) of the greedy (or beam)
 transcripts of the first data.wer_examples held-out utterances, both sides lower-cased and
 stripped of punctuation.
@@ -22,11 +31,12 @@ import csv
 import dataclasses
 import pathlib
 import re
+import string
 
 import jiwer
 import numpy as np
 
-from transformer_jax.data import audio, corpus, rng, seq2seq, tokenizer
+from transformer_jax.data import audio, corpus, rng, seq2seq, sources, tokenizer
 from transformer_jax.data.settings import DataPart, register_part
 from transformer_jax.data.vocab import Vocab
 from transformer_jax.errors import ConfigError, UserError
@@ -39,7 +49,12 @@ SOURCES = ('synthetic', 'audiofolder')
 METADATA = 'metadata.csv'
 COLUMNS = ('file_name', 'transcription')
 DIGITS = '0123456789'
+# The characters a TFDS dataset's Text transcripts may hold with data.tokenizer='chars' (they are
+# not read ahead to find theirs): LibriSpeech's are upper-case letters, the apostrophe and space.
+TEXT_ALPHABET = string.ascii_letters + string.digits + " '.,;:!?-"
 START_OF_TRANSCRIPT = '<|startoftranscript|>'  # Whisper's decoder start
+NO_TIMESTAMPS = '<|notimestamps|>'
+WHISPER_TASKS = ('transcribe', 'translate')
 
 
 @register_part
@@ -58,12 +73,19 @@ class AudioSettings(DataPart):
   max_freq_width: int = 27  # Mel bins
   tone_noise: float = 0.05  # the noise of generated tones (standard deviation)
   wer_examples: int = 0  # held-out utterances transcribed for eval_wer; 0: none
+  audio_key: str | None = None  # a TFDS dataset's Audio feature; None: its only one
+  transcript_key: str | None = None  # its Text or ClassLabel feature; None: its only one
+  source_sample_rate: int | None = None  # a TFDS dataset's audio rate where it states none
+  language: str = 'en'  # Whisper's language token <|en|>, where the tokenizer has Whisper's
+  whisper_task: str = 'transcribe'  # Whisper's task token, where the tokenizer has Whisper's
 
   RANGES = {'sample_rate': COUNT, 'window_seconds': Range(0, open_low=True, optional=True),
             'n_mels': Range(1, integer=True, optional=True),
             'num_time_masks': Range(0, integer=True), 'max_time_width': Range(0, integer=True),
             'num_freq_masks': Range(0, integer=True), 'max_freq_width': Range(0, integer=True),
-            'tone_noise': Range(0), 'wer_examples': Range(0, integer=True)}
+            'tone_noise': Range(0), 'wer_examples': Range(0, integer=True),
+            'source_sample_rate': Range(1, integer=True, optional=True)}
+  CHOICES = {'whisper_task': WHISPER_TASKS}
 
 
 def normalized(text: str) -> str:
@@ -120,10 +142,71 @@ def transcript_tokenizer(name: str, alphabet: str):
   return found
 
 
+def decoder_prompt(vocab, language: str, task: str) -> list[int]:
+  """The ids the decoder starts from: Whisper's <|startoftranscript|> <|language|> <|task|>
+  <|notimestamps|> where `vocab` has Whisper's special tokens (their first and last decide), else
+  its BOS alone."""
+  id_of = getattr(vocab, 'id_of', lambda token: None)
+  if id_of(START_OF_TRANSCRIPT) is None or id_of(NO_TIMESTAMPS) is None:
+    return [vocab.bos_id]
+  tokens = [START_OF_TRANSCRIPT, f'<|{language}|>', f'<|{task}|>', NO_TIMESTAMPS]
+  missing = [token for token in tokens if id_of(token) is None]
+  if missing:
+    raise ConfigError(f'The tokenizer has Whisper\'s special tokens but not {", ".join(missing)}: '
+                      'set data.language (a code it has, such as en) and data.whisper_task '
+                      f'({" or ".join(WHISPER_TASKS)}).')
+  return [id_of(token) for token in tokens]
+
+
+class FolderSplit:
+  """An audiofolder's rows: [i] -> (waveform at sample_rate, transcript) of row i."""
+
+  def __init__(self, rows: list[tuple[str, str]], sample_rate: int):
+    self.rows, self.sample_rate = rows, sample_rate
+
+  def __len__(self) -> int:
+    return len(self.rows)
+
+  def __getitem__(self, index) -> tuple[np.ndarray, str]:
+    path, text = self.rows[int(index)]
+    return audio.load_audio(path, self.sample_rate), text
+
+
+class TFDSSplit:
+  """A TFDS split's records: [i] -> (waveform at data.sample_rate, transcript) of record i, its
+  audio as audio.waveform_of makes it from the dataset's integer samples and rate; a ClassLabel's
+  name as words ('_silence_' -> 'silence'), a Text as it is."""
+
+  def __init__(self, source, dataset: 'sources.AudioDataset', part: AudioSettings):
+    self.source, self.dataset, self.sample_rate = source, dataset, part.sample_rate
+    self.source_rate = dataset.sample_rate or part.source_sample_rate
+    if self.source_rate is None:
+      raise ConfigError(f'{dataset.name}\'s {dataset.audio_key} feature states no sample rate: '
+                        'set data.source_sample_rate to the rate of its audio (Hz).')
+    self.label_words = tuple(' '.join(name.replace('_', ' ').split())
+                             for name in dataset.label_names or ())
+
+  def __len__(self) -> int:
+    return len(self.source)
+
+  def __getitem__(self, index) -> tuple[np.ndarray, str]:
+    record = self.source[int(index)]
+    name = f'{self.dataset.name} record {int(index)}'
+    waveform = audio.waveform_of(record[self.dataset.audio_key], self.source_rate,
+                                 self.sample_rate, source=name)
+    transcript = record[self.dataset.transcript_key]
+    if self.label_words:
+      return waveform, self.label_words[int(transcript)]
+    return waveform, transcript.decode() if isinstance(transcript, bytes) else str(transcript)
+
+
 class AudioTask:
-  """{'features': float32 (b, frames, mels), 'decoder_inputs': (b, T) = [BOS] + targets[:-1],
-  'targets': (b, T) = transcript + [EOS] padded, 'weights': float32 (b, T), 1.0 on the transcript
-  and its EOS}, T = data.seq_len. A batch is a pure function of (seed, step)."""
+  """{'features': float32 (b, frames, mels), 'decoder_inputs': (b, T), 'targets': (b, T),
+  'weights': float32 (b, T)}, T = data.seq_len: of the sequence prompt + transcript + [EOS],
+  padded to T + 1 (the prompt: `decoder_prompt`, [BOS] for a tokenizer without Whisper's
+  tokens), the decoder inputs are all but its last token and the targets all but its first;
+  the weights are 1.0 on the targets of the transcript and its EOS, 0.0 on the prompt's and the
+  padding. A batch is a pure function of (seed, step)."""
 
   def __init__(self, settings, seed: int, *, num_mels: int, num_frames: int, max_len: int):
     part = settings.part(AudioSettings)
@@ -137,19 +220,24 @@ class AudioTask:
                         f'model.max_len={max_len} positions: lower data.seq_len or raise '
                         'model.max_len.')
     if settings.name == 'audiofolder':
-      if not part.audio_dir:
-        raise ConfigError("data.name='audiofolder' reads data.audio_dir: set it to the folder "
-                          f'holding {METADATA}.')
-      rows = read_metadata(part.audio_dir)
-      held_out = max(1, len(rows) // 10)
-      self.train_rows, self.held_out_rows = rows[:-held_out], rows[-held_out:]
-      alphabet = ''.join(sorted({c for _, text in rows for c in text}))
-      self.num_eval_examples = held_out
-    else:
-      self.train_rows = self.held_out_rows = None
+      self.train, self.held_out, alphabet = self._folder(part)
+      self.num_eval_examples = len(self.held_out)
+    elif settings.name == 'synthetic':
+      self.train = self.held_out = None
       alphabet = DIGITS
       self.num_eval_examples = settings.eval_examples
+    else:
+      dataset = sources.open_audio_dataset(
+          settings.name, data_dir=settings.tfds_data_dir, train_split=settings.train_split,
+          eval_split=settings.eval_split, audio_key=part.audio_key,
+          transcript_key=part.transcript_key)
+      self.train, self.held_out = (TFDSSplit(split, dataset, part)
+                                   for split in (dataset.train, dataset.held_out))
+      alphabet = (''.join(sorted({c for n in self.train.label_words for c in n}))
+                  if dataset.label_names else TEXT_ALPHABET)
+      self.num_eval_examples = len(self.held_out)
     self.vocab = transcript_tokenizer(settings.part(corpus.TextSettings).tokenizer, alphabet)
+    self.prompt = decoder_prompt(self.vocab, part.language, part.whisper_task)
     self.pad_id = self.vocab.eos_id if self.vocab.pad_id is None else self.vocab.pad_id
     self.token_bytes = self.vocab.token_bytes
     self.info = {'vocab_size': self.vocab.size, 'num_mels': self.num_mels,
@@ -157,19 +245,19 @@ class AudioTask:
 
   def train_batch(self, step: int, batch_size: int, rows: slice) -> dict:
     generator = rng.generator(rng.GENERATE, self.seed, step)
-    if self.train_rows is None:
+    if self.train is None:
       utterances = [self._tone(generator) for _ in range(batch_size)][rows]
     else:
-      chosen = generator.integers(0, len(self.train_rows), size=batch_size)[rows]
-      utterances = [self._read(self.train_rows[i]) for i in chosen]
+      chosen = generator.integers(0, len(self.train), size=batch_size)[rows]
+      utterances = [self.train[i] for i in chosen]
     augment = rng.generator(rng.AUGMENT, self.seed, step) if self.part.spec_augment else None
     return self._batch(utterances, augment)
 
   def eval_examples(self, indices: np.ndarray) -> dict:
-    if self.held_out_rows is None:
+    if self.held_out is None:
       utterances = [self._tone(rng.generator(rng.HELD_OUT, int(i))) for i in indices]
     else:
-      utterances = [self._read(self.held_out_rows[int(i)]) for i in indices]
+      utterances = [self.held_out[int(i)] for i in indices]
     return self._batch(utterances, None)
 
   def generation_metrics(self, generate, batch_size: int) -> dict:
@@ -181,9 +269,10 @@ class AudioTask:
     utterances = lambda rows: {'inputs': self.eval_examples(np.asarray(rows))['features'],
                                'input_valid': None}
     outputs = seq2seq.decode_held_out(generate, utterances, count, batch_size, self.vocab,
-                                      self.seq_len)
-    references = [self.vocab.decode(row) for row in
-                  self.eval_examples(np.arange(count))['targets']]
+                                      self.seq_len + 1 - len(self.prompt), prompt=self.prompt)
+    held_out = self.eval_examples(np.arange(count))
+    references = [self.vocab.decode(row[weights > 0])
+                  for row, weights in zip(held_out['targets'], held_out['weights'])]
     return {'eval_wer': word_error_rate([self.vocab.decode(o) for o in outputs], references)}
 
   def _tone(self, generator: np.random.Generator) -> tuple[np.ndarray, str]:
@@ -198,12 +287,21 @@ class AudioTask:
     waveform += self.part.tone_noise * generator.standard_normal(self.num_samples)
     return waveform.astype(np.float32), DIGITS[digit]
 
-  def _read(self, row: tuple[str, str]) -> tuple[np.ndarray, str]:
-    path, text = row
-    return audio.load_audio(path, self.part.sample_rate), text
+  @staticmethod
+  def _folder(part: AudioSettings) -> tuple['FolderSplit', 'FolderSplit', str]:
+    """The training and held-out (the last tenth, at least one) rows of data.audio_dir, and
+    the characters of their transcripts."""
+    if not part.audio_dir:
+      raise ConfigError("data.name='audiofolder' reads data.audio_dir: set it to the folder "
+                        f'holding {METADATA}.')
+    rows = read_metadata(part.audio_dir)
+    held_out = max(1, len(rows) // 10)
+    alphabet = ''.join(sorted({c for _, text in rows for c in text}))
+    return (FolderSplit(rows[:-held_out], part.sample_rate),
+            FolderSplit(rows[-held_out:], part.sample_rate), alphabet)
 
   def _batch(self, utterances, augment: np.random.Generator | None) -> dict:
-    features, targets = [], []
+    features, sequences, lengths = [], [], []
     for waveform, text in utterances:
       mel = audio.log_mel_spectrogram(waveform, num_mels=self.num_mels,
                                       num_samples=self.num_samples)
@@ -213,21 +311,25 @@ class AudioTask:
                                  num_freq_masks=self.part.num_freq_masks,
                                  max_freq_width=self.part.max_freq_width)
       features.append(mel)
-      targets.append(self._transcript(text))
-    targets = np.stack(targets)
-    bos = np.full((len(targets), 1), self.vocab.bos_id, np.int32)
-    ends = (targets == self.vocab.eos_id).argmax(axis=1)
+      ids = self._sequence(text)
+      lengths.append(len(ids))
+      sequences.append(ids + [self.pad_id] * (self.seq_len + 1 - len(ids)))
+    sequences = np.array(sequences, np.int32)
+    positions = np.arange(self.seq_len)
+    scored = (positions >= len(self.prompt) - 1) & (positions < np.array(lengths)[:, None] - 1)
     return {'features': np.stack(features).astype(np.float32),
-            'decoder_inputs': np.concatenate([bos, targets[:, :-1]], axis=1),
-            'targets': targets,
-            'weights': (np.arange(self.seq_len) <= ends[:, None]).astype(np.float32)}
+            'decoder_inputs': sequences[:, :-1], 'targets': sequences[:, 1:],
+            'weights': scored.astype(np.float32)}
 
-  def _transcript(self, text: str) -> np.ndarray:
-    ids = self.vocab.encode(text) + [self.vocab.eos_id]
-    if len(ids) > self.seq_len:
-      raise UserError(f'The transcript {text[:40]!r} is {len(ids)} tokens with its EOS, over '
-                      f'data.seq_len={self.seq_len}: raise data.seq_len (up to model.max_len).')
-    return np.array(ids + [self.pad_id] * (self.seq_len - len(ids)), np.int32)
+  def _sequence(self, text: str) -> list[int]:
+    """The prompt, the transcript's ids and EOS; a UserError if over data.seq_len + 1."""
+    ids = self.prompt + self.vocab.encode(text) + [self.vocab.eos_id]
+    if len(ids) - 1 > self.seq_len:
+      prompt = f' after a prompt of {len(self.prompt)}' if len(self.prompt) > 1 else ''
+      raise UserError(f'The transcript {text[:40]!r} is {len(ids) - len(self.prompt)} tokens with '
+                      f'its EOS{prompt}, over data.seq_len={self.seq_len}: raise data.seq_len '
+                      '(up to model.max_len).')
+    return ids
 
 
 def make_audio_task(settings, seed, tokenizer_dir=None, *, num_mels, num_frames, max_len,

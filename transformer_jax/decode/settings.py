@@ -15,6 +15,7 @@ class SampleSettings(Settings):
   """The keys of config.sample, what decode.sample_text reads."""
   SECTION = 'sample'
   prompt: str = 'ROMEO:'  # continued by a decoder; an encoder-decoder's input
+  audio: str | None = None  # a speech model's input instead: the audio file it transcribes
   max_new_tokens: int = 256
   temperature: float = 0.8  # 0: greedy
   top_k: int = 0  # 0: every token

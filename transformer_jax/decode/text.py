@@ -23,7 +23,8 @@ class TextVocab(Protocol):
 
 
 def sample_text(model, params, vocab: TextVocab, settings: SampleSettings, *,
-                seq_len: int | None = None) -> list[str]:
+                seq_len: int | None = None, inputs=None,
+                start_ids: Sequence[int] | None = None) -> list[str]:
   """`settings.num_samples` continuations of `settings.prompt` (decoded, cut before EOS), drawn
   in one batch, or with beam_size > 0 the `num_samples` best of beam_search's beams (the sampler
   settings unused).
@@ -32,22 +33,25 @@ def sample_text(model, params, vocab: TextVocab, settings: SampleSettings, *,
   seq_len=config.data.seq_len). A decoder-only model continues the prompt; an encoder-decoder
   reads it as its encoder input and writes from `vocab.bos_id`. settings.window: as in
   `generate`, 0 the whole context; unset, `seq_len` (the context the model trained on), or the
-  whole context without one.
+  whole context without one. An encoder-decoder given `inputs` (one example, batch axis first:
+  a speech model's features) reads them instead of the prompt, and writes from `start_ids`
+  where given (Whisper's prompt) instead of BOS.
   """
   encoder_decoder = decoding_of(model) == 'encoder_decoder'
-  ids = list(vocab.encode(settings.prompt))
-  if not ids:
+  ids = [] if inputs is not None else list(vocab.encode(settings.prompt))
+  if not ids and inputs is None:
     raise ValueError('The prompt encodes to no tokens: give at least one character.')
   eos_id = getattr(vocab, 'eos_id', None)
   rows = 1 if settings.beam_size else settings.num_samples
   extra = {}
   if encoder_decoder:
     bos_id = getattr(vocab, 'bos_id', None)
-    if bos_id is None:
+    if bos_id is None and not start_ids:
       raise ValueError('An encoder-decoder starts its output from a BOS token: the vocabulary '
                        'needs a bos_id.')
-    extra['inputs'] = jnp.asarray([ids] * rows, jnp.int32)
-    ids = [bos_id]
+    extra['inputs'] = (jnp.asarray([ids] * rows, jnp.int32) if inputs is None
+                       else jnp.repeat(jnp.asarray(inputs), rows, axis=0))
+    ids = list(start_ids or [bos_id])
   window = seq_len if settings.window is None else settings.window
   common = dict(max_new_tokens=settings.max_new_tokens, eos_id=eos_id, window=window or None,
                 token_limit=getattr(vocab, 'size', None), **extra)
