@@ -56,5 +56,24 @@ class EvalSettings(Settings):
   SECTION = 'eval'
   beam_size: int = 0  # 0: greedy
   length_penalty: float = 0.6  # the exponent of Wu et al. (2016)'s length penalty
+  # A dual encoder's zero-shot classification (data.image_text) at each evaluation, as
+  # eval_zero_shot_accuracy and eval_zero_shot_top5: the images of a TFDS image-classification
+  # dataset's split (the first zero_shot_examples; unset: all) against its classes, each the
+  # mean embedding of the prompts zero_shot_templates make of its name (its ClassLabel's names,
+  # or zero_shot_classes in label order). Unset dataset: none.
+  zero_shot_dataset: str | None = None
+  zero_shot_split: str = 'test'
+  zero_shot_classes: tuple[str, ...] = ()
+  zero_shot_templates: tuple[str, ...] = ('a photo of a {}.',)
+  zero_shot_examples: int | None = None
 
-  RANGES = {'beam_size': Range(0, integer=True), 'length_penalty': Range(0)}
+  RANGES = {'beam_size': Range(0, integer=True), 'length_penalty': Range(0),
+            'zero_shot_examples': Range(1, integer=True, optional=True, example=1000)}
+
+  def check(self) -> None:
+    super().check()
+    bad = [t for t in self.zero_shot_templates if not isinstance(t, str) or t.count('{}') != 1]
+    if not self.zero_shot_templates or bad:
+      raise ConfigError(f'eval.zero_shot_templates={tuple(self.zero_shot_templates)}: give '
+                        "prompts with one {} each for the class name, as ('a photo of a {}.', "
+                        "'a blurry photo of the {}.').")
