@@ -281,8 +281,9 @@ def encode_captions(captions: list[str], tokenizer, length: int, truncate: bool)
 
 
 def _tokenizer(settings: DataSettings, captions: list[str], tokenizer_dir, vocab_size):
-  """The run's saved tokenizer, else data.tokenizer's: printable ASCII and the captions' other
-  characters with PAD, BOS and EOS (so that prompts made later, as zero-shot's, encode), a BPE trained on them, or a tokenizer.json; it must have an EOS token."""
+  """The run's saved tokenizer, else data.tokenizer's: PAD, BOS, EOS, printable ASCII and the
+  captions' other characters (so that prompts made later, as zero-shot's, encode); a BPE trained
+  on the captions; or a tokenizer.json. It must have an EOS token."""
   saved = tokenizer_lib.saved(tokenizer_dir) if tokenizer_dir else None
   text = settings.part(TextSettings)
   if saved is not None:
