@@ -220,3 +220,20 @@ def test_zero_shot_on_mock_cifar10_equals_numpy_on_the_trained_model(tmp_path):
       np.mean([label in row[:5] for row, label in zip(order, labels)]))
   _, log = launch(tmp_path, *flags, mode='eval')
   assert f"'eval_zero_shot_accuracy': {final['eval_zero_shot_accuracy']}" in log
+
+
+@pytest.mark.slow
+def test_a_jsonl_of_image_files_trains_and_retrieves_through_launch(tmp_path):
+  colours = {'red': (255, 0, 0), 'green': (0, 255, 0), 'blue': (0, 0, 255)}
+  lines = []
+  for i in range(40):
+    name = list(colours)[i % 3]
+    Image.new('RGB', (12, 12), colours[name]).save(tmp_path / f'{i}.png')
+    lines.append(json.dumps({'image': f'{i}.png', 'text': [f'a {name} square', f'{name}']}))
+  (tmp_path / 'pairs.jsonl').write_text('\n'.join(lines))
+  rows, _ = launch(tmp_path / 'run', '--config.data.name=jsonl',
+                   f'--config.data.path={tmp_path / "pairs.jsonl"}',
+                   '--config.data.batch_size=4', '--config.data.eval_batch_size=4')
+  final = [row for row in rows if 'eval_loss' in row][-1]
+  assert final['step'] == 4 and np.isfinite(final['eval_loss'])
+  assert all(0 <= final[f'eval_retrieval_{n}'] <= 1 for n in ('i2t_r1', 't2i_r1', 'i2t_r5'))
