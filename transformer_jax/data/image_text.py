@@ -35,6 +35,7 @@ from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.data.corpus import TextSettings
 from transformer_jax.data.pipeline import Task, image_preprocessing, register_task
 from transformer_jax.data.settings import DataPart, DataSettings, register_part
+from transformer_jax.settings import check_templates
 from transformer_jax.data.vocab import Vocab
 from transformer_jax.errors import ConfigError, UserError
 from transformer_jax.ranges import COUNT
@@ -75,14 +76,6 @@ class ImageTextSettings(DataPart):
       raise ConfigError(f'data.caption_classes={self.caption_classes}: generated pairs have at '
                         f'most {len(CLASS_NAMES)} classes; lower it.')
     check_templates(self.caption_templates, 'data.caption_templates')
-
-
-def check_templates(templates: tuple[str, ...], key: str) -> None:
-  """Refuses templates that are not each a caption with one '{}' for the class name."""
-  bad = [t for t in templates if not isinstance(t, str) or t.count('{}') != 1]
-  if not templates or bad:
-    raise ConfigError(f'{key}={tuple(templates)}: give captions with one {{}} each for the class '
-                      "name, as ('a photo of a {}.', 'a blurry photo of the {}.').")
 
 
 def class_captions(class_names, templates) -> list[str]:

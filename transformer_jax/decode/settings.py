@@ -5,7 +5,7 @@ import dataclasses
 from transformer_jax.decode.samplers import SAMPLER_RANGES
 from transformer_jax.errors import ConfigError
 from transformer_jax.ranges import COUNT, Range
-from transformer_jax.settings import Settings
+from transformer_jax.settings import Settings, check_templates
 
 __all__ = ['EvalSettings', 'SampleSettings']
 
@@ -72,8 +72,4 @@ class EvalSettings(Settings):
 
   def check(self) -> None:
     super().check()
-    bad = [t for t in self.zero_shot_templates if not isinstance(t, str) or t.count('{}') != 1]
-    if not self.zero_shot_templates or bad:
-      raise ConfigError(f'eval.zero_shot_templates={tuple(self.zero_shot_templates)}: give '
-                        "prompts with one {} each for the class name, as ('a photo of a {}.', "
-                        "'a blurry photo of the {}.').")
+    check_templates(self.zero_shot_templates, 'eval.zero_shot_templates')
