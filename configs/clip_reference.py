@@ -13,9 +13,10 @@ def get_config(arg=None):
   config.model.update(
       width=64, num_layers=2, num_heads=4, image_size=32, patch_size=8, mlp='quick_gelu',
       text_width=64, text_layers=2, text_heads=4, max_len=32, embed_dim=64,
-      # The character vocabulary's PAD, BOS, EOS are ids 0, 1, 2 (data.image_text): set here, so
-      # that describe and compile, which read no data, know them; the data checks they agree.
-      vocab_size=64, eos_id=2,
+      # The character vocabulary (data.image_text: PAD, BOS, EOS, then printable ASCII) has 98
+      # ids and EOS is 2: set here, so that describe and compile, which read no data, know them;
+      # the data checks they agree.
+      vocab_size=98, eos_id=2,
       loss=arg.loss,
       dtype='float32')
   config.data.update(name='synthetic', batch_size=64, eval_batch_size=64, eval_examples=256,

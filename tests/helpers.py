@@ -1,5 +1,6 @@
 """Small shared helpers for the tests."""
 import contextlib
+import functools
 import importlib.util
 import pathlib
 from unittest import mock
@@ -9,6 +10,7 @@ from PIL import Image
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core.data_sources import array_record
 from tensorflow_datasets.core.features import image_feature
+from tensorflow_datasets.testing import mocking
 
 from transformer_jax import config_lib, models, train
 
@@ -17,18 +19,23 @@ CONFIG_FILES = sorted((ROOT / 'configs').glob('*.py'))
 
 
 @contextlib.contextmanager
-def mock_tfds(num_examples: int):
+def mock_tfds(num_examples: int, equal_lengths: bool = False):
   """tfds.testing.mock_data: every split of every dataset holds `num_examples` random records of
   the dataset's own features. TFDS 4.9's mock binds a data source's __getitems__ without its
   self, so batches are read record by record under it. An image read undecoded (as
   data.sources reads PNG and JPEG images) is a record the mock encodes, with TensorFlow, which
-  is not installed: Pillow encodes it instead, as TFDS encodes a PIL image."""
+  is not installed: Pillow encodes it instead, as TFDS encodes a PIL image. `equal_lengths`:
+  every dimension of unknown size is 10 (images 10x10), without which the mock cannot make a
+  Sequence of several features (coco_captions', clevr's), drawing a length for each."""
   one_by_one = lambda source, keys: [source[key] for key in keys]
   with_pillow = lambda encoder, array: encoder._encode_pil_image(
       Image.fromarray(array[..., 0] if array.shape[-1] == 1 else array))
+  generator = mocking.RandomFakeGenerator
+  init = functools.partialmethod(generator.__init__, constant_dynamic_shape=equal_lengths)
   with tfds.testing.mock_data(num_examples=num_examples), mock.patch.object(
       array_record.ArrayRecordDataSource, '__getitems__', one_by_one), mock.patch.object(
-          image_feature._ImageEncoder, '_encode_image', with_pillow):
+          image_feature._ImageEncoder, '_encode_image', with_pillow), mock.patch.object(
+              generator, '__init__', init):
     yield
 
 

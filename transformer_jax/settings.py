@@ -10,7 +10,7 @@ from typing import Any, Mapping
 from transformer_jax.errors import ConfigError
 from transformer_jax.ranges import COUNT, FRACTION, Range
 
-__all__ = ['MeshSettings', 'OptimizerSettings', 'Settings', 'TrainingSettings']
+__all__ = ['check_templates', 'MeshSettings', 'OptimizerSettings', 'Settings', 'TrainingSettings']
 
 
 class Settings:
@@ -57,6 +57,14 @@ class Settings:
     """The type of each field whose default is None (a typed placeholder in the config)."""
     return {field.name: next(t for t in typing.get_args(field.type) if t is not type(None))
             for field in dataclasses.fields(cls) if isinstance(field.type, types.UnionType)}
+
+
+def check_templates(templates: tuple[str, ...], key: str) -> None:
+  """Refuses caption templates that are not each a string with one '{}' for a class name."""
+  bad = [t for t in templates if not isinstance(t, str) or t.count('{}') != 1]
+  if not templates or bad:
+    raise ConfigError(f'{key}={tuple(templates)}: give captions with one {{}} each for the class '
+                      "name, as ('a photo of a {}.', 'a blurry photo of the {}.').")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ __all__ = ['generator', 'permutation', 'shuffled']
 
 # Streams. The synthetic tasks and every held-out split are keyed without the seed: the data
 # is the same for every seed, which is what makes eval metrics comparable from seed to seed.
-SHUFFLE, AUGMENT, WINDOWS, GENERATE, HELD_OUT, TASK, MIX, SPANS = range(8)
+SHUFFLE, AUGMENT, WINDOWS, GENERATE, HELD_OUT, TASK, MIX, SPANS, CAPTIONS = range(9)
 
 
 def generator(*key: int) -> np.random.Generator:

@@ -26,8 +26,9 @@ from transformer_jax.errors import ConfigError, UserError
 __all__ = [
     'AudioDataset', 'CIFAR10_HELP', 'CIFAR10_JPEG', 'CIFAR10_ORIGINAL', 'DataNotFoundError',
     'decode_utf8', 'ImageDataset', 'load_text_file', 'load_tiny_shakespeare',
-    'open_audio_dataset', 'open_image_dataset', 'open_text_split', 'prepare_cifar10',
-    'prepared_datasets', 'read_text', 'SHAKESPEARE', 'SHAKESPEARE_HELP', 'translation_languages']
+    'open_audio_dataset', 'open_image_dataset', 'open_image_text_dataset', 'open_text_split',
+    'prepare_cifar10', 'prepared_datasets', 'read_text', 'SHAKESPEARE', 'SHAKESPEARE_HELP',
+    'text_features', 'translation_languages']
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +165,7 @@ class ImageDataset:
   held_out: Any
   num_classes: int
   splits: tuple[str, str]
+  class_names: tuple[str, ...] = ()  # the ClassLabel's names, where it has them
 
 
 def open_image_dataset(name: str, *, data_dir, manual_dir, train_split: str,
@@ -194,7 +196,42 @@ def open_image_dataset(name: str, *, data_dir, manual_dir, train_split: str,
                         f'name; its {kind.__name__} features: {fitting} (all: '
                         f'{sorted(features.keys())}).')
   return ImageDataset(name, train, held_out, features[label_key].num_classes,
-                      (train_split, eval_split))
+                      (train_split, eval_split), tuple(features[label_key].names or ()))
+
+
+def open_image_text_dataset(name: str, *, data_dir, train_split: str, eval_split: str | None,
+                            image_key: str, text_key: str) -> ImageDataset:
+  """The TFDS dataset `name` of images and captions prepared in `data_dir`, checked for its
+  Image feature `image_key` and its Text feature `text_key`: a Text, a Sequence of Text, or a Text
+  inside a Sequence of features, named by its path ('captions/text'). Reads no record."""
+  builder = _builder(name, data_dir)
+  features = builder.info.features
+  texts = text_features(features)
+  if text_key not in texts:
+    raise ConfigError(f'data.text_key={text_key!r}: {name} has no Text feature of that name (its '
+                      f'Text features: {texts}): set data.text_key to one, or caption each image '
+                      "by its class name with data.captions='label'.")
+  if image_key not in features or not isinstance(features[image_key], tfds.features.Image):
+    raise ConfigError(f'data.image_key={image_key!r}: {name} has no Image feature of that name '
+                      f'(all its features: {sorted(features.keys())}).')
+  eval_split = eval_split or next((s for s in ('test', 'validation') if s in builder.info.splits),
+                                  'test')
+  decoders = {image_key: tfds.decode.SkipDecoding()} if _is_encoded(features, image_key) else None
+  train, held_out = (_split_source(builder, key, split, data_dir, decoders)
+                     for key, split in (('train_split', train_split), ('eval_split', eval_split)))
+  return ImageDataset(name, train, held_out, 0, (train_split, eval_split))
+
+
+def text_features(features, prefix: str = '') -> list[str]:
+  """The paths of the Text features among `features`, through Sequences and nested dicts."""
+  if isinstance(features, tfds.features.Text):
+    return [prefix]
+  if isinstance(features, tfds.features.Sequence):
+    return text_features(features.feature, prefix)
+  if isinstance(features, tfds.features.FeaturesDict):
+    return [path for key in features.keys()
+            for path in text_features(features[key], f'{prefix}/{key}' if prefix else key)]
+  return []
 
 
 def _is_encoded(features, image_key: str) -> bool:

@@ -5,7 +5,7 @@ import dataclasses
 from transformer_jax.decode.samplers import SAMPLER_RANGES
 from transformer_jax.errors import ConfigError
 from transformer_jax.ranges import COUNT, Range
-from transformer_jax.settings import Settings
+from transformer_jax.settings import Settings, check_templates
 
 __all__ = ['EvalSettings', 'SampleSettings']
 
@@ -57,5 +57,20 @@ class EvalSettings(Settings):
   SECTION = 'eval'
   beam_size: int = 0  # 0: greedy
   length_penalty: float = 0.6  # the exponent of Wu et al. (2016)'s length penalty
+  # A dual encoder's zero-shot classification (data.image_text) at each evaluation, as
+  # eval_zero_shot_accuracy and eval_zero_shot_top5: the images of a TFDS image-classification
+  # dataset's split (the first zero_shot_examples; unset: all) against its classes, each the
+  # mean embedding of the prompts zero_shot_templates make of its name (its ClassLabel's names,
+  # or zero_shot_classes in label order). Unset dataset: none.
+  zero_shot_dataset: str | None = None
+  zero_shot_split: str = 'test'
+  zero_shot_classes: tuple[str, ...] = ()
+  zero_shot_templates: tuple[str, ...] = ('a photo of a {}.',)
+  zero_shot_examples: int | None = None
 
-  RANGES = {'beam_size': Range(0, integer=True), 'length_penalty': Range(0)}
+  RANGES = {'beam_size': Range(0, integer=True), 'length_penalty': Range(0),
+            'zero_shot_examples': Range(1, integer=True, optional=True, example=1000)}
+
+  def check(self) -> None:
+    super().check()
+    check_templates(self.zero_shot_templates, 'eval.zero_shot_templates')

@@ -298,7 +298,9 @@ def evaluate_params(run: Run, eval_step, params) -> dict:
   of the target tokens it scored); what a task measures of the model's decoding (its
   generation_metrics: an encoder-decoder's eval_exact_match, a translation's eval_bleu, speech's
   eval_wer, from
-  greedy decoding or config.eval's beam search)."""
+  greedy decoding or config.eval's beam search); what a task measures of the model's
+  embeddings (its embedding_metrics: a dual encoder's retrieval recalls and zero-shot
+  accuracy)."""
   sums = {}
   for batch in run.data.eval_batches():
     out = jax.device_get(eval_step(params, sharding.global_batch(batch, run.mesh)))
@@ -310,7 +312,29 @@ def evaluate_params(run: Run, eval_step, params) -> dict:
   measure = getattr(run.data.task, 'generation_metrics', None)
   if measure is not None:
     results.update(measure(functools.partial(_decoded, run, params), run.data.eval_batch_size))
+  embedded = getattr(run.data.task, 'embedding_metrics', None)  # a dual encoder's
+  if embedded is not None:
+    results.update(embedded(_embedder(run, params), run.data.eval_batch_size, run.settings.eval))
   return results
+
+
+def _embedder(run: Run, params):
+  """embed(method, inputs) -> float32 numpy (n, D): the model's `method` ('embed_images',
+  'embed_texts') on n <= eval_batch_size rows, padded to that batch so that one compiled
+  function serves every call."""
+  size = run.data.eval_batch_size
+
+  @functools.partial(jax.jit, static_argnames='method')
+  def apply(params, inputs, method):
+    with sharding.activation_rules(run.mesh, run.step_settings.rules):
+      return run.model.apply({'params': params}, inputs, method=method)
+
+  def embed(method: str, inputs: np.ndarray) -> np.ndarray:
+    count = len(inputs)
+    padded = np.concatenate([inputs, np.repeat(inputs[-1:], size - count, axis=0)])
+    batch = sharding.global_batch({'inputs': padded}, run.mesh)['inputs']
+    return np.asarray(jax.device_get(apply(params, batch, method=method)))[:count]
+  return embed
 
 
 def _decoded(run: Run, params, **keywords) -> np.ndarray:
@@ -329,7 +353,10 @@ def evaluate_and_log(run: Run, eval_step, params, step: int, writer) -> None:
   writer.write(step, results)
   shown = {'eval_accuracy': 'accuracy {:.4f}', 'eval_top5_accuracy': 'top-5 {:.4f}',
            'eval_bits_per_byte': '{:.4f} bits per byte', 'eval_exact_match': 'exact match {:.4f}',
-           'eval_bleu': 'BLEU {:.2f}', 'eval_wer': 'WER {:.4f}'}
+           'eval_bleu': 'BLEU {:.2f}', 'eval_wer': 'WER {:.4f}',
+           'eval_zero_shot_accuracy': 'zero-shot {:.4f}', 'eval_zero_shot_top5': 'top-5 {:.4f}',
+           'eval_retrieval_i2t_r1': 'image-to-text R@1 {:.4f}',
+           'eval_retrieval_t2i_r1': 'text-to-image R@1 {:.4f}'}
   extra = ''.join(f' | {form.format(results[key])}' for key, form in shown.items()
                   if key in results)
   log.info('step %d | held-out loss %.4f%s', step, results['eval_loss'], extra)
