@@ -23,6 +23,7 @@ from transformer_jax.convert.bert import BERT
 from transformer_jax.convert.clip import CLIP
 from transformer_jax.convert.gpt2 import GPT2
 from transformer_jax.convert.llama import LLAMA
+from transformer_jax.convert.siglip import SIGLIP
 from transformer_jax.convert.t5 import T5
 from transformer_jax.convert.vit import VIT
 from transformer_jax.convert.whisper import WHISPER
@@ -32,7 +33,8 @@ __all__ = [
     'architecture_of', 'ARCHITECTURES', 'eos_token_id', 'load', 'load_model_config', 'load_params',
     'model_config_of', 'read_config', 'read_tensors', 'save', 'tensor_names']
 
-ARCHITECTURES = {arch.name: arch for arch in (GPT2, LLAMA, VIT, BERT, WHISPER, CLIP, T5)}
+ARCHITECTURES = {arch.name: arch
+                 for arch in (GPT2, LLAMA, VIT, BERT, WHISPER, CLIP, SIGLIP, T5)}
 INDEX, WEIGHTS = 'model.safetensors.index.json', 'model.safetensors'
 
 
