@@ -6,10 +6,11 @@ import jax
 import numpy as np
 import pytest
 
+from helpers import init
 from train_helpers import small_config
-from transformer_jax import config_lib, convert, train
+from transformer_jax import config_lib, convert, models, train
 from transformer_jax.errors import ConfigError
-from transformer_jax.train import checkpoint, losses, setup
+from transformer_jax.train import checkpoint, losses, setup, towers
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # The image tower of train_helpers' ViT: 8x8 images in patches of 4, width 32, 2 blocks.
@@ -99,3 +100,21 @@ def test_a_tower_that_does_not_fit_its_source_is_one_line_naming_the_fix(vit_run
   with pytest.raises(ConfigError, match=fix) as error:
     started(lit_config(image_init=vit_run[0], **model), tmp_path)
   assert '\n' not in str(error.value)
+
+
+def test_a_text_tower_starts_from_a_dual_encoder_with_longer_positions(tmp_path):
+  """A SigLIP directory's text tower, its position table of 12 rows cut to the tower's 7 (the
+  source itself runs 7-token captions on its first 7 rows)."""
+  siglip = dict(family='clip', width=24, num_layers=1, num_heads=2, image_size=12, patch_size=6,
+                image_pool='map', pre_norm=False, patch_bias=True, mlp='gelu_tanh',
+                text_width=24, text_layers=1, text_heads=2, vocab_size=20, text_causal=False,
+                text_pool='last', text_head=True, embed_dim=0, loss='sigmoid', dtype='float32')
+  source = models.model_config({**siglip, 'max_len': 12})
+  source_params = init(source, jax.random.key(1))
+  convert.save(tmp_path / 'siglip', source, source_params)
+  cfg = models.model_config({**siglip, 'max_len': 7})
+  params = towers.started(init(cfg, jax.random.key(2)), {'text': str(tmp_path / 'siglip')}, cfg)
+  theirs = source_params['text']
+  expected = {**theirs, 'embed': {**theirs['embed'],
+                                  'positions': theirs['embed']['positions'][:7]}}
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(params['text']), expected)

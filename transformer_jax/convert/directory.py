@@ -217,10 +217,11 @@ def _check_complete(arch: Architecture, unused: dict, unfilled: set[str], path):
 
 
 def _effective(cfg: ModelConfig, key: str):
-  """An option's value as it takes effect: d_ff=None is the default width, num_kv_heads=None one
-  key-value head per query head, num_decoder_layers=None the encoder's depth."""
+  """An option's value as it takes effect: d_ff=None (a dual encoder's text_d_ff=None) is the
+  default width, num_kv_heads=None one key-value head per query head, num_decoder_layers=None the
+  encoder's depth."""
   effective = {'d_ff': 'hidden_dim', 'num_kv_heads': 'kv_heads',
-               'num_decoder_layers': 'decoder_layers'}
+               'num_decoder_layers': 'decoder_layers', 'text_d_ff': 'text_hidden_dim'}
   return getattr(cfg, effective.get(key, key))
 
 

@@ -118,6 +118,11 @@ class ClipConfig(ModelConfig):
         positions='learned', vocab_size=self.vocab_size, max_len=self.max_len)
 
   @property
+  def text_hidden_dim(self) -> int:
+    """The text tower's MLP width, text_d_ff's default resolved."""
+    return self.text_config.hidden_dim
+
+  @property
   def contrastive(self) -> ContrastiveSettings:
     return ContrastiveSettings(loss=self.loss, temperature=self.temperature, bias=self.bias)
 
