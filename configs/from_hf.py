@@ -1,5 +1,5 @@
-"""A Hugging Face checkpoint directory (GPT-2, LLaMA, ViT, BERT, CLIP, Whisper or T5): the model
-from its config.json, the parameters from its safetensors.
+"""A Hugging Face checkpoint directory (GPT-2, LLaMA, ViT, BERT, CLIP, SigLIP, Whisper or T5): the
+model from its config.json, the parameters from its safetensors.
 
   python launch.py --config configs/from_hf.py:path=/ckpt/gpt2 --mode=sample
   python launch.py --config configs/from_hf.py:path=/ckpt/vit-cifar10 --mode=eval

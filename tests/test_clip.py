@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from transformer_jax import accounting, config_lib, data, models, run, train
+from transformer_jax import accounting, config_lib, convert, data, models, run, train
 from transformer_jax.data import image_text
 from transformer_jax.errors import ConfigError
 from transformer_jax.layers.mlp import ACTIVATIONS
@@ -203,36 +203,76 @@ def test_training_runs_through_the_run_and_evaluates(tmp_path):
   assert np.isfinite(rows[-1]['eval_loss']) and 0 <= rows[-1]['eval_accuracy'] <= 1
 
 
-def test_clip_model_imports_and_exports_with_transformers_logits(tmp_path):
-  torch, transformers = pytest.importorskip('torch'), pytest.importorskip('transformers')
-  from transformer_jax.convert import directory  # pylint: disable=import-outside-toplevel
-  torch.manual_seed(0)
-  hf_config = transformers.CLIPConfig(
+def hf_clip(transformers):
+  """A CLIPModel of odd widths and patches of 5, and captions padded with 0 after the first EOS
+  (5; the last row has another 5 later), with their attention mask."""
+  config = transformers.CLIPConfig(
       text_config=dict(hidden_size=18, num_hidden_layers=2, num_attention_heads=3,
                        intermediate_size=37, vocab_size=23, max_position_embeddings=9,
                        eos_token_id=5, pad_token_id=0, bos_token_id=1),
       vision_config=dict(hidden_size=30, num_hidden_layers=2, num_attention_heads=3,
                          intermediate_size=41, image_size=15, patch_size=5),
       projection_dim=7, logit_scale_init_value=2.0)
-  hf = transformers.CLIPModel(hf_config).eval()
-  hf.save_pretrained(tmp_path / 'hf')
-  fields, params = directory.load(tmp_path / 'hf')
-  cfg = models.model_config({**fields, 'dtype': 'float32'})
-  images = np.random.default_rng(0).normal(size=(3, 15, 15, 3)).astype(np.float32)
-  # Padded with 0 after the first EOS (5); the last row has another 5 later.
   tokens = np.array([[1, 7, 8, 5, 0, 0, 0, 0, 0], [1, 9, 10, 11, 12, 5, 0, 0, 0],
                      [1, 13, 5, 14, 5, 0, 0, 0, 0]], np.int32)
+  return transformers.CLIPModel(config), tokens, {'attention_mask': tokens != 0}
+
+
+def hf_siglip(transformers):
+  """A SiglipModel of odd widths and patches of 5, and captions padded to the text positions
+  with the pad id and no attention mask, as SigLIP's processor gives them."""
+  config = transformers.SiglipConfig(
+      text_config=dict(hidden_size=30, num_hidden_layers=2, num_attention_heads=3,
+                       intermediate_size=37, vocab_size=23, max_position_embeddings=9,
+                       eos_token_id=2, pad_token_id=1, bos_token_id=None),
+      vision_config=dict(hidden_size=30, num_hidden_layers=2, num_attention_heads=5,
+                         intermediate_size=41, image_size=15, patch_size=5))
+  model = transformers.SiglipModel(config)
+  # A scale and bias of their own (transformers' init zeroes both).
+  model.logit_scale.data.fill_(1.5)
+  model.logit_bias.data.fill_(-2.5)
+  tokens = np.array([[7, 8, 2, 1, 1, 1, 1, 1, 1], [9, 10, 11, 12, 13, 14, 2, 1, 1],
+                     [13, 2, 1, 1, 1, 1, 1, 1, 1]], np.int32)
+  return model, tokens, {}
+
+
+@pytest.mark.parametrize('make', [hf_clip, hf_siglip])
+def test_hf_dual_encoders_import_and_export_with_transformers_logits(make, tmp_path):
+  torch, transformers = pytest.importorskip('torch'), pytest.importorskip('transformers')
+  torch.manual_seed(0)
+  hf, tokens, masks = make(transformers)
+  hf.eval().save_pretrained(tmp_path / 'hf')
+  # Through configs/from_hf.py, as `launch.py --config configs/from_hf.py:path=DIR` reads it.
+  config = config_lib.from_file(ROOT / 'configs' / 'from_hf.py', f'path={tmp_path / "hf"}')
+  config.model.dtype = 'float32'
+  cfg = train.resolve(config, 'cpu').model
+  params = convert.load_params(tmp_path / 'hf', cfg)
+  images = np.random.default_rng(0).normal(size=(3, 15, 15, 3)).astype(np.float32)
   ours = jax.jit(clip.ClipModel(cfg).apply)({'params': params}, images, tokens)
   with torch.no_grad():
     theirs = hf(input_ids=torch.from_numpy(tokens).long(),
                 pixel_values=torch.from_numpy(images.transpose(0, 3, 1, 2)),
-                attention_mask=torch.from_numpy((tokens != 0).astype(np.int64))).logits_per_image
-  np.testing.assert_allclose(ours, theirs.numpy(), atol=1e-4, rtol=1e-4)
+                **{k: torch.from_numpy(v.astype(np.int64)) for k, v in masks.items()})
+  np.testing.assert_allclose(ours, theirs.logits_per_image.numpy(), atol=1e-4, rtol=1e-4)
   assert accounting.param_counts(cfg)['total'] == sum(p.numel() for p in hf.parameters())
-  directory.save(tmp_path / 'ours', cfg, params)
-  back = transformers.CLIPModel.from_pretrained(tmp_path / 'ours').state_dict()
+  # What --mode=export writes (run.export: convert.save) loads back in transformers unchanged.
+  convert.save(tmp_path / 'ours', cfg, params)
+  back = type(hf).from_pretrained(tmp_path / 'ours').state_dict()
+  assert back.keys() == hf.state_dict().keys()
   for name, value in hf.state_dict().items():
     np.testing.assert_array_equal(back[name].numpy(), value.numpy(), err_msg=name)
+
+
+@pytest.mark.parametrize('text, vision, fix', [
+    ({'hidden_size': 32}, {'hidden_size': 48}, 'text_config.hidden_size=32'),
+    ({'projection_size': 16}, {}, 'text_config.projection_size=16'),
+    ({}, {'vision_use_head': False}, 'vision_use_head=False'),
+    ({'hidden_act': 'gelu'}, {}, "vision_config.hidden_act='gelu_pytorch_tanh'"),
+])
+def test_a_siglip_checkpoint_we_cannot_express_fails_naming_the_option(text, vision, fix):
+  with pytest.raises(convert.CheckpointError, match=fix):
+    convert.model_config_of({'architectures': ['SiglipModel'], 'text_config': text,
+                             'vision_config': vision})
 
 
 @pytest.mark.parametrize('key, value, fix', [

@@ -1,5 +1,5 @@
-"""Hugging Face checkpoints (GPT-2, LLaMA, ViT, BERT, CLIP, Whisper, T5) <-> our model configs and
-parameters.
+"""Hugging Face checkpoints (GPT-2, LLaMA, ViT, BERT, CLIP, SigLIP, Whisper, T5) <-> our model
+configs and parameters.
 
   fields, params = convert.load('/ckpt/gpt2')     # config.model fields, parameter tree
   convert.save('/tmp/out', fields, params)         # back to config.json + model.safetensors

@@ -11,7 +11,8 @@ from transformer_jax.convert.architecture import (NO_ABLATIONS, Architecture, Ch
                                                   HfConfig, hf_activation)
 from transformer_jax.convert.tensors import Array, Tensor, Vectors, linear, norm
 
-__all__ = ['CLIP', 'FIXED', 'hf_config', 'model_fields', 'NAME', 'tensors']
+__all__ = ['CLIP', 'encoder_blocks', 'FIXED', 'hf_config', 'model_fields', 'NAME', 'shared_option',
+           'tensors', 'towers']
 
 NAME = 'CLIPModel'
 FIXED = dict(family='clip', norm='layernorm', norm_bias=True, norm_position='pre',
@@ -21,19 +22,22 @@ FIXED = dict(family='clip', norm='layernorm', norm_bias=True, norm_position='pre
 _LEGACY_EOS = 2  # transformers' marker of a config from before eos_token_id was read
 
 
-def _towers(c: HfConfig) -> tuple[HfConfig, HfConfig]:
+def towers(c: HfConfig) -> tuple[HfConfig, HfConfig]:
+  """config.json's text_config and vision_config."""
   return (HfConfig(c.architecture, c.get('text_config', {})),
           HfConfig(c.architecture, c.get('vision_config', {})))
 
 
-def _shared(text: HfConfig, vision: HfConfig, key: str, default, what: str):
+def shared_option(text: HfConfig, vision: HfConfig, key: str, default, what: str):
+  """Option `key` of the text tower, failing where the vision tower's differs: our towers share
+  every block option but their sizes."""
   value = text.get(key, default)
   return vision.check(f'vision_config.{key}', vision.get(key, default), (value,),
                       f'gives both towers one {what}')
 
 
 def model_fields(c: HfConfig) -> dict:
-  text, vision = _towers(c)
+  text, vision = towers(c)
   vocab_size = text.get('vocab_size', 49408)
   eos = text.get('eos_token_id', _LEGACY_EOS)
   return dict(FIXED, width=vision.get('hidden_size', 768),
@@ -43,7 +47,7 @@ def model_fields(c: HfConfig) -> dict:
               image_size=vision.get('image_size', 224), patch_size=vision.get('patch_size', 32),
               num_channels=vision.get('num_channels', 3),
               mlp=text.activation('hidden_act', 'quick_gelu'),
-              norm_eps=float(_shared(text, vision, 'layer_norm_eps', 1e-5, 'LayerNorm eps')),
+              norm_eps=float(shared_option(text, vision, 'layer_norm_eps', 1e-5, 'LayerNorm eps')),
               text_width=text.get('hidden_size', 512),
               text_layers=text.get('num_hidden_layers', 12),
               text_heads=text.get('num_attention_heads', 8),
@@ -70,7 +74,9 @@ def hf_config(cfg) -> dict:
                          num_channels=cfg.num_channels))
 
 
-def _blocks(hf: str, ours: str, num: int) -> list[Tensor]:
+def encoder_blocks(hf: str, ours: str, num: int) -> list[Tensor]:
+  """The `num` layers of HF's encoder under `hf` (CLIP's and SigLIP's) as our blocks under
+  `ours`."""
   specs = []
   for i in range(num):
     layer, block = f'{hf}.encoder.layers.{i}', f'{ours}/encoder/block_{i}'
@@ -92,11 +98,11 @@ def tensors(cfg) -> list[Tensor]:
                    Array(perm=(3, 2, 0, 1))),
             Tensor(f'{embeddings}.position_embedding.weight', ('image/pos_embed',)),
             *norm('vision_model.pre_layrnorm', 'image/pre_norm'),
-            *_blocks('vision_model', 'image', cfg.num_layers),
+            *encoder_blocks('vision_model', 'image', cfg.num_layers),
             *norm('vision_model.post_layernorm', 'image/final_norm')]
   text = [Tensor('text_model.embeddings.token_embedding.weight', ('text/embed/tokens',)),
           Tensor('text_model.embeddings.position_embedding.weight', ('text/embed/positions',)),
-          *_blocks('text_model', 'text', cfg.text_layers),
+          *encoder_blocks('text_model', 'text', cfg.text_layers),
           *norm('text_model.final_layer_norm', 'text/final_norm')]
   return (vision + text + linear('visual_projection', 'image_projection', bias=False)
           + linear('text_projection', 'text_projection', bias=False)

@@ -23,6 +23,7 @@ from transformer_jax.convert.bert import BERT
 from transformer_jax.convert.clip import CLIP
 from transformer_jax.convert.gpt2 import GPT2
 from transformer_jax.convert.llama import LLAMA
+from transformer_jax.convert.siglip import SIGLIP
 from transformer_jax.convert.t5 import T5
 from transformer_jax.convert.vit import VIT
 from transformer_jax.convert.whisper import WHISPER
@@ -32,7 +33,8 @@ __all__ = [
     'architecture_of', 'ARCHITECTURES', 'eos_token_id', 'load', 'load_model_config', 'load_params',
     'model_config_of', 'read_config', 'read_tensors', 'save', 'tensor_names']
 
-ARCHITECTURES = {arch.name: arch for arch in (GPT2, LLAMA, VIT, BERT, WHISPER, CLIP, T5)}
+ARCHITECTURES = {arch.name: arch
+                 for arch in (GPT2, LLAMA, VIT, BERT, WHISPER, CLIP, SIGLIP, T5)}
 INDEX, WEIGHTS = 'model.safetensors.index.json', 'model.safetensors'
 
 
@@ -215,10 +217,11 @@ def _check_complete(arch: Architecture, unused: dict, unfilled: set[str], path):
 
 
 def _effective(cfg: ModelConfig, key: str):
-  """An option's value as it takes effect: d_ff=None is the default width, num_kv_heads=None one
-  key-value head per query head, num_decoder_layers=None the encoder's depth."""
+  """An option's value as it takes effect: d_ff=None (a dual encoder's text_d_ff=None) is the
+  default width, num_kv_heads=None one key-value head per query head, num_decoder_layers=None the
+  encoder's depth."""
   effective = {'d_ff': 'hidden_dim', 'num_kv_heads': 'kv_heads',
-               'num_decoder_layers': 'decoder_layers'}
+               'num_decoder_layers': 'decoder_layers', 'text_d_ff': 'text_hidden_dim'}
   return getattr(cfg, effective.get(key, key))
 
 

@@ -62,6 +62,13 @@ class ClipConfig(ModelConfig):
   loss: str = 'softmax'
   temperature: float | None = None
   bias: float | None = None
+  # LiT (Zhai et al. 2022): a tower started from another run's workdir (WORKDIR or WORKDIR:STEP;
+  # a ViT, text encoder or dual encoder run) or a Hugging Face directory (ViT, BERT, CLIP,
+  # SigLIP), and a locked tower: no gradient, no optimizer state (train.towers).
+  image_init: str = ''
+  text_init: str = ''
+  lock_image: bool = False
+  lock_text: bool = False
 
   RANGES: ClassVar = {
       **ModelConfig.RANGES, 'image_size': COUNT, 'patch_size': COUNT, 'num_channels': COUNT,
@@ -109,6 +116,11 @@ class ClipConfig(ModelConfig):
         num_layers=self.text_layers, num_heads=self.text_heads,
         d_ff=self.text_d_ff,
         positions='learned', vocab_size=self.vocab_size, max_len=self.max_len)
+
+  @property
+  def text_hidden_dim(self) -> int:
+    """The text tower's MLP width, text_d_ff's default resolved."""
+    return self.text_config.hidden_dim
 
   @property
   def contrastive(self) -> ContrastiveSettings:
@@ -180,11 +192,15 @@ class ClipModel(nn.Module):
   def embed_images(self, images, *, deterministic=True):
     """images (B, H, W, C) -> float32 (B, embed_dim or width)."""
     x = self.image.encode(images, deterministic=deterministic)
+    if self.cfg.lock_image:  # LiT's locked tower: nothing of its backward pass is computed
+      x = jax.lax.stop_gradient(x)
     return (self.image_projection(x) if self.cfg.embed_dim else x).astype(jnp.float32)
 
   def embed_texts(self, tokens, *, deterministic=True):
     """tokens (B, T) -> float32 (B, embed_dim or text_width)."""
     x = self.text(tokens, deterministic=deterministic)
+    if self.cfg.lock_text:
+      x = jax.lax.stop_gradient(x)
     return self.text_projection(x) if self.cfg.embed_dim else x
 
   def contrastive(self, images, tokens, *, deterministic=True):
@@ -268,6 +284,15 @@ def _describe(cfg: ClipConfig) -> str:
           f'{cfg.loss} loss')
 
 
+def _locked(cfg: ClipConfig) -> tuple[str, ...]:
+  return ('image',) * cfg.lock_image + ('text',) * cfg.lock_text
+
+
+def _started(cfg: ClipConfig) -> dict[str, str]:
+  return {tower: path for tower, path in (('image', cfg.image_init), ('text', cfg.text_init))
+          if path}
+
+
 FAMILY = registry.register(registry.Family(
     name='clip', module=ClipModel,
     example_inputs=lambda cfg, batch=1, seq_len=None: (
@@ -279,4 +304,4 @@ FAMILY = registry.register(registry.Family(
     batch_shapes=_batch_shapes, describe=_describe, follow_data=follow_data,
     data_sizes=lambda cfg: {'image_size': cfg.image_size, 'vocab_size': cfg.vocab_size or None,
                             'text_len': cfg.max_len},
-    depth_keys=('num_layers', 'text_layers')))
+    depth_keys=('num_layers', 'text_layers'), frozen=_locked, starts=_started))

@@ -123,6 +123,11 @@ class Family:
     size set that the data cannot fit is refused, naming both.
   describe: cfg -> what else sizes the model, for describe ('32x32 images in patches of 4').
   depth_keys: the settings that count its blocks (config_lib.smoke shrinks each).
+  frozen: cfg -> the top-level parameter subtrees that do not train (a locked tower): the
+    optimizer keeps no state for them and leaves them as they are; the module stops their
+    gradient.
+  starts: cfg -> {subtree: source} of the parameter subtrees a run starts from another run's
+    workdir (WORKDIR[:STEP]) or a Hugging Face directory (train.towers loads them).
 
   Sampling, for a family that does not decode text:
   sample_settings: the Settings class of config.sample (None: decode.SampleSettings), with
@@ -153,6 +158,8 @@ class Family:
   follow_data: Callable[[ModelConfig, dict, str], ModelConfig] = _follows_nothing
   describe: Callable[[ModelConfig], str] = lambda cfg: ''
   depth_keys: tuple[str, ...] = ('num_layers',)
+  frozen: Callable[[ModelConfig], tuple[str, ...]] = lambda cfg: ()
+  starts: Callable[[ModelConfig], dict[str, str]] = lambda cfg: {}
   sample_settings: type | None = None
   sample: Callable[..., Any] | None = None
 

@@ -101,6 +101,28 @@ class Checkpoints:
       return restored, candidate
     return None, None
 
+  def restore_saved_params(self, step: int | None = None):
+    """(parameters, step) of the newest readable checkpoint (or of `step`) in the shapes it
+    stores, for a run of another model to take parts of: its moving average where it keeps
+    one, else its params; (None, None) if none. A LoRA run's (adapters beside a base) are
+    refused: merge them first (--mode=export)."""
+    for candidate in ([step] if step is not None else reversed(self.all_steps())):
+      try:
+        stored = self.manager.item_metadata(candidate)[_ITEM].tree
+        if 'base' in stored:
+          raise CheckpointMismatchError(
+              f'The checkpoint at step {candidate} in {self.directory} holds LoRA adapters over a '
+              'base: export the merged model (--mode=export) and start from that directory.',
+              params_differ=True)
+        name = 'ema' if stored.get('ema') else 'params'
+        target = {name: jax.tree.map(_on_one_device, stored[name])}
+        return self._restore(candidate, target, partial=True)[name], candidate
+      except CheckpointMismatchError:
+        raise
+      except Exception as error:  # pylint: disable=broad-except
+        self._skip_unreadable(candidate, error)
+    return None, None
+
   def _restore(self, step: int, target, partial: bool):
     """The arrays of `target`'s leaves at `step`, each placed with the target's sharding."""
     restore = ocp.args.PyTreeRestore(
@@ -146,6 +168,11 @@ class Checkpoints:
   def close(self) -> None:
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+def _on_one_device(metadata) -> jax.ShapeDtypeStruct:
+  return jax.ShapeDtypeStruct(metadata.shape, metadata.dtype,
+                              sharding=jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
 
 
 def _key_name(key) -> str:

@@ -130,11 +130,31 @@ def _is_set(number) -> bool:
   return isinstance(number, jax.Array) or bool(number)
 
 
-def make_optimizer(opt: OptimizerSettings, total_steps: int
+def make_optimizer(opt: OptimizerSettings, total_steps: int, frozen: tuple[str, ...] = ()
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """The optimizer of the settings `opt` (config.optimizer's, or the section itself) and its
   (AdamW's) learning-rate schedule; Muon's follows the same schedule from its own peak,
-  muon_learning_rate."""
+  muon_learning_rate. The top-level parameter subtrees `frozen` (a family's frozen) get no
+  update and no optimizer state."""
+  tx, schedule = _trained_optimizer(opt, total_steps)
+  return (_leaving(frozen, tx) if frozen else tx), schedule
+
+
+def _leaving(frozen: tuple[str, ...], tx: optax.GradientTransformation
+             ) -> optax.GradientTransformation:
+  """`tx` over the top-level subtrees of the parameters other than `frozen`, whose updates are
+  zeros and which have no state (optax.partition's masked nodes would stand in the state)."""
+  trained = lambda tree: {name: sub for name, sub in tree.items() if name not in frozen}
+
+  def update(updates, state, params=None):
+    new, state = tx.update(trained(updates), state, None if params is None else trained(params))
+    return {name: jax.tree.map(jnp.zeros_like, sub) if name in frozen else new[name]
+            for name, sub in updates.items()}, state
+  return optax.GradientTransformation(lambda params: tx.init(trained(params)), update)
+
+
+def _trained_optimizer(opt: OptimizerSettings, total_steps: int):
+  """make_optimizer's of every parameter."""
   opt = opt if isinstance(opt, OptimizerSettings) else OptimizerSettings.of(opt)
   schedule = learning_rate_schedule(opt, total_steps)
   tx = optax.adamw(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps,

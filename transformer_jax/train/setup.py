@@ -14,7 +14,7 @@ import optax
 
 from transformer_jax import config_lib, convert, data, lora, models
 from transformer_jax.errors import CheckpointMismatchError, ConfigError, UserError
-from transformer_jax.train import checkpoint, optim, sharding
+from transformer_jax.train import checkpoint, optim, sharding, towers
 from transformer_jax.train.run_settings import RunSettings, resolve
 from transformer_jax.train.step import (LoraState, StepSettings, TrainState, make_eval_step,
                                         make_train_step)
@@ -41,7 +41,8 @@ class Layout:
 def layout(settings: RunSettings, mesh) -> Layout:
   """The Layout of resolved settings on `mesh` (a Mesh, or an AbstractMesh to plan on)."""
   model = models.build(settings.model)
-  tx, schedule = optim.make_optimizer(settings.optimizer, settings.training.steps)
+  tx, schedule = optim.make_optimizer(settings.optimizer, settings.training.steps,
+                                      settings.family.frozen(settings.model))
   boxed = boxed_abstract_state(model, tx, settings.family.example_inputs(settings.model),
                                settings.lora, ema=settings.training.ema_decay > 0)
   state_sharding = sharding.state_shardings(boxed, mesh, settings.rules)
@@ -207,7 +208,23 @@ def restore_or_init(run: Run, checkpoints: checkpoint.Checkpoints, workdir: str)
 
 
 def starting_params(run: Run):
-  """The parameters of config.init_from_checkpoint or config.init_from_hf; None for neither."""
+  """The parameters of config.init_from_checkpoint or config.init_from_hf, with the parts the
+  family starts from elsewhere (a dual encoder's towers: train.towers) taken from there; None
+  for none of these."""
+  params = _whole_model_start(run)
+  parts = run.family.starts(run.model_config)
+  if not parts:
+    return params
+  if params is None:  # a fresh initialization, as restore_or_init's, around the parts
+    init_rng = jax.random.fold_in(jax.random.key(run.settings.seed), 0)
+    inputs = run.family.example_inputs(run.model_config)
+    fresh = lambda rng: nn.meta.unbox(run.model.init(rng, *inputs)['params'])
+    params = jax.jit(fresh, out_shardings=run.param_sharding)(init_rng)
+  log.info('Starting %s from %s.', ', '.join(parts), ', '.join(parts.values()))
+  return towers.started(params, parts, run.model_config)
+
+
+def _whole_model_start(run: Run):
   settings = run.settings
   if settings.init_from_checkpoint:
     workdir, _, step = settings.init_from_checkpoint.rpartition(':')

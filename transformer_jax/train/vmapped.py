@@ -93,7 +93,8 @@ class _Program:
 
     def make_optimizer(numbers):
       own = opt.with_traced(**{name: numbers[name] for name in traced})
-      return optim.make_optimizer(own, first.training.steps)
+      return optim.make_optimizer(own, first.training.steps,
+                                  first.family.frozen(first.model_config))
 
     sharding = jax.tree.map(lambda s: NamedSharding(s.mesh, P(None, *s.spec)),
                             first.state_sharding)

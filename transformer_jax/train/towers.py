@@ -1,0 +1,96 @@
+"""Parts of a model's parameters started from another model (LiT, Zhai et al. 2022: a dual
+encoder's image tower from a supervised ViT, its text tower from a text encoder): a family's
+`starts` names each part's source, a run's workdir (WORKDIR or WORKDIR:STEP) or a Hugging Face
+directory. The source must compute what the part computes: the same parameters by name and
+shape (its classifier or MLM head left out; a text position table longer than the part's cut
+to its rows, as the source itself runs on shorter inputs) and the same block options.
+"""
+import os
+
+import numpy as np
+from flax import traverse_util
+
+from transformer_jax import config_lib, convert, models
+from transformer_jax.errors import ConfigError
+from transformer_jax.model_config import ModelConfig
+from transformer_jax.train import checkpoint
+
+__all__ = ['started', 'source_params']
+
+# The settings that change what the blocks compute without changing a parameter's shape.
+_COMPUTES = ('norm', 'norm_eps', 'norm_position', 'mlp', 'positions', 'scale_attention',
+             'scale_embeddings', 'use_attention', 'use_mlp', 'use_norm', 'use_residual')
+_HEAD = 'head'  # a classifier's or an MLM head, which a tower does not have
+_POSITIONS = ('embed', 'positions')
+
+
+def source_params(source: str, key: str) -> tuple[dict, ModelConfig]:
+  """(parameters, model config) of `source`: a Hugging Face directory (config.json) or a run's
+  workdir, WORKDIR or WORKDIR:STEP (its latest readable checkpoint, or that step's)."""
+  workdir, _, step = source.rpartition(':')
+  if not workdir or not step.isdigit():
+    workdir, step = source, ''
+  if not os.path.isdir(os.path.join(workdir, 'checkpoints')):
+    if os.path.isfile(os.path.join(source, 'config.json')):
+      return convert.load_params(source), models.model_config(convert.load_model_config(source))
+    raise ConfigError(f'{key}={source}: neither a run\'s workdir (checkpoints/) nor a Hugging '
+                      'Face directory (config.json): give one (a workdir optionally with :STEP).')
+  saved = config_lib.saved_config(workdir)
+  if saved is None:
+    raise ConfigError(f'{key}={source}: {workdir} holds no config.json to read its model from: '
+                      'give the workdir of a run of this version.')
+  reader = checkpoint.Checkpoints(os.path.join(workdir, 'checkpoints'), read_only=True)
+  try:
+    params, _ = reader.restore_saved_params(int(step) if step else None)
+  finally:
+    reader.close()
+  if params is None:
+    raise ConfigError(f'{key}={source}: no readable checkpoint in {workdir}.')
+  return models.unstack_layers(params), models.model_config(saved['model'])
+
+
+def started(params: dict, parts: dict[str, str], cfg: ModelConfig) -> dict:
+  """`params` (of a model of `cfg`) with each part of `parts` ({name: source}) taken from its
+  source, whose block options must be cfg's (a dual encoder's towers share them)."""
+  params = dict(params)
+  for part, source in parts.items():
+    key = f'model.{part}_init'
+    theirs, their_cfg = source_params(source, key)
+    _check_computes(key, source, their_cfg, cfg)
+    if their_cfg.family == cfg.family:  # the same part of a model like this one
+      theirs = theirs.get(part, {})
+    else:
+      theirs = {name: tree for name, tree in theirs.items() if name != _HEAD}
+    ours = models.unstack_layers(params[part])
+    fitted = _fitted(key, source, traverse_util.flatten_dict(theirs),
+                     traverse_util.flatten_dict(ours))
+    tree = traverse_util.unflatten_dict(fitted)
+    params[part] = models.stack_layers(tree) if cfg.scan_layers else tree
+  return params
+
+
+def _check_computes(key: str, source: str, theirs: ModelConfig, ours: ModelConfig) -> None:
+  for name in _COMPUTES:
+    if hasattr(theirs, name) and hasattr(ours, name) and (
+        getattr(theirs, name) != getattr(ours, name)):
+      raise ConfigError(f'{key}={source} has {name}={getattr(theirs, name)!r} where the tower '
+                        f'has {getattr(ours, name)!r}: set model.{name}={getattr(theirs, name)!r}.')
+
+
+def _fitted(key: str, source: str, theirs: dict, ours: dict) -> dict:
+  """Our flat part with every array from `theirs`, each of the dtype ours has."""
+  missing, extra = sorted(ours.keys() - theirs.keys()), sorted(theirs.keys() - ours.keys())
+  if missing or extra:
+    where, paths = ('lacks', missing) if missing else ('has, the tower does not,', extra)
+    raise ConfigError(f'{key}={source} {where} {"/".join(paths[0])} ({len(paths)} parameters '
+                      'in all): start the tower from a model of its architecture.')
+  fitted = {}
+  for path, mine in ours.items():
+    array = np.asarray(theirs[path])
+    if path[-2:] == _POSITIONS and array.shape[0] > mine.shape[0]:
+      array = array[:mine.shape[0]]
+    if array.shape != mine.shape:
+      raise ConfigError(f'{key}={source} has {"/".join(path)} of shape {array.shape} where the '
+                        f'tower has {tuple(mine.shape)}: set the tower\'s sizes to the source\'s.')
+    fitted[path] = array.astype(mine.dtype)
+  return fitted
