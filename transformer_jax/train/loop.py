@@ -216,10 +216,12 @@ _NOT_REPORTED = ('weight', 'params_finite', 'bytes')
 
 def means(sums: dict) -> dict:
   """Each summed term of a step or an evaluation (losses.batch_sums, a family's own loss) over
-  the summed weight: 'loss', 'correct' as 'accuracy', a family's own terms by their names."""
-  weight = max(sums['weight'], 1e-9)
-  return {_MEAN_NAMES.get(key, key): value / weight for key, value in sums.items()
-          if key not in _NOT_REPORTED}
+  the summed weight: 'loss', 'correct' as 'accuracy', a family's own terms by their names; a
+  term NAME over a subset of the examples (DiT's loss by timestep quarter) over its own summed
+  weight 'weight_NAME'."""
+  weight_of = lambda key: max(sums.get(f'weight_{key}', sums['weight']), 1e-9)
+  return {_MEAN_NAMES.get(key, key): value / weight_of(key) for key, value in sums.items()
+          if key not in _NOT_REPORTED and not key.startswith('weight_')}
 
 
 class Window:
@@ -298,7 +300,8 @@ def evaluate_params(run: Run, eval_step, params) -> dict:
   of the target tokens it scored); what a task measures of the model's decoding (its
   generation_metrics: an encoder-decoder's eval_exact_match, a translation's eval_bleu, speech's
   eval_wer, from
-  greedy decoding or config.eval's beam search)."""
+  greedy decoding or config.eval's beam search); what the family adds (Family.evaluate: a DiT's
+  bound in bits per dimension and scores of its samples)."""
   sums = {}
   for batch in run.data.eval_batches():
     out = jax.device_get(eval_step(params, sharding.global_batch(batch, run.mesh)))
@@ -307,6 +310,8 @@ def evaluate_params(run: Run, eval_step, params) -> dict:
   results = {f'eval_{name}': value for name, value in means(sums).items()}
   if sums.get('bytes'):
     results['eval_bits_per_byte'] = sums['loss'] / math.log(2) / sums['bytes']
+  if run.family.evaluate is not None:
+    results.update(run.family.evaluate(run, params))
   measure = getattr(run.data.task, 'generation_metrics', None)
   if measure is not None:
     results.update(measure(functools.partial(_decoded, run, params), run.data.eval_batch_size))
@@ -329,7 +334,9 @@ def evaluate_and_log(run: Run, eval_step, params, step: int, writer) -> None:
   writer.write(step, results)
   shown = {'eval_accuracy': 'accuracy {:.4f}', 'eval_top5_accuracy': 'top-5 {:.4f}',
            'eval_bits_per_byte': '{:.4f} bits per byte', 'eval_exact_match': 'exact match {:.4f}',
-           'eval_bleu': 'BLEU {:.2f}', 'eval_wer': 'WER {:.4f}'}
+           'eval_bleu': 'BLEU {:.2f}', 'eval_wer': 'WER {:.4f}',
+           'eval_bpd': '{:.4f} bits per dimension',
+           'eval_sample_accuracy': 'sample accuracy {:.4f}', 'eval_sample_fd': 'sample FD {:.3f}'}
   extra = ''.join(f' | {form.format(results[key])}' for key, form in shown.items()
                   if key in results)
   log.info('step %d | held-out loss %.4f%s', step, results['eval_loss'], extra)
