@@ -15,7 +15,9 @@ from transformer_jax import sweep, train
 from transformer_jax.data import tokenizer as tokenizer_lib
 
 # Each experiment's plots, by file name.
-FIGURES = {'ablations': ['ablations'], 'beam_search': [], 'long_context': ['loss_vs_position'],
+FIGURES = {'ablations': ['ablations'], 'beam_search': [],
+           'dit_cifar': ['grid_guidance_1', 'grid_guidance_2', 'grid_guidance_4'],
+           'long_context': ['loss_vs_position'],
            'lora_finetune': ['lora_finetune'], 'norm_order': ['norm_order'],
            'optimizer_compare': ['optimizer_compare'],
            'patch_sweep': ['accuracy_vs_flops', 'accuracy_vs_patch', 'flops_vs_tokens', 'resize'],
