@@ -153,6 +153,11 @@ def classifier_accuracy(classifier, run) -> float:
   return float(np.mean(classifier(dit.to_uint8(real))[1] == labels))
 
 
+def minutes(result: dict) -> str:
+  seconds = result.get('train_seconds')
+  return f'{seconds / 60:.1f} min' if seconds else 'trained by launch.py, see below'
+
+
 def report(command: str, results: list[dict], step: int, held_out: dict, vit_accuracy: float,
            rows: list[dict], budget: Budget) -> str:
   dit_run = next(r for r in results if r['name'] == 'dit')
@@ -162,11 +167,10 @@ def report(command: str, results: list[dict], step: int, held_out: dict, vit_acc
       'Machine: 2 CPU cores shared with other jobs, jax 0.10.2. CIFAR-10 is a JPEG q75 copy, '
       'which costs the classifier about 2 to 3 points of accuracy against the original images.',
       '',
-      f'The DiT (configs/dit_reference.py, {DIT_SETTINGS}) trained {step} steps in '
-      f'{dit_run["train_seconds"] / 60:.1f} min ({dit_run["examples_per_sec"]:.1f} images/s '
-      f'median); the ViT (configs/vit_reference.py:{VIT.arg}) '
-      f'{vit_run["train_seconds"] / 60:.1f} min, test accuracy {vit_accuracy:.2%} on the real '
-      'test images.', '',
+      f'The DiT (configs/dit_reference.py, {DIT_SETTINGS}) trained {step} steps '
+      f'({minutes(dit_run)}, {dit_run["examples_per_sec"]:.1f} images/s median); the ViT '
+      f'(configs/vit_reference.py:{VIT.arg}) {vit_run["steps"]} steps ({minutes(vit_run)}), '
+      f'test accuracy {vit_accuracy:.2%} on the real test images.', '',
       '## Held-out', '',
       '| loss | t in [0, 250) | [250, 500) | [500, 750) | [750, 1000) | '
       f'bound (bits/dim, {budget.bound_images} images, {budget.bound_steps} timesteps) | '
@@ -210,8 +214,8 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
 
 
 def speed(quick: bool, workdir: str, results_dir: str) -> dict:
-  """Images/s of DDPM-250 and DDIM-50 (guidance 1) on a batch of SPEED_BATCH, the program
-  compiled first, the second of two timed calls kept."""
+  """Images/s of DDPM-250 and DDIM-50 (guidance 1) on a batch of SPEED_BATCH: one call of the
+  program compiled beforehand, timed; with the load average at its end."""
   dit_run, params, _ = restored(_DIT_DIR.value or os.path.join(workdir, DIT.dirname))
   labels = jnp.arange(SPEED_BATCH) % dit_run.model_config.num_classes
   rows = []
@@ -220,13 +224,11 @@ def speed(quick: bool, workdir: str, results_dir: str) -> dict:
     draw = jax.jit(lambda p, y, key, wanted=wanted: dit.generate(dit_run.model, p, y, key,
                                                                  wanted))
     draw = draw.lower(params, labels, jax.random.key(0)).compile()
-    times = []
-    for seed in range(2):
-      start = time.time()
-      jax.block_until_ready(draw(params, labels, jax.random.key(seed)))
-      times.append(time.time() - start)
+    start = time.time()
+    jax.block_until_ready(draw(params, labels, jax.random.key(0)))
+    seconds = time.time() - start
     rows.append({'sampler': sampler, 'steps': wanted.steps, 'batch': SPEED_BATCH,
-                 'seconds': times[-1], 'images_per_sec': SPEED_BATCH / times[-1],
+                 'seconds': seconds, 'images_per_sec': SPEED_BATCH / seconds,
                  'load_average': os.getloadavg()[0]})
   os.makedirs(results_dir, exist_ok=True)
   pathlib.Path(results_dir, 'speed.json').write_text(json.dumps(rows, indent=1) + '\n')

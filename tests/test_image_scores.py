@@ -56,7 +56,7 @@ def tiny_config(family, steps):
   return config
 
 
-@pytest.mark.slow  # about 2 minutes on 2 shared cores: two runs trained, samples drawn
+@pytest.mark.slow  # 12 minutes on 2 heavily shared cores: two runs trained, samples drawn
 def test_a_vit_run_scores_the_samples_of_a_dit_run(tmp_path):
   """eval.sample_classifier: the accuracy is the ViT's own argmax on the samples --mode=sample
   writes (the same draws) against their labels; the distance is scipy's formula on the ViT's
