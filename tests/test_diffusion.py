@@ -356,3 +356,83 @@ def test_guidance_combines_the_conditional_and_null_halves():
   fn = diffusion.guided_model_fn(model_fn, labels, null, 1.5)
   expected = x + null + 5 + 1.5 * (labels - null)[:, None, None, None]
   np.testing.assert_allclose(fn(x, t)[..., :2], expected, rtol=1e-5)
+
+
+def numpy_bound(betas, model_fn, x_0, noises, timesteps, weights):
+  """ADM's calc_bpd_loop written out in float64 NumPy for a learned-range model: for each step t
+  the KL between the true posterior and the model's Gaussian (the decoder's discretized
+  likelihood with the tanh approximation of Phi at t = 0), weighted, plus the prior term."""
+  acp = np.cumprod(1 - betas)
+  acp_prev = np.append(1.0, acp[:-1])
+  post_var = betas * (1 - acp_prev) / (1 - acp)
+  post_log_var = np.log(np.append(post_var[1], post_var[1:]))
+  coef1, coef2 = betas * np.sqrt(acp_prev) / (1 - acp), (1 - acp_prev) * np.sqrt(1 - betas) / (
+      1 - acp)
+  axes = tuple(range(1, x_0.ndim))
+  kl = lambda m1, lv1, m2, lv2: 0.5 * (-1 + lv2 - lv1 + np.exp(lv1 - lv2) +
+                                       (m1 - m2) ** 2 * np.exp(-lv2))
+  phi = lambda x: 0.5 * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+  total = np.zeros(len(x_0))
+  for t, weight, noise in zip(timesteps, weights, noises):
+    x_t = np.sqrt(acp[t]) * x_0 + np.sqrt(1 - acp[t]) * noise
+    out = np.asarray(model_fn(jnp.asarray(x_t, jnp.float32), jnp.full((len(x_0),), t)),
+                     np.float64)
+    eps, frac = out[..., :3], (out[..., 3:] + 1) / 2
+    log_var = frac * np.log(betas[t]) + (1 - frac) * post_log_var[t]
+    pred_x0 = np.clip((x_t - np.sqrt(1 - acp[t]) * eps) / np.sqrt(acp[t]), -1, 1)
+    mean = coef1[t] * pred_x0 + coef2[t] * x_t
+    if t == 0:
+      scale = np.exp(-0.5 * log_var)
+      upper = np.where(x_0 > 0.999, 1.0, phi(scale * (x_0 - mean + 1 / 255)))
+      lower = np.where(x_0 < -0.999, 0.0, phi(scale * (x_0 - mean - 1 / 255)))
+      term = -np.log(np.maximum(upper - lower, 1e-12)).mean(axis=axes)
+    else:
+      true_mean = coef1[t] * x_0 + coef2[t] * x_t
+      term = kl(true_mean, post_log_var[t], mean, log_var).mean(axis=axes)
+    total += weight * term / math.log(2)
+  prior = kl(np.sqrt(acp[-1]) * x_0, np.log(1 - acp[-1]), 0.0, 0.0).mean(axis=axes)
+  return total + prior / math.log(2)
+
+
+@pytest.mark.parametrize('steps', [0, 6])
+def test_the_bound_in_bits_per_dimension_is_adms_loop_written_out(steps):
+  """bpd_loop (all 40 steps, or step 0 and 5 strided ones weighted 39/5) against numpy_bound of
+  the same model output, the same noise at each step."""
+  schedule = diffusion.make_schedule('linear', 40)
+  pixels = jax.random.randint(jax.random.key(0), (3, 4, 4, 3), 0, 256)
+  x_0 = pixels.astype(jnp.float32) / 127.5 - 1
+  weights_in = jax.random.normal(jax.random.key(1), (3, 6)) * 0.5
+
+  def model_fn(x, t):
+    out = jnp.einsum('...c,cd->...d', x, weights_in) + t[:, None, None, None] / 40
+    return jnp.concatenate([out[..., :3], jnp.tanh(out[..., 3:])], axis=-1)
+
+  rng = jax.random.key(2)
+  got = diffusion.bpd_loop(schedule, model_fn, x_0, rng, variance='learned_range', steps=steps)
+  timesteps, weights = diffusion.bound_timesteps(40, steps)
+  np.testing.assert_array_equal(got['timesteps'], timesteps)
+  noises = [np.asarray(jax.random.normal(jax.random.fold_in(rng, t), x_0.shape), np.float64)
+            for t in timesteps]
+  want = numpy_bound(schedule.betas, model_fn, np.asarray(x_0, np.float64), noises, timesteps,
+                     weights)
+  np.testing.assert_allclose(got['total_bpd'], want, rtol=2e-5)
+  assert got['vb'].shape == (len(timesteps), 3)
+
+
+def test_the_bound_timesteps_keep_the_decoder_and_stratify_the_rest():
+  np.testing.assert_array_equal(diffusion.bound_timesteps(5)[0], range(5))
+  steps, weights = diffusion.bound_timesteps(1000, 5)
+  np.testing.assert_array_equal(steps, [0, 1, 334, 666, 999])
+  np.testing.assert_allclose(weights, [1, 999 / 4, 999 / 4, 999 / 4, 999 / 4])
+  assert weights.sum() == 1000  # each of the 1,000 terms counted once on average
+  with pytest.raises(ConfigError, match='at least 2 timesteps'):
+    diffusion.bound_timesteps(1000, 1)
+
+
+def test_the_prior_term_is_the_kl_to_the_standard_normal():
+  schedule = diffusion.make_schedule('linear', 1000)
+  x_0 = jnp.full((1, 2, 2, 3), 1.0)
+  acp = schedule.alphas_cumprod[-1].astype(np.float64)
+  # KL(N(m, v) || N(0, 1)) = (v + m^2 - 1 - log v) / 2, here m^2 = acp, v = 1 - acp.
+  want = (1 - acp + acp - 1 - np.log(1 - acp)) / 2 / math.log(2)
+  np.testing.assert_allclose(diffusion.prior_bpd(schedule, x_0), [want], rtol=1e-4)

@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import accounting, config_lib, models, run, train
+from transformer_jax import accounting, config_lib, diffusion, models, run, train
 from transformer_jax.errors import ConfigError
 from transformer_jax.models import dit
-from transformer_jax.train import checkpoint
+from transformer_jax.train import checkpoint, loop
 
 CONFIGS = pathlib.Path(__file__).parent.parent / 'configs'
 
@@ -62,6 +62,52 @@ def test_a_new_dit_predicts_zero_and_its_loss_is_the_noise_variance():
                              rtol=1e-5)
 
 
+def test_the_loss_by_timestep_quarter_sums_to_the_loss():
+  """quarter_sums puts each example in its quarter of the steps; loop.means reports each
+  quarter over its own count, and their mean weighted by the counts is the loss."""
+  sums = dit.quarter_sums(jnp.array([1.0, 2.0, 3.0, 4.0, 5.0]), jnp.array([0, 249, 250, 999, 3]),
+                          1000)
+  assert [float(sums[f'loss_t{q}']) for q in range(4)] == [8.0, 3.0, 0.0, 4.0]
+  assert [float(sums[f'weight_loss_t{q}']) for q in range(4)] == [3.0, 1.0, 0.0, 1.0]
+  cfg = tiny()
+  model = models.build(cfg)
+  params = jax.tree.map(lambda p: p + 0.05, models.init_params(cfg, jax.random.key(0)))
+  images = jax.random.uniform(jax.random.key(1), (16, 8, 8, 3), minval=-1, maxval=1)
+  losses = jax.jit(lambda params: model.apply({'params': params}, images, jnp.arange(16) % 3,
+                                               jax.random.key(2), method='diffusion_losses'))
+  sums = jax.device_get(losses(params))
+  reported = loop.means({key: float(value) for key, value in sums.items()})
+  assert set(reported) == {'loss', 'mse', 'vb', 'loss_t0', 'loss_t1', 'loss_t2', 'loss_t3'}
+  weighted = sum(reported[f'loss_t{q}'] * sums[f'weight_loss_t{q}'] for q in range(4)
+                 if sums[f'weight_loss_t{q}'])
+  np.testing.assert_allclose(weighted / sums['weight'], reported['loss'], rtol=1e-6)
+  assert sum(sums[f'weight_loss_t{q}'] for q in range(4)) == 16
+
+
+def test_the_bound_of_a_tiny_dit_is_the_mean_of_its_per_image_loop():
+  """bound_bpd over batches of 2 (the noise of batch i from fold_in(key(0), i)) is the mean of
+  diffusion.bpd_loop run on each batch, and its parts add up: total = prior + decoder + KLs."""
+  cfg = tiny(diffusion_steps=30)
+  model = models.build(cfg)
+  params = jax.tree.map(lambda p: p + 0.02, models.init_params(cfg, jax.random.key(0)))
+  images = np.asarray(jax.random.randint(jax.random.key(1), (4, 8, 8, 3), 0, 256),
+                      np.float32) / 127.5 - 1
+  labels = np.array([0, 1, 2, 0])
+  got = dit.bound_bpd(model, params, images, labels, batch_size=2)
+  loops = [diffusion.bpd_loop(dit.schedule_of(cfg),
+                              lambda x, t, y=labels[i:i + 2]: model.apply({'params': params},
+                                                                          x, t, y),
+                              images[i:i + 2], jax.random.fold_in(jax.random.key(0), i // 2),
+                              variance='learned_range') for i in (0, 2)]
+  np.testing.assert_allclose(got['bpd'], np.mean([out['total_bpd'] for out in loops]),
+                             rtol=1e-5)
+  np.testing.assert_allclose(got['bpd_decoder'], np.mean([out['vb'][0] for out in loops]),
+                             rtol=1e-5)
+  kl_terms = np.mean([out['vb'][1:].sum(0) for out in loops])
+  np.testing.assert_allclose(got['bpd'], got['bpd_prior'] + got['bpd_decoder'] + kl_terms,
+                             rtol=1e-5)
+
+
 def test_bad_settings_name_the_fix():
   with pytest.raises(ConfigError, match='does not divide model.image_size'):
     tiny(patch_size=3)
@@ -73,6 +119,33 @@ def test_bad_settings_name_the_fix():
     dit.SampleSettings(guidance_scale=4.0).check_for(tiny(class_dropout=0.0))
   with pytest.raises(ConfigError, match="must be one of \\['ddpm', 'ddim'\\]"):
     dit.SampleSettings(sampler='euler')
+
+
+@pytest.mark.parametrize('overrides,message', [
+    ({'model.patch_size': 3}, 'choose a patch size from'),
+    ({'model.diffusion_steps': 10}, 'the linear schedule needs at least 21 steps'),
+    ({'eval.sample_classifier': 'W', 'sample.steps': 2000}, 'set --config.sample.steps'),
+    ({'eval.sample_classifier': 'W', 'model.class_dropout': 0.0},
+     'set --config.sample.guidance_scale=1'),
+    ({'eval.bpd_examples': 8, 'model.num_channels': 4}, 'set --config.eval.bpd_examples=0'),
+])
+def test_a_bad_setting_is_one_line_naming_the_fix_before_anything_compiles(overrides, message):
+  """At the top of every mode (train.resolve): the model's rules, and the sample settings that
+  an evaluation scoring samples will use."""
+  config = small()
+  for key, value in overrides.items():
+    section, name = key.split('.')
+    config[section][name] = value
+  with pytest.raises(ConfigError, match=message) as error:
+    train.resolve(config)
+  assert '\n' not in str(error.value)
+
+
+def test_sampling_refuses_more_steps_than_training_before_reading_anything(tmp_path):
+  config = small()
+  config.sample.steps = 1001
+  with pytest.raises(ConfigError, match='at most 1000'):
+    run.run(config, str(tmp_path), 'sample')  # no checkpoint there: refused before reading
 
 
 def test_labels_cycle_over_the_classes_or_the_chosen_ones():

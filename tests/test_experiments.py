@@ -16,6 +16,7 @@ from transformer_jax.data import tokenizer as tokenizer_lib
 
 # Each experiment's plots, by file name.
 FIGURES = {'ablations': ['ablations'], 'beam_search': [], 'clip_zero_shot': ['clip_zero_shot'],
+           'dit_cifar': ['grid_guidance_1', 'grid_guidance_2', 'grid_guidance_4'],
            'long_context': ['loss_vs_position'],
            'lora_finetune': ['lora_finetune'], 'norm_order': ['norm_order'],
            'optimizer_compare': ['optimizer_compare'],

@@ -23,7 +23,7 @@ from transformer_jax.settings import MeshSettings, OptimizerSettings, Settings, 
 __all__ = [
     'assign', 'base_config', 'check_values', 'CheckedConfigFile', 'CHOICES', 'differences',
     'differing_keys', 'flatten', 'from_file', 'LOCATION_KEYS', 'model_defaults', 'parse_arg',
-    'RANGES', 'SAVED_CONFIG', 'saved_config', 'section_of', 'smoke', 'unknown_keys']
+    'RANGES', 'run_config', 'SAVED_CONFIG', 'saved_config', 'section_of', 'smoke', 'unknown_keys']
 
 
 def model_defaults(family: str = 'decoder') -> ml_collections.ConfigDict:
@@ -100,7 +100,7 @@ def base_config(family: str = 'decoder') -> ml_collections.ConfigDict:
   config.init_from_checkpoint = ''
   # --mode=sample's settings (decode.SampleSettings, or the family's own), and how an
   # encoder-decoder's held-out outputs are decoded at each evaluation (decode.EvalSettings).
-  config.eval = section_of(decode.EvalSettings)
+  config.eval = section_of(models.registry.get(family).eval_settings or decode.EvalSettings)
   config.sample = section_of(models.registry.get(family).sample_settings
                               or decode.SampleSettings)
   return config
@@ -260,6 +260,17 @@ def saved_config(workdir: str | None) -> dict | None:
     saved['model'] = {key: saved['model'][key] for key in names(type(cfg))
                       if key in saved['model']}
   return saved
+
+
+def run_config(workdir: str) -> ml_collections.ConfigDict | None:
+  """The config of the run saved in `workdir` (its family's defaults with the saved values), to
+  restore another run's model from its own settings; None where it saved none."""
+  saved = saved_config(workdir)
+  if saved is None:
+    return None
+  config = base_config(saved['model']['family'])
+  assign(config, saved)
+  return config
 
 
 def flatten(tree: dict, prefix: str = '') -> dict:

@@ -25,9 +25,10 @@ import numpy as np
 from transformer_jax.errors import ConfigError
 
 __all__ = [
-    'SCHEDULES', 'VARIANCES', 'Schedule', 'classifier_free_guidance', 'ddim_invert', 'ddim_sample',
-    'ddpm_sample', 'discretized_gaussian_log_likelihood', 'guided_model_fn', 'make_schedule',
-    'normal_kl', 'p_mean_variance', 'predict_x0_from_eps', 'q_posterior_mean_variance',
+    'SCHEDULES', 'VARIANCES', 'Schedule', 'bound_timesteps', 'bpd_loop',
+    'classifier_free_guidance', 'ddim_invert', 'ddim_sample', 'ddpm_sample',
+    'discretized_gaussian_log_likelihood', 'guided_model_fn', 'make_schedule', 'normal_kl',
+    'p_mean_variance', 'predict_x0_from_eps', 'prior_bpd', 'q_posterior_mean_variance',
     'q_sample', 'respace', 'space_timesteps', 'training_losses', 'vb_terms_bpd',
 ]
 
@@ -253,17 +254,72 @@ def _mean_over_examples(x: jax.Array) -> jax.Array:
 
 
 def vb_terms_bpd(schedule: Schedule, model_output: jax.Array, x_0: jax.Array, x_t: jax.Array,
-                 t: jax.Array, *, variance: str = 'learned_range') -> jax.Array:
+                 t: jax.Array, *, variance: str = 'learned_range',
+                 clip_denoised: bool = False) -> jax.Array:
   """The variational bound's term at step t per example (B,), in bits per dimension:
   KL(q(x_{t-1} | x_t, x_0) || p(x_{t-1} | x_t)), and at t = 0 the decoder's negative
   discretized log-likelihood of x_0."""
   true_mean, _, true_log_variance = q_posterior_mean_variance(schedule, x_0, x_t, t)
-  p = p_mean_variance(schedule, model_output, x_t, t, variance=variance)
+  p = p_mean_variance(schedule, model_output, x_t, t, variance=variance,
+                      clip_denoised=clip_denoised)
   kl = _mean_over_examples(normal_kl(true_mean, true_log_variance, p['mean'],
                                      p['log_variance'])) / math.log(2.0)
   decoder_nll = -_mean_over_examples(discretized_gaussian_log_likelihood(
       x_0, means=p['mean'], log_scales=0.5 * p['log_variance'])) / math.log(2.0)
   return jnp.where(t == 0, decoder_nll, kl)
+
+
+def prior_bpd(schedule: Schedule, x_0: jax.Array) -> jax.Array:
+  """KL(q(x_T | x_0) || N(0, I)) per example (B,), in bits per dimension: the bound's term
+  that no model changes (ADM's _prior_bpd)."""
+  last = schedule.num_steps - 1
+  mean = schedule.sqrt_alphas_cumprod[last] * x_0
+  log_variance = jnp.log(1.0 - schedule.alphas_cumprod[last])
+  return _mean_over_examples(normal_kl(mean, log_variance, 0.0, 0.0)) / math.log(2.0)
+
+
+def bound_timesteps(num_steps: int, count: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """The steps at which bpd_loop evaluates the bound and the weight of each term: count 0 (or
+  >= num_steps) all of them, weight 1 (ADM's calc_bpd_loop); else step 0 (the decoder term,
+  exact) and count - 1 steps evenly spaced over 1 .. num_steps - 1, each weighted (num_steps -
+  1) / (count - 1): a stratified estimate of the sum of the KL terms."""
+  if not count or count >= num_steps:
+    return np.arange(num_steps), np.ones(num_steps)
+  if count < 2:
+    raise ConfigError(f'the bound needs at least 2 timesteps (the decoder and one KL term), got '
+                      f'{count}: set 0 for all {num_steps}, or 2 or more')
+  kl_steps = np.unique(np.rint(np.linspace(1, num_steps - 1, count - 1)).astype(int))
+  return (np.append(0, kl_steps),
+          np.append(1.0, np.full(len(kl_steps), (num_steps - 1) / len(kl_steps))))
+
+
+def bpd_loop(schedule: Schedule, model_fn: ModelFn, x_0: jax.Array, rng: jax.Array, *,
+             variance: str, steps: int = 0, clip_denoised: bool = True) -> dict[str, jax.Array]:
+  """The variational bound on -log p(x_0) in bits per dimension per example, as ADM's
+  calc_bpd_loop: at each step t of bound_timesteps(num_steps, steps) x_t = q_sample(x_0, t,
+  noise) with fresh noise (fold_in(rng, t)) and the model's vb_terms_bpd there, in one lax.scan.
+  x_0: (B, ..., C) pixels in [-1, 1] on the 8-bit grid. Returns 'total_bpd' (B,) = weighted sum
+  of the terms + 'prior_bpd' (B,), 'vb' (K, B) the terms at 'timesteps' (K,), and 'mse' (K, B)
+  of the predicted noise there."""
+  timesteps, weights = bound_timesteps(schedule.num_steps, steps)
+  batch = x_0.shape[0]
+
+  def term(_, t):
+    noise = jax.random.normal(jax.random.fold_in(rng, t), x_0.shape, jnp.float32)
+    t_batch = jnp.full((batch,), t)
+    x_t = q_sample(schedule, x_0, t_batch, noise)
+    output = model_fn(x_t, _model_timesteps(schedule, t, batch))
+    vb = vb_terms_bpd(schedule, output, x_0, x_t, t_batch, variance=variance,
+                      clip_denoised=clip_denoised)
+    mse = _mean_over_examples((noise - output[..., :x_0.shape[-1]].astype(jnp.float32)) ** 2)
+    return None, (vb, mse)
+
+  x_0 = x_0.astype(jnp.float32)
+  _, (vb, mse) = jax.lax.scan(term, None, jnp.asarray(timesteps))
+  prior = prior_bpd(schedule, x_0)
+  total = jnp.einsum('k,kb->b', jnp.asarray(weights, jnp.float32), vb) + prior
+  return {'total_bpd': total, 'prior_bpd': prior, 'vb': vb, 'mse': mse,
+          'timesteps': jnp.asarray(timesteps)}
 
 
 def training_losses(schedule: Schedule, model_output: jax.Array, x_0: jax.Array,

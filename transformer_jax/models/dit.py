@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import diffusion
+from transformer_jax import diffusion, image_scores
 from transformer_jax.errors import ConfigError
 from transformer_jax.layers import (AdaLNZero, BlockStack, LabelEmbed, Linear, PatchEmbed,
                                     TimestepEmbed)
@@ -24,9 +24,10 @@ from transformer_jax.models import common, registry, vit
 from transformer_jax.ranges import COUNT, FRACTION, Range
 from transformer_jax.settings import Settings
 
-__all__ = ['DiT', 'DIT_SIZES', 'DiTConfig', 'FAMILY', 'forward_flops', 'generate', 'grid',
-           'param_counts', 'sample', 'SAMPLERS', 'SampleSettings', 'schedule_of', 'sincos_2d',
-           'to_uint8', 'variant']
+__all__ = ['bound_bpd', 'DiT', 'DIT_SIZES', 'DiTConfig', 'draw', 'EvalSettings', 'evaluate',
+           'FAMILY', 'forward_flops', 'generate', 'grid', 'held_out', 'param_counts',
+           'quarter_sums', 'sample', 'SAMPLERS', 'SampleSettings', 'schedule_of',
+           'score_samples', 'sincos_2d', 'to_uint8', 'variant']
 
 log = logging.getLogger(__name__)
 SAMPLERS = ('ddpm', 'ddim')
@@ -159,7 +160,9 @@ class DiT(nn.Module):
     """The summed training terms of a batch of images in [-1, 1] (B, H, W, C) and labels (B,):
     timesteps uniform per example, labels dropped to the null class with probability
     class_dropout, x_t = q_sample(images, t, noise), and diffusion.training_losses's 'mse'
-    (+ 'vb' with learn_sigma) summed over the examples; 'loss' their sum, 'weight' the count."""
+    (+ 'vb' with learn_sigma) summed over the examples; 'loss' their sum, 'weight' the count;
+    'loss_t0' .. 'loss_t3' the loss summed over the examples whose t fell in each quarter of the
+    steps (t0: the least noise), 'weight_loss_t0' .. their counts (quarter_sums)."""
     cfg, schedule = self.cfg, schedule_of(self.cfg)
     t_rng, noise_rng, drop_rng = jax.random.split(rng, 3)
     batch = images.shape[0]
@@ -172,7 +175,24 @@ class DiT(nn.Module):
     terms = diffusion.training_losses(schedule, output, images.astype(jnp.float32), x_t, t,
                                       noise, variance=cfg.variance)
     return {**{name: jnp.sum(value) for name, value in terms.items()},
+            **quarter_sums(terms['loss'], t, schedule.num_steps),
             'weight': jnp.asarray(batch, jnp.float32)}
+
+
+QUARTERS = 4
+
+
+def quarter_sums(loss: jax.Array, t: jax.Array, num_steps: int) -> dict[str, jax.Array]:
+  """The per-example loss (B,) summed by quarter of the timesteps t (B,) of a num_steps process:
+  'loss_tQ' and its count 'weight_loss_tQ' for Q = 0 (t < num_steps / 4, the least noise) to 3;
+  the training loop reports each over its own count (loop.means)."""
+  quarter = (t * QUARTERS) // num_steps
+  sums = {}
+  for q in range(QUARTERS):
+    mask = (quarter == q).astype(jnp.float32)
+    sums[f'loss_t{q}'] = jnp.sum(loss * mask)
+    sums[f'weight_loss_t{q}'] = jnp.sum(mask)
+  return sums
 
 
 def param_counts(cfg: DiTConfig) -> dict[str, int]:
@@ -303,12 +323,13 @@ def grid(images: np.ndarray) -> np.ndarray:
 
 def sample(model, params, step: int, wanted: 'SampleSettings', workdir: str) -> str:
   """--mode=sample: images from `params` (the workdir's latest checkpoint, its moving average
-  where it keeps one), written to WORKDIR/samples: samples.npz (images uint8 (N, H, W, 3),
-  labels (N,)), sample_<i>.png each and grid.png; returns the folder."""
+  where it keeps one), drawn in one batch (the images that an evaluation scoring as many
+  samples in batches at least that large scores), written to WORKDIR/samples: samples.npz
+  (images uint8 (N, H, W, 3), labels (N,)), sample_<i>.png each and grid.png; returns the
+  folder."""
   from PIL import Image  # pylint: disable=import-outside-toplevel
   labels = wanted.labels(model.cfg.num_classes)
-  draw = jax.jit(functools.partial(generate, model, settings=wanted))
-  images = to_uint8(draw(params, jnp.asarray(labels), jax.random.key(wanted.seed)))
+  images = draw(model, params, labels, wanted, batch_size=len(labels))
   folder = os.path.join(workdir, 'samples')
   os.makedirs(folder, exist_ok=True)
   np.savez(os.path.join(folder, 'samples.npz'), images=images, labels=labels)
@@ -318,6 +339,136 @@ def sample(model, params, step: int, wanted: 'SampleSettings', workdir: str) -> 
   log.info('Wrote %d samples of step %d (%s, %d steps, guidance %g) to %s.', len(images), step,
            wanted.sampler, wanted.steps, wanted.guidance_scale, folder)
   return folder
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings(Settings):
+  """The keys of config.eval for a DiT, what each evaluation adds to the held-out loss:
+  bpd_examples > 0: the variational bound in bits per dimension (eval_bpd; diffusion.bpd_loop,
+  ADM's calc_bpd_loop) of that many test images, at bpd_steps timesteps (0: all the model's
+  diffusion steps, exact; K: step 0 and K - 1 evenly spaced others, a stratified estimate);
+  sample_classifier=WORKDIR of a classifier run (a ViT trained on the real training images):
+  its accuracy on config.sample's samples (eval_sample_accuracy, each sample scored against the
+  class it was conditioned on) and the Fréchet distance between the features of fid_examples
+  test images (0: the whole held-out split) and of the samples (eval_sample_fd), in the
+  features of fid_features (image_scores.FEATURES_HELP)."""
+  SECTION = 'eval'
+  bpd_examples: int = 0
+  bpd_steps: int = 0
+  sample_classifier: str = ''
+  fid_features: str = 'classifier'
+  fid_examples: int = 0
+
+  RANGES = {'bpd_examples': Range(0, integer=True), 'bpd_steps': Range(0, integer=True),
+            'fid_examples': Range(0, integer=True)}
+
+  def check_for(self, cfg: DiTConfig, sample: SampleSettings) -> None:
+    """The settings' rules against the model's and against the samples they score (when they
+    score any): raises ConfigError naming the fix."""
+    if self.scores_samples:
+      sample.check_for(cfg)
+    if self.bpd_examples and cfg.num_channels != 3:
+      raise ConfigError('eval.bpd_examples: the bound in bits per dimension is of 8-bit pixels; '
+                        'a model of latents has none: set --config.eval.bpd_examples=0.')
+    if self.bpd_steps == 1:
+      raise ConfigError('eval.bpd_steps=1 leaves no KL term: set 0 (all steps) or 2 or more.')
+
+  @property
+  def scores_samples(self) -> bool:
+    return bool(self.sample_classifier) or self.fid_features != 'classifier'
+
+
+def held_out(run, count: int) -> tuple[np.ndarray, np.ndarray]:
+  """The first `count` held-out images (float32 in [-1, 1]) and labels of a run's data."""
+  images, labels = [], []
+  for batch in run.data.eval_batches():
+    images.append(batch['image'])
+    labels.append(batch['label'])
+    if sum(map(len, images)) >= count:
+      break
+  return np.concatenate(images)[:count], np.concatenate(labels)[:count]
+
+
+def bound_bpd(model: DiT, params, images: np.ndarray, labels: np.ndarray, *, steps: int = 0,
+              batch_size: int = 500) -> dict[str, float]:
+  """The variational bound of images (N, H, W, C) in [-1, 1] conditioned on their labels,
+  averaged over the images: 'bpd' (diffusion.bpd_loop at `steps` timesteps), its 'bpd_prior'
+  and 'bpd_decoder' (the t = 0 term) parts. The noise of batch i is fold_in(key(0), i)."""
+  cfg = model.cfg
+
+  @jax.jit
+  def bound(params, x, y, rng):
+    model_fn = lambda x_t, t: model.apply({'params': params}, x_t, t, y)
+    return diffusion.bpd_loop(schedule_of(cfg), model_fn, x, rng, variance=cfg.variance,
+                              steps=steps)
+  sums = np.zeros(3)
+  for i, start in enumerate(range(0, len(images), batch_size)):
+    out = jax.device_get(bound(params, jnp.asarray(images[start:start + batch_size]),
+                               jnp.asarray(labels[start:start + batch_size]),
+                               jax.random.fold_in(jax.random.key(0), i)))
+    sums += [out['total_bpd'].sum(), out['prior_bpd'].sum(), out['vb'][0].sum()]
+  return dict(zip(('bpd', 'bpd_prior', 'bpd_decoder'), (sums / len(images)).tolist()))
+
+
+def draw(model: DiT, params, labels: np.ndarray, wanted: SampleSettings,
+         batch_size: int) -> np.ndarray:
+  """uint8 samples (N, H, W, 3) conditioned on labels (N,), drawn by `generate` in batches of
+  batch_size, batch i from fold_in(key(wanted.seed), i)."""
+  generate_batch = jax.jit(functools.partial(generate, model, settings=wanted))
+  return np.concatenate([
+      to_uint8(generate_batch(params, jnp.asarray(labels[start:start + batch_size]),
+                              jax.random.fold_in(jax.random.key(wanted.seed), i)))
+      for i, start in enumerate(range(0, len(labels), batch_size))])
+
+
+def score_samples(images: np.ndarray, labels: np.ndarray, real: np.ndarray, features,
+                  classifier=None) -> dict:
+  """Scores of uint8 samples (N, H, W, 3) conditioned on labels (N,) against uint8 real images:
+  'sample_fd' the Fréchet distance of their `features` (uint8 images -> (N, D)); with a
+  classifier (image_scores.Classifier) 'sample_accuracy', the share classified as the class
+  each was conditioned on, and 'per_class' {class: accuracy}."""
+  scores = {'sample_fd': image_scores.frechet_distance(
+      *image_scores.feature_statistics(features(real)),
+      *image_scores.feature_statistics(features(images)))}
+  if classifier is not None:
+    correct = classifier(images)[1] == labels
+    scores['sample_accuracy'] = float(correct.mean())
+    scores['per_class'] = {int(c): float(correct[labels == c].mean()) for c in np.unique(labels)}
+  return scores
+
+
+def _check_classifier(classifier, cfg: DiTConfig) -> None:
+  if (classifier.image_size, classifier.num_classes) != (cfg.image_size, cfg.num_classes):
+    raise ConfigError(f'eval.sample_classifier={classifier.workdir!r} classifies '
+                      f'{classifier.image_size}x{classifier.image_size} images into '
+                      f'{classifier.num_classes} classes, the DiT makes {cfg.image_size}x'
+                      f'{cfg.image_size} images of {cfg.num_classes}: give a classifier trained '
+                      'on the DiT\'s dataset.')
+
+
+def evaluate(run, params) -> dict[str, float]:
+  """What config.eval (EvalSettings) adds to an evaluation of `params`: eval_bpd (and its
+  parts), eval_sample_accuracy, eval_sample_fd."""
+  cfg, wanted = run.model_config, run.settings.eval
+  results = {}
+  if wanted.bpd_examples:
+    images, labels = held_out(run, wanted.bpd_examples)
+    results.update(bound_bpd(run.model, params, images, labels, steps=wanted.bpd_steps,
+                             batch_size=run.data.eval_batch_size))
+  if wanted.scores_samples:
+    classifier = (image_scores.load_classifier(wanted.sample_classifier)
+                  if wanted.sample_classifier else None)
+    if classifier is not None:
+      _check_classifier(classifier, cfg)
+    labels = run.settings.sample.labels(cfg.num_classes)
+    images = draw(run.model, params, labels, run.settings.sample, run.data.eval_batch_size)
+    real = to_uint8(held_out(run, wanted.fid_examples or run.data.info['num_eval_examples'])[0])
+    scores = score_samples(images, labels, real,
+                           image_scores.feature_function(wanted.fid_features, classifier),
+                           classifier)
+    scores.pop('per_class', None)
+    results.update(scores)
+  return {f'eval_{name}': value for name, value in results.items()}
 
 
 FAMILY = registry.register(registry.Family(
@@ -333,4 +484,4 @@ FAMILY = registry.register(registry.Family(
         registry.Stack('blocks', cfg.num_layers, cfg.num_patches, (cfg.num_patches,))],
     batch_shapes=vit.batch_shapes, describe=_describe, follow_data=vit.follow_data,
     data_sizes=lambda cfg: {'image_size': cfg.image_size, 'num_classes': cfg.num_classes or None},
-    sample_settings=SampleSettings, sample=sample))
+    sample_settings=SampleSettings, sample=sample, eval_settings=EvalSettings, evaluate=evaluate))

@@ -134,6 +134,11 @@ class Family:
     check_for(cfg), its rules against the model's, which --mode=sample checks before reading.
   sample: (model, params, step, sample settings, workdir) -> what --mode=sample returns, from
     the parameters of the workdir's latest checkpoint (None: decode's text sampling).
+
+  Evaluation beyond the held-out loss:
+  eval_settings: the Settings class of config.eval (None: decode.EvalSettings), with
+    check_for(cfg) checked when the run's settings are resolved.
+  evaluate: (run, params) -> {'eval_NAME': value} added to every evaluation (None: nothing).
   """
   name: str
   module: Callable[[ModelConfig], Any]
@@ -162,6 +167,8 @@ class Family:
   starts: Callable[[ModelConfig], dict[str, str]] = lambda cfg: {}
   sample_settings: type | None = None
   sample: Callable[..., Any] | None = None
+  eval_settings: type | None = None
+  evaluate: Callable[..., dict] | None = None
 
   def weights(self, batch: dict) -> jax.Array:
     """Float32 weight of each target: the batch's 'weights', else one per target."""

@@ -216,10 +216,12 @@ _NOT_REPORTED = ('weight', 'params_finite', 'bytes')
 
 def means(sums: dict) -> dict:
   """Each summed term of a step or an evaluation (losses.batch_sums, a family's own loss) over
-  the summed weight: 'loss', 'correct' as 'accuracy', a family's own terms by their names."""
-  weight = max(sums['weight'], 1e-9)
-  return {_MEAN_NAMES.get(key, key): value / weight for key, value in sums.items()
-          if key not in _NOT_REPORTED}
+  the summed weight: 'loss', 'correct' as 'accuracy', a family's own terms by their names; a
+  term NAME over a subset of the examples (DiT's loss by timestep quarter) over its own summed
+  weight 'weight_NAME'."""
+  weight_of = lambda key: max(sums.get(f'weight_{key}', sums['weight']), 1e-9)
+  return {_MEAN_NAMES.get(key, key): value / weight_of(key) for key, value in sums.items()
+          if key not in _NOT_REPORTED and not key.startswith('weight_')}
 
 
 class Window:
@@ -297,10 +299,10 @@ def evaluate_params(run: Run, eval_step, params) -> dict:
   eval_top5_accuracy, for text eval_bits_per_byte (the summed loss in bits over the UTF-8 bytes
   of the target tokens it scored); what a task measures of the model's decoding (its
   generation_metrics: an encoder-decoder's eval_exact_match, a translation's eval_bleu, speech's
-  eval_wer, from
-  greedy decoding or config.eval's beam search); what a task measures of the model's
+  eval_wer, from greedy decoding or config.eval's beam search); what a task measures of the model's
   embeddings (its embedding_metrics: a dual encoder's retrieval recalls and zero-shot
-  accuracy)."""
+  accuracy); what the family adds (Family.evaluate: a DiT's bound in bits per dimension and
+  scores of its samples)."""
   sums = {}
   for batch in run.data.eval_batches():
     out = jax.device_get(eval_step(params, sharding.global_batch(batch, run.mesh)))
@@ -309,6 +311,8 @@ def evaluate_params(run: Run, eval_step, params) -> dict:
   results = {f'eval_{name}': value for name, value in means(sums).items()}
   if sums.get('bytes'):
     results['eval_bits_per_byte'] = sums['loss'] / math.log(2) / sums['bytes']
+  if run.family.evaluate is not None:
+    results.update(run.family.evaluate(run, params))
   measure = getattr(run.data.task, 'generation_metrics', None)
   if measure is not None:
     results.update(measure(functools.partial(_decoded, run, params), run.data.eval_batch_size))
@@ -356,7 +360,9 @@ def evaluate_and_log(run: Run, eval_step, params, step: int, writer) -> None:
            'eval_bleu': 'BLEU {:.2f}', 'eval_wer': 'WER {:.4f}',
            'eval_zero_shot_accuracy': 'zero-shot {:.4f}', 'eval_zero_shot_top5': 'top-5 {:.4f}',
            'eval_retrieval_i2t_r1': 'image-to-text R@1 {:.4f}',
-           'eval_retrieval_t2i_r1': 'text-to-image R@1 {:.4f}'}
+           'eval_retrieval_t2i_r1': 'text-to-image R@1 {:.4f}',
+           'eval_bpd': '{:.4f} bits per dimension',
+           'eval_sample_accuracy': 'sample accuracy {:.4f}', 'eval_sample_fd': 'sample FD {:.3f}'}
   extra = ''.join(f' | {form.format(results[key])}' for key, form in shown.items()
                   if key in results)
   log.info('step %d | held-out loss %.4f%s', step, results['eval_loss'], extra)

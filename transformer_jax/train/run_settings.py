@@ -36,7 +36,7 @@ class RunSettings:
   optimizer: OptimizerSettings
   mesh: MeshSettings
   lora: lora.LoraSettings
-  eval: Any  # decode's settings of the held-out decoding (beam_size, length_penalty)
+  eval: Any  # decode's settings of the held-out decoding (beam_size...), or the family's own
   sample: Any  # --mode=sample's settings: decode's, or the family's own (sample_settings)
   seed: int
   rule_set: str
@@ -82,18 +82,29 @@ def resolve(config: 'ml_collections.ConfigDict | RunSettings',
   if config.init_from_hf and config.init_from_checkpoint:
     raise ConfigError('Set one of init_from_hf and init_from_checkpoint, not both: a run starts '
                       'from one set of parameters.')
+  sample = (family.sample_settings or decode.SampleSettings).of(config.sample)
   return RunSettings(
       config=config, platform=platform, model=cfg, kernel=kernel, dtype_reason=dtype_reason,
       data=data, training=training,
       optimizer=OptimizerSettings.of(config.optimizer), mesh=mesh,
-      lora=lora.LoraSettings.of(config.lora), eval=decode.EvalSettings.of(config.eval),
-      sample=(family.sample_settings or decode.SampleSettings).of(config.sample),
+      lora=lora.LoraSettings.of(config.lora), eval=_eval_settings(family, cfg, config.eval, sample),
+      sample=sample,
       seed=config.seed,
       rule_set=config.rule_set, sharding_rules=tuple(map(tuple, config.sharding_rules)),
       rules=sharding.rules_of(config.rule_set, config.sharding_rules),
       parallelism=config.parallelism,
       init_from_hf=config.init_from_hf, init_from_checkpoint=config.init_from_checkpoint,
       compile_target=config.compile.target)
+
+
+def _eval_settings(family: Family, cfg: ModelConfig, section, sample):
+  """config.eval: decode's settings, or the family's own checked against the model and the
+  sample settings (before anything is compiled)."""
+  if family.eval_settings is None:
+    return decode.EvalSettings.of(section)
+  settings = family.eval_settings.of(section)
+  settings.check_for(cfg, sample)
+  return settings
 
 
 def _check_rules(config, mesh: MeshSettings) -> None:
