@@ -3,6 +3,7 @@
 feature, several captions per image, a classification dataset captioned by class name), and
 bad input refused before compiling."""
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -237,3 +238,49 @@ def test_a_jsonl_of_image_files_trains_and_retrieves_through_launch(tmp_path):
   final = [row for row in rows if 'eval_loss' in row][-1]
   assert final['step'] == 4 and np.isfinite(final['eval_loss'])
   assert all(0 <= final[f'eval_retrieval_{n}'] <= 1 for n in ('i2t_r1', 't2i_r1', 'i2t_r5'))
+
+
+def _noise_pairs(folder: pathlib.Path, count: int) -> pathlib.Path:
+  """A JSONL of `count` noise images (no ties between embeddings) with two captions each."""
+  generator = np.random.default_rng(0)
+  lines = []
+  for i in range(count):
+    pixels = generator.integers(0, 256, size=(12, 12, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(folder / f'{i}.png')
+    lines.append(json.dumps({'image': f'{i}.png', 'text': [f'picture {i}', f'number {i % 7}']}))
+  (folder / 'pairs.jsonl').write_text('\n'.join(lines))
+  return folder / 'pairs.jsonl'
+
+
+@pytest.mark.slow
+def test_retrieval_over_two_processes_equals_one_process(tmp_path):
+  """Each process reads every held-out pair: the embeddings of a batch made from a whole host
+  copy and gathered back, so two processes of two devices score what one of four does."""
+  from test_train_processes import free_port  # pylint: disable=import-outside-toplevel
+  pairs = _noise_pairs(tmp_path, 160)  # every tenth held out: 16 pairs
+  flags = [f'--config={ROOT / "configs" / "clip_reference.py"}:smoke',
+           '--config.model.num_layers=1', '--config.model.text_layers=1',
+           '--config.data.name=jsonl', f'--config.data.path={pairs}',
+           '--config.data.batch_size=8', '--config.data.eval_batch_size=8',
+           '--config.training.steps=2', '--config.training.eval_every=2']
+
+  def start(workdir, devices, *extra):
+    env = dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}',
+               JAX_PLATFORMS='cpu')
+    return subprocess.Popen([sys.executable, str(ROOT / 'launch.py'), *flags,
+                             f'--workdir={workdir}', *extra], env=env, cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+  address = f'localhost:{free_port()}'
+  runs = [start(tmp_path / 'two', 2, f'--coordinator_address={address}', '--num_processes=2',
+                f'--process_id={i}') for i in range(2)] + [start(tmp_path / 'one', 4)]
+  for run in runs:
+    assert run.wait(timeout=600) == 0, run.stdout.read()[-3000:]
+
+  def final(workdir):
+    rows = [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
+    return [row for row in rows if 'eval_retrieval_i2t_r1' in row][-1]
+  two, one = final(tmp_path / 'two'), final(tmp_path / 'one')
+  for name in ('i2t_r1', 'i2t_r5', 't2i_r1', 't2i_r5'):
+    assert two[f'eval_retrieval_{name}'] == one[f'eval_retrieval_{name}'], name
+  np.testing.assert_allclose(two['eval_loss'], one['eval_loss'], rtol=1e-5)

@@ -7,6 +7,7 @@ import time
 import logging
 import math
 import jax
+from jax.experimental import multihost_utils
 import numpy as np
 
 from transformer_jax import accounting, decode
@@ -325,8 +326,10 @@ def evaluate_params(run: Run, eval_step, params) -> dict:
 def _embedder(run: Run, params):
   """embed(method, inputs) -> float32 numpy (n, D): the model's `method` ('embed_images',
   'embed_texts') on n <= eval_batch_size rows, padded to that batch so that one compiled
-  function serves every call."""
+  function serves every call. Every process reads the same rows, so the batch is made from a
+  whole host copy and the embeddings gathered back to every process."""
   size = run.data.eval_batch_size
+  batch_sharding = sharding.batch_sharding(run.mesh)
 
   @functools.partial(jax.jit, static_argnames='method')
   def apply(params, inputs, method):
@@ -336,8 +339,9 @@ def _embedder(run: Run, params):
   def embed(method: str, inputs: np.ndarray) -> np.ndarray:
     count = len(inputs)
     padded = np.concatenate([inputs, np.repeat(inputs[-1:], size - count, axis=0)])
-    batch = sharding.global_batch({'inputs': padded}, run.mesh)['inputs']
-    return np.asarray(jax.device_get(apply(params, batch, method=method)))[:count]
+    batch = jax.make_array_from_callback(padded.shape, batch_sharding, lambda i: padded[i])
+    embedded = apply(params, batch, method=method)
+    return np.asarray(multihost_utils.process_allgather(embedded, tiled=True))[:count]
   return embed
 
 
