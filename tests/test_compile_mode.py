@@ -15,7 +15,7 @@ pytest.importorskip('libtpu', reason="compile-only TPU devices need pip install 
 
 from helpers import load_experiment  # noqa: E402
 from train_helpers import small_config  # noqa: E402
-from transformer_jax import accounting, aot, memory, models, targets  # noqa: E402
+from transformer_jax import accounting, aot, config_lib, memory, models, targets  # noqa: E402
 from transformer_jax.errors import UserError  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -49,6 +49,19 @@ def test_each_family_compiles_for_a_tpu_with_xlas_bytes_beside_the_plans(family)
   # XLA:TPU counts the step's FLOPs as the accounting does, within what the accounting leaves
   # out (norms, softmax, the optimizer).
   assert report.flops_per_device == pytest.approx(report.planned_flops_per_device, rel=0.25)
+
+
+def test_a_latent_dit_compiles_on_generated_latents_of_its_channels():
+  """A DiT of 4-channel latents (DiT-XL/2's kind): the stand-in generates (B, 8, 8, 4) arrays,
+  which the compiled steps take."""
+  config = config_lib.base_config('dit')
+  config.model.update(image_size=8, patch_size=4, num_channels=4, num_classes=4, num_layers=2,
+                      width=256, num_heads=2, dtype='bfloat16')
+  config.data.update(name='synthetic', batch_size=16, eval_batch_size=16)
+  config.compile.target = 'v5e:2x2'
+  report = aot.compile_for(config)
+  assert report.fits and report.devices == 4
+  assert abs(report.plan_bytes['argument'] / report.xla_bytes['argument'] - 1) < 0.02
 
 
 def test_the_plan_stores_each_array_as_xla_tpu_lays_it_out():

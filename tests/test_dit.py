@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import accounting, config_lib, diffusion, models, run, train
+from transformer_jax import accounting, aot, config_lib, data, diffusion, models, run, train
 from transformer_jax.errors import ConfigError
 from transformer_jax.models import dit
 from transformer_jax.train import checkpoint, loop
@@ -27,6 +27,26 @@ def test_dit_xl2_counts_the_papers_parameters_and_multiply_adds():
   flops = accounting.forward_flops(cfg)
   # The paper's 118.6 GFLOPs count a multiply-add once.
   assert flops['total'] / 2 / 1e9 == pytest.approx(118.6, abs=0.05)
+
+
+def test_the_compile_stand_in_of_dit_xl2_makes_latents_of_its_four_channels():
+  """--mode=compile's generated data (aot.stand_in) for a latent DiT: 32x32x4 batches whose
+  channels are standardized, the shape the model takes (check_data)."""
+  config = config_lib.from_file(CONFIGS / 'dit_xl2.py')
+  config.data.update(batch_size=8, eval_batch_size=8)
+  settings = aot.stand_in(train.resolve(config, 'cpu'))
+  family = settings.family
+  dataset = data.make_data(settings.data, family.task, seed=0,
+                           **family.data_sizes(settings.model))
+  family.check_data(dataset.info, settings.model)
+  batch = dataset.train_batch(0)
+  assert batch['image'].shape == (8, 32, 32, 4) and batch['image'].dtype == np.float32
+  held_out = next(iter(dataset.eval_batches()))
+  assert held_out['image'].shape == (8, 32, 32, 4)
+  # Standardized with the channel statistics of all 72 generated training arrays: a batch of 8
+  # is near 0 and 1 in each channel.
+  np.testing.assert_allclose(batch['image'].mean(axis=(0, 1, 2)), 0, atol=0.5)
+  np.testing.assert_allclose(batch['image'].std(axis=(0, 1, 2)), 1, atol=0.5)
 
 
 def test_the_formulas_equal_the_initialized_tree():

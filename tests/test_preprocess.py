@@ -107,6 +107,21 @@ def test_decode_of_png_bytes_and_of_arrays_gives_rgb(channels):
     np.testing.assert_array_equal(apply('decode', png(image)), expected)
 
 
+def test_decode_of_c_channels_keeps_latents_as_they_are():
+  """decode(4): a VAE's 32x32x4 latents (as uint8 stand-ins) are no RGBA image: every channel is
+  kept; arrays of other channel counts and encoded bytes are refused."""
+  latents = random_image(32, 32, channels=4)
+  np.testing.assert_array_equal(apply('decode(4)', latents), latents)
+  assert apply('decode', latents).shape == (32, 32, 3)
+  assert preprocess.build('decode(4)|random_crop(32, pad=4)').output_shape() == (32, 32, 4)
+  mean, std = (10.0, 20.0, 30.0, 40.0), (2.0, 4.0, 5.0, 8.0)
+  np.testing.assert_allclose(apply(f'decode(4)|normalize({mean}, {std})', latents),
+                             (latents - np.float32(mean)) / np.float32(std), rtol=1e-6)
+  for wrong in (random_image(32, 32, channels=3), png(random_image(32, 32, channels=4))):
+    with pytest.raises(ValueError, match=r'decode\(4\) takes uint8 arrays \(H, W, 4\)'):
+      apply('decode(4)', wrong)
+
+
 def encoded(image, format='PNG'):
   buffer = io.BytesIO()
   image.save(buffer, format)

@@ -155,15 +155,16 @@ def channel_stats(images: np.ndarray) -> tuple[tuple[float, ...], tuple[float, .
 
 
 def synthetic_images(num_examples: int, image_size: int, num_classes: int,
-                     key: tuple[int, ...]) -> ArraySource:
+                     key: tuple[int, ...], channels: int = 3) -> ArraySource:
   """Learnable images: each class has its own colour (fixed for every seed), plus noise; a
-  colour survives cropping and flipping."""
-  colours = rng.generator(rng.TASK).integers(32, 224, size=(num_classes, 3))
+  colour survives cropping and flipping. `channels` other than 3: uint8 arrays of that many
+  channels in the same way, stand-ins of latents (read with decode(channels))."""
+  colours = rng.generator(rng.TASK).integers(32, 224, size=(num_classes, channels))
   generator = rng.generator(*key)
   labels = generator.integers(0, num_classes, size=num_examples, dtype=np.int32)
-  images = np.empty((num_examples, image_size, image_size, 3), np.uint8)
+  images = np.empty((num_examples, image_size, image_size, channels), np.uint8)
   # In chunks: the float64 noise of a compile stand-in's 10,240 images of 224 pixels is 12 GB.
-  rows = max(1, 2**22 // (image_size * image_size * 3))
+  rows = max(1, 2**22 // (image_size * image_size * channels))
   for start in range(0, num_examples, rows):
     noise = generator.normal(0.0, 24.0, size=images[start:start + rows].shape)
     colour = colours[labels[start:start + rows]][:, None, None, :]

@@ -209,9 +209,11 @@ SYNTHETIC_IMAGE_SIZE, SYNTHETIC_CLASSES = 32, 10
 
 
 def _image_task(settings: DataSettings, seed: int, tokenizer_dir=None, image_size=None,
-                num_classes=None, **unused) -> images.ImageTask:
-  """Image classification: generated images of the model's size and classes, or a TFDS dataset
-  (CIFAR-10 prepared from its archive where needed) preprocessed to the model's size."""
+                num_classes=None, num_channels=3, **unused) -> images.ImageTask:
+  """Image classification: generated images of the model's size, classes and channels (other
+  than 3: latents, of the model's size already, kept as they are by decode(num_channels)), or a
+  TFDS dataset (CIFAR-10 prepared from its archive where needed) preprocessed to the model's
+  size."""
   del tokenizer_dir, unused
   name, own = settings.name, settings.part(images.ImageSettings)
   image_size = image_size or SYNTHETIC_IMAGE_SIZE
@@ -219,11 +221,12 @@ def _image_task(settings: DataSettings, seed: int, tokenizer_dir=None, image_siz
     size, count = image_size, settings.eval_examples
     num_classes = num_classes or SYNTHETIC_CLASSES
     train, held_out = (
-        images.synthetic_images(9 * count, size, num_classes, (rng.GENERATE,)),
-        images.synthetic_images(count, size, num_classes, (rng.HELD_OUT,)))
+        images.synthetic_images(9 * count, size, num_classes, (rng.GENERATE,), num_channels),
+        images.synthetic_images(count, size, num_classes, (rng.HELD_OUT,), num_channels))
     # In memory, generated images are standardized with their exact channel statistics.
     scale = 'normalize({}, {})'.format(*images.channel_stats(train.images))
-    pp_train, pp_eval = image_preprocessing(own, image_size, scale)
+    fit = None if num_channels == 3 else f'decode({num_channels})'
+    pp_train, pp_eval = image_preprocessing(own, image_size, scale, fit)
     source, splits = name, ('generated', 'generated')
   else:
     pp_train, pp_eval = image_preprocessing(own, image_size)  # checked before reading
@@ -244,11 +247,11 @@ def _image_task(settings: DataSettings, seed: int, tokenizer_dir=None, image_siz
 
 
 def image_preprocessing(settings: images.ImageSettings, size: int,
-                        scale: str = 'value_range(-1, 1)'):
+                        scale: str = 'value_range(-1, 1)', fit: str | None = None):
   """The training and held-out preprocessing: data.pp_train / data.pp_eval, else the image
-  brought to size x size and scaled, with `augment` randomly cropped from a padded copy and
-  flipped."""
-  fit = f'decode|resize_small({size})|central_crop({size})'
+  brought to size x size (`fit`: the ops that do it, default decode, resize_small and
+  central_crop) and scaled, with `augment` randomly cropped from a padded copy and flipped."""
+  fit = fit or f'decode|resize_small({size})|central_crop({size})'
   augment = f'|random_crop({size}, pad={max(size // 8, 1)})|flip_lr' if settings.augment else ''
   train = settings.pp_train or f'{fit}{augment}|{scale}'
   held_out = settings.pp_eval or f'{fit}|{scale}'

@@ -60,11 +60,25 @@ class _Op:
 
 
 class Decode(_Op):
-  """Encoded bytes (PNG, JPEG, ...) or a uint8 array (H, W), (H, W, 1), (H, W, 3), (H, W, 4) to
-  uint8 (H, W, 3): grey is repeated, alpha dropped (bytes of other modes, such as a palette,
-  by Pillow's conversion to RGB)."""
+  """decode, or decode(channels) for arrays that are no image (latents: a VAE's 32x32x4).
+
+  decode: encoded bytes (PNG, JPEG, ...) or a uint8 array (H, W), (H, W, 1), (H, W, 3),
+  (H, W, 4) to uint8 (H, W, 3): grey is repeated, alpha dropped (bytes of other modes, such as a
+  palette, by Pillow's conversion to RGB). decode(C), C other than 3: uint8 arrays (H, W, C)
+  kept as they are, since their channels have no colour mode.
+  """
+
+  def __init__(self, channels: int = 3):
+    _positive_int('channels', channels)
+    self.channels = channels
 
   def __call__(self, image, generator):
+    if self.channels != 3:
+      image = np.asarray(image)
+      _require(image.dtype == np.uint8 and image.ndim == 3 and image.shape[-1] == self.channels,
+               f'decode({self.channels}) takes uint8 arrays (H, W, {self.channels}), got '
+               f'{getattr(image, "dtype", type(image).__name__)} {getattr(image, "shape", "")}')
+      return image
     if isinstance(image, (bytes, bytearray, memoryview)):
       with Image.open(io.BytesIO(image)) as decoded:  # RGB is already RGB: no converted copy
         return np.asarray(decoded if decoded.mode == 'RGB' else decoded.convert('RGB'))
@@ -243,7 +257,7 @@ class RandAug(_Op):
 
 def _channel_values(name: str, value) -> np.ndarray:
   values = np.asarray(value, np.float32)
-  _require(values.shape in ((), (3,)), f'{name} must be a number or 3 numbers, got {value!r}')
+  _require(values.ndim <= 1, f'{name} must be a number or one per channel, got {value!r}')
   return values
 
 
@@ -374,7 +388,8 @@ def build(spec: str, key: str = 'data.pp') -> 'Preprocess':
 class Preprocess:
   """The ops of a spec, applied in order to one example: `preprocess(image, generator)`.
 
-  The output is uint8 (H, W, 3), or float32 when the spec ends with normalize or value_range.
+  The output is uint8 (H, W, 3) (H, W, C after decode(C)), or float32 when the spec ends with
+  normalize or value_range.
   """
 
   def __init__(self, spec: str, ops: list[_Op]):
@@ -386,11 +401,11 @@ class Preprocess:
     return np.ascontiguousarray(image)
 
   def output_shape(self) -> tuple[int, int, int] | None:
-    """(height, width, 3) of every output when the ops fix both sides, else None."""
+    """(height, width, channels) of every output when the ops fix both sides, else None."""
     size = None
     for op in self.ops:
       size = op.output_size(size)
-    return None if size is None else (*size, 3)
+    return None if size is None else (*size, self.ops[0].channels)  # ops[0]: the decode
 
   @property
   def is_random(self) -> bool:

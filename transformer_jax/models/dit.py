@@ -483,5 +483,7 @@ FAMILY = registry.register(registry.Family(
     stacks=lambda cfg, seq_len=None: [
         registry.Stack('blocks', cfg.num_layers, cfg.num_patches, (cfg.num_patches,))],
     batch_shapes=vit.batch_shapes, describe=_describe, follow_data=vit.follow_data,
-    data_sizes=lambda cfg: {'image_size': cfg.image_size, 'num_classes': cfg.num_classes or None},
+    # num_channels: generated stand-ins (data.name='synthetic', --mode=compile) of 4: latents.
+    data_sizes=lambda cfg: {'image_size': cfg.image_size, 'num_classes': cfg.num_classes or None,
+                            'num_channels': cfg.num_channels},
     sample_settings=SampleSettings, sample=sample, eval_settings=EvalSettings, evaluate=evaluate))
