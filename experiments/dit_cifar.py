@@ -140,7 +140,7 @@ def sample_scores(run, params, classifier, budget: Budget, results_dir: str) -> 
     start = time.time()
     images = dit.draw(run.model, params, labels, wanted, run.data.eval_batch_size)
     seconds = time.time() - start
-    scores = dit.score_samples(images, labels, real, features, classifier)
+    scores = image_scores.score_samples(images, labels, real, features, classifier)
     name = f'grid_guidance_{scale:g}'
     Image.fromarray(class_rows(images, labels)).save(os.path.join(results_dir, f'{name}.png'))
     rows.append({'guidance_scale': scale, 'sample_seconds': seconds, 'grid': f'{name}.png',
@@ -211,7 +211,7 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
     command += ' --dit_workdir DIT_WORKDIR --vit_workdir VIT_WORKDIR'
   budget = QUICK if quick else FULL
   dit_run, params, step = restored(dirs['dit'])
-  classifier = image_scores.load_classifier(dirs['vit'])
+  classifier = image_scores.load_classifier(dirs['vit'], train.restore_trained)
   held_out = held_out_scores(dit_run, params, budget)
   vit_accuracy = classifier_accuracy(classifier, dit_run)
   rows = sample_scores(dit_run, params, classifier, budget, results_dir)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy import linalg
 
-from transformer_jax import config_lib, image_scores, run
+from transformer_jax import config_lib, image_scores, run, train
 from transformer_jax.errors import ConfigError
 from transformer_jax.models import dit
 
@@ -70,7 +70,7 @@ def test_a_vit_run_scores_the_samples_of_a_dit_run(tmp_path):
   config.eval.update(sample_classifier=vit_dir, bpd_examples=4, bpd_steps=3)
   results = run.run(config, dit_dir, 'eval')
   samples = np.load(f'{run.run(config, dit_dir, "sample")}/samples.npz')
-  classifier = image_scores.load_classifier(vit_dir)
+  classifier = image_scores.load_classifier(vit_dir, train.restore_trained)
   model, params = classifier.model, classifier.params
   pixels = lambda images: (images.astype(np.float32) / 127.5 - 1)  # the ViT's pp_eval
   logits = model.apply({'params': params}, pixels(samples['images']))

@@ -18,6 +18,7 @@ LAYERING = (
     ('models',),
     ('accounting', 'decode', 'convert', 'data'),
     ('config_lib',),
+    ('image_scores',),
     ('train',),
     ('memory',),
     ('describe', 'aot'),

@@ -25,9 +25,10 @@ import numpy as np
 from transformer_jax import config_lib
 from transformer_jax.data import preprocess
 from transformer_jax.errors import ConfigError, UserError
+from transformer_jax.models import dit
 
-__all__ = ['Classifier', 'FEATURES_HELP', 'feature_function', 'feature_statistics',
-           'frechet_distance', 'load_classifier']
+__all__ = ['Classifier', 'evaluate_samples', 'FEATURES_HELP', 'feature_function',
+           'feature_statistics', 'frechet_distance', 'load_classifier', 'score_samples']
 
 FEATURES_HELP = ("'classifier' (the pre-logits of eval.sample_classifier) or 'MODULE:FUNCTION', a "
                  'function of uint8 images (N, H, W, 3) -> features (N, D) (for the standard FID: '
@@ -92,16 +93,17 @@ class Classifier:
     return np.concatenate(features), np.concatenate(predictions)
 
 
-def load_classifier(workdir: str) -> Classifier:
+def load_classifier(workdir: str, restore) -> Classifier:
   """The classifier that a run of this codebase trained in `workdir` (its saved config and
-  latest checkpoint; a ViT run, or any family whose model has `encode` and a class head)."""
-  from transformer_jax import train  # pylint: disable=import-outside-toplevel
+  latest checkpoint; a ViT run, or any family whose model has `encode` and a class head);
+  restore(config, workdir) -> (run, params, step) is train.restore_trained (which this module,
+  below the training code, cannot import)."""
   config = config_lib.run_config(workdir)
   if config is None:
     raise UserError(f'eval.sample_classifier={workdir!r} holds no run (no config.json): give the '
                     'workdir of a classifier trained by launch.py (for example a '
                     'configs/vit_reference.py run on the real training images).')
-  run, params, _ = train.restore_trained(config, workdir)
+  run, params, _ = restore(config, workdir)
   if not hasattr(run.model, 'encode') or not run.model_config.num_classes:
     raise ConfigError(f'eval.sample_classifier={workdir!r} is a {run.family.name!r} run, not an '
                       'image classifier: give the workdir of a ViT run.')
@@ -122,3 +124,46 @@ def feature_function(name: str, classifier: Classifier | None
     return getattr(importlib.import_module(module), function)
   except (ImportError, AttributeError, ValueError) as error:
     raise ConfigError(f'eval.fid_features={name!r} ({error}): give {FEATURES_HELP}.') from None
+
+
+def score_samples(images: np.ndarray, labels: np.ndarray, real: np.ndarray, features,
+                  classifier=None) -> dict:
+  """Scores of uint8 samples (N, H, W, 3) conditioned on labels (N,) against uint8 real images:
+  'sample_fd' the Fréchet distance of their `features` (uint8 images -> (N, D)); with a
+  classifier (Classifier) 'sample_accuracy', the share classified as the class
+  each was conditioned on, and 'per_class' {class: accuracy}."""
+  scores = {'sample_fd': frechet_distance(
+      *feature_statistics(features(real)),
+      *feature_statistics(features(images)))}
+  if classifier is not None:
+    correct = classifier(images)[1] == labels
+    scores['sample_accuracy'] = float(correct.mean())
+    scores['per_class'] = {int(c): float(correct[labels == c].mean()) for c in np.unique(labels)}
+  return scores
+
+
+def _check_classifier(classifier: Classifier, cfg) -> None:
+  if (classifier.image_size, classifier.num_classes) != (cfg.image_size, cfg.num_classes):
+    raise ConfigError(f'eval.sample_classifier={classifier.workdir!r} classifies '
+                      f'{classifier.image_size}x{classifier.image_size} images into '
+                      f'{classifier.num_classes} classes, the DiT makes {cfg.image_size}x'
+                      f'{cfg.image_size} images of {cfg.num_classes}: give a classifier trained '
+                      'on the DiT\'s dataset.')
+
+
+def evaluate_samples(run, params, restore) -> dict[str, float]:
+  """eval_sample_fd and, with eval.sample_classifier, eval_sample_accuracy of a DiT run's
+  samples drawn by config.sample (dit.EvalSettings); restore as load_classifier's."""
+  cfg, wanted = run.model_config, run.settings.eval
+  classifier = None
+  if wanted.sample_classifier:
+    classifier = load_classifier(wanted.sample_classifier, restore)
+    _check_classifier(classifier, cfg)
+  labels = run.settings.sample.labels(cfg.num_classes)
+  images = dit.draw(run.model, params, labels, run.settings.sample, run.data.eval_batch_size)
+  count = wanted.fid_examples or run.data.info['num_eval_examples']
+  real = dit.to_uint8(dit.held_out(run, count)[0])
+  scores = score_samples(images, labels, real, feature_function(wanted.fid_features, classifier),
+                         classifier)
+  scores.pop('per_class', None)
+  return {f'eval_{name}': value for name, value in scores.items()}

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import diffusion, image_scores
+from transformer_jax import diffusion
 from transformer_jax.errors import ConfigError
 from transformer_jax.layers import (AdaLNZero, BlockStack, LabelEmbed, Linear, PatchEmbed,
                                     TimestepEmbed)
@@ -27,7 +27,7 @@ from transformer_jax.settings import Settings
 __all__ = ['bound_bpd', 'DiT', 'DIT_SIZES', 'DiTConfig', 'draw', 'EvalSettings', 'evaluate',
            'FAMILY', 'forward_flops', 'generate', 'grid', 'held_out', 'param_counts',
            'quarter_sums', 'sample', 'SAMPLERS', 'SampleSettings', 'schedule_of',
-           'score_samples', 'sincos_2d', 'to_uint8', 'variant']
+           'sincos_2d', 'to_uint8', 'variant']
 
 log = logging.getLogger(__name__)
 SAMPLERS = ('ddpm', 'ddim')
@@ -351,7 +351,7 @@ class EvalSettings(Settings):
   its accuracy on config.sample's samples (eval_sample_accuracy, each sample scored against the
   class it was conditioned on) and the Fréchet distance between the features of fid_examples
   test images (0: the whole held-out split) and of the samples (eval_sample_fd), in the
-  features of fid_features (image_scores.FEATURES_HELP)."""
+  features of fid_features (transformer_jax.image_scores.FEATURES_HELP)."""
   SECTION = 'eval'
   bpd_examples: int = 0
   bpd_steps: int = 0
@@ -421,53 +421,15 @@ def draw(model: DiT, params, labels: np.ndarray, wanted: SampleSettings,
       for i, start in enumerate(range(0, len(labels), batch_size))])
 
 
-def score_samples(images: np.ndarray, labels: np.ndarray, real: np.ndarray, features,
-                  classifier=None) -> dict:
-  """Scores of uint8 samples (N, H, W, 3) conditioned on labels (N,) against uint8 real images:
-  'sample_fd' the Fréchet distance of their `features` (uint8 images -> (N, D)); with a
-  classifier (image_scores.Classifier) 'sample_accuracy', the share classified as the class
-  each was conditioned on, and 'per_class' {class: accuracy}."""
-  scores = {'sample_fd': image_scores.frechet_distance(
-      *image_scores.feature_statistics(features(real)),
-      *image_scores.feature_statistics(features(images)))}
-  if classifier is not None:
-    correct = classifier(images)[1] == labels
-    scores['sample_accuracy'] = float(correct.mean())
-    scores['per_class'] = {int(c): float(correct[labels == c].mean()) for c in np.unique(labels)}
-  return scores
-
-
-def _check_classifier(classifier, cfg: DiTConfig) -> None:
-  if (classifier.image_size, classifier.num_classes) != (cfg.image_size, cfg.num_classes):
-    raise ConfigError(f'eval.sample_classifier={classifier.workdir!r} classifies '
-                      f'{classifier.image_size}x{classifier.image_size} images into '
-                      f'{classifier.num_classes} classes, the DiT makes {cfg.image_size}x'
-                      f'{cfg.image_size} images of {cfg.num_classes}: give a classifier trained '
-                      'on the DiT\'s dataset.')
-
-
 def evaluate(run, params) -> dict[str, float]:
-  """What config.eval (EvalSettings) adds to an evaluation of `params`: eval_bpd (and its
-  parts), eval_sample_accuracy, eval_sample_fd."""
-  cfg, wanted = run.model_config, run.settings.eval
-  results = {}
-  if wanted.bpd_examples:
-    images, labels = held_out(run, wanted.bpd_examples)
-    results.update(bound_bpd(run.model, params, images, labels, steps=wanted.bpd_steps,
-                             batch_size=run.data.eval_batch_size))
-  if wanted.scores_samples:
-    classifier = (image_scores.load_classifier(wanted.sample_classifier)
-                  if wanted.sample_classifier else None)
-    if classifier is not None:
-      _check_classifier(classifier, cfg)
-    labels = run.settings.sample.labels(cfg.num_classes)
-    images = draw(run.model, params, labels, run.settings.sample, run.data.eval_batch_size)
-    real = to_uint8(held_out(run, wanted.fid_examples or run.data.info['num_eval_examples'])[0])
-    scores = score_samples(images, labels, real,
-                           image_scores.feature_function(wanted.fid_features, classifier),
-                           classifier)
-    scores.pop('per_class', None)
-    results.update(scores)
+  """What config.eval's bpd_examples (EvalSettings) adds to an evaluation of `params`: eval_bpd
+  and its parts. The sample scores need a classifier run: image_scores.evaluate_samples."""
+  wanted = run.settings.eval
+  if not wanted.bpd_examples:
+    return {}
+  images, labels = held_out(run, wanted.bpd_examples)
+  results = bound_bpd(run.model, params, images, labels, steps=wanted.bpd_steps,
+                      batch_size=run.data.eval_batch_size)
   return {f'eval_{name}': value for name, value in results.items()}
 
 

@@ -10,7 +10,7 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
-from transformer_jax import accounting, decode
+from transformer_jax import accounting, decode, image_scores
 from transformer_jax.train import checkpoint, metrics as metrics_lib, setup, sharding, workdir_lock
 from transformer_jax.settings import TrainingSettings
 from transformer_jax.train.setup import Run, build_run, restore_trained
@@ -314,6 +314,8 @@ def evaluate_params(run: Run, eval_step, params) -> dict:
     results['eval_bits_per_byte'] = sums['loss'] / math.log(2) / sums['bytes']
   if run.family.evaluate is not None:
     results.update(run.family.evaluate(run, params))
+  if getattr(run.settings.eval, 'scores_samples', False):  # a generative family's settings
+    results.update(image_scores.evaluate_samples(run, params, restore_trained))
   measure = getattr(run.data.task, 'generation_metrics', None)
   if measure is not None:
     results.update(measure(functools.partial(_decoded, run, params), run.data.eval_batch_size))
