@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from helpers import init
-from train_helpers import small_config
+from train_helpers import small_config, started
 from transformer_jax import config_lib, convert, models, train
 from transformer_jax.errors import ConfigError
-from transformer_jax.train import checkpoint, losses, setup, towers
+from transformer_jax.train import losses, towers
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # The image tower of train_helpers' ViT: 8x8 images in patches of 4, width 32, 2 blocks.
@@ -24,14 +24,6 @@ def lit_config(**model):
   config.model.update(**model)
   config.optimizer.learning_rate = 1e-2
   return config
-
-
-def started(config, workdir):
-  run_ = setup.build_run(config)
-  checkpoints = checkpoint.Checkpoints(str(workdir / 'checkpoints'), 3)
-  state = setup.restore_or_init(run_, checkpoints, str(workdir))
-  checkpoints.close()
-  return run_, state
 
 
 @pytest.fixture(scope='module')

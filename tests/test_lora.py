@@ -10,11 +10,11 @@ import pytest
 from flax import traverse_util
 
 from helpers import init, tiny
-from train_helpers import losses, small_config
+from train_helpers import losses, small_config, started
 from transformer_jax import convert, lora, memory, models, run, train
 from transformer_jax.errors import ConfigError
 from transformer_jax.layers.linear import Linear
-from transformer_jax.train import checkpoint, losses as losses_lib, setup
+from transformer_jax.train import losses as losses_lib, setup
 
 FAMILIES = {'decoder': {}, 'scanned decoder': dict(scan_layers=True), 'encoder': {},
             'encoder_decoder': {}, 'vit': {}}
@@ -99,14 +99,6 @@ def test_the_merged_model_computes_the_adapter_path(name):
 def lora_config(steps=6, **overrides):
   return small_config(steps=steps, **{'lora.rank': 4, 'lora.alpha': 8.0,
                                       'optimizer.learning_rate': 1e-2, **overrides})
-
-
-def started(config, tmp_path):
-  run_ = setup.build_run(config)
-  checkpoints = checkpoint.Checkpoints(str(tmp_path / 'checkpoints'), 3)
-  state = setup.restore_or_init(run_, checkpoints, str(tmp_path))
-  checkpoints.close()
-  return run_, state
 
 
 def test_a_step_trains_the_adapters_alone(tmp_path):

@@ -2,7 +2,7 @@
 
 from transformer_jax import config_lib
 from transformer_jax.models import styles
-from transformer_jax.train import metrics
+from transformer_jax.train import checkpoint, metrics, setup
 
 TINY_MODELS = {
     'decoder': dict(family='decoder', vocab_size=32, max_len=16, **styles.STYLES['llama']),
@@ -39,3 +39,12 @@ def losses(workdir):
 def get_config(arg=None):
   """So that launch.py can run these configs: --config tests/train_helpers.py:decoder."""
   return small_config(arg or 'decoder')
+
+
+def started(config, workdir):
+  """(the Run of `config`, its state restored from workdir/checkpoints or initialized)."""
+  run_ = setup.build_run(config)
+  checkpoints = checkpoint.Checkpoints(str(workdir / 'checkpoints'), 3)
+  state = setup.restore_or_init(run_, checkpoints, str(workdir))
+  checkpoints.close()
+  return run_, state
