@@ -54,4 +54,5 @@ class ConvLM(nn.Module):
 
 FAMILY = registry.register(registry.Family(**common.text_family(
     name='conv_lm', module=ConvLM,
-    logits=lambda apply, batch: apply(batch['inputs']), task='next_token', config=ConvLMConfig)))
+    logits=lambda apply, batch: apply(batch['inputs']), task='next_token', config=ConvLMConfig,
+    packed_shapes=registry.text_packed_shapes)))

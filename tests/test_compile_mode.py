@@ -191,11 +191,12 @@ def test_a_vmapped_sweeps_step_compiles_for_one_tpu_chip_holding_every_runs_stat
 
 def test_a_family_of_ones_own_compiles_from_its_own_file(tmp_path):
   """tests/signal_family.py's 1-D signals: the stand-in batch, the plan and the report come from
-  its registry entry and its data task."""
+  its registry entry and its data task; its entry packs nothing, so data.packing leaves its
+  batch as it is (text's packed layout would need token ids)."""
   env = dict(os.environ, PYTHONPATH=ROOT)
   done = subprocess.run([sys.executable, os.path.join(ROOT, 'launch.py'), '--config',
                          os.path.join(ROOT, 'tests', 'signal_family.py'), '--mode=compile',
-                         '--config.compile.target=v5e:1x1'],
+                         '--config.compile.target=v5e:1x1', '--config.data.packing=True'],
                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
   assert done.returncode == 0, done.stderr[-3000:]
   result = json.loads(done.stdout.strip().splitlines()[-1])

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import signal_family
-from transformer_jax import describe, memory, run, train
+from transformer_jax import aot, describe, memory, run, train
 from transformer_jax.errors import ConfigError
 from transformer_jax.train import metrics
 
@@ -57,6 +57,16 @@ def test_its_data_settings_are_its_own_and_checked():
   batch = run_.data.train_batch(0)
   assert batch['signal'].shape == (16, 256) and batch['label'].shape == (16,)
   assert abs(batch['signal']).max() <= 1.0  # noiseless sines
+
+
+def test_data_packing_leaves_its_batches_as_they_are():
+  """Its entry packs nothing (packed_shapes None), so --mode=compile's abstract batch is its
+  batch as it is where text would take segment ids and positions."""
+  run_ = train.build_run(small(packing=True))
+  assert aot.packed_layout(run_) is None
+  batch = aot.abstract_batch(run_.data.train_batch(0), run_.mesh, aot.packed_layout(run_))
+  assert {key: value.shape for key, value in batch.items()} == {'signal': (16, 256),
+                                                                 'label': (16,)}
 
 
 def test_it_trains_and_evaluates_through_the_run(tmp_path):

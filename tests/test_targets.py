@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from train_helpers import small_config
-from transformer_jax import aot, data, describe, memory, run, targets
+from transformer_jax import aot, data, describe, memory, models, run, targets
 from transformer_jax.errors import ConfigError
 
 
@@ -63,8 +63,10 @@ def _layout(batch):
   return {key: (tuple(value.shape), np.dtype(value.dtype)) for key, value in batch.items()}
 
 
-@pytest.mark.parametrize('task', ['next_token', 'masked'])
-def test_the_abstract_batch_of_packed_text_is_the_packed_tasks_layout(tmp_path, task):
+@pytest.mark.parametrize('name', ['decoder', 'encoder'])
+def test_the_abstract_batch_of_packed_text_is_the_packed_tasks_layout(tmp_path, name):
+  family = models.registry.get(name)
+  task = family.task
   documents = [f'document {i}: ' + 'words ' * (i % 7 + 1) for i in range(200)]
   path = tmp_path / 'c.jsonl'
   path.write_text(''.join(f'{{"text": "{d}"}}\n' for d in documents))
@@ -74,4 +76,4 @@ def test_the_abstract_batch_of_packed_text_is_the_packed_tasks_layout(tmp_path, 
   stand_in = data.make_data(dict(options, name='synthetic'), task, seed=0).train_batch(0)
   mesh = jax.make_mesh((1,), ('data',), axis_types=(jax.sharding.AxisType.Auto,),
                        devices=jax.devices()[:1])
-  assert _layout(aot.abstract_batch(stand_in, mesh, packed=True)) == _layout(packed)
+  assert _layout(aot.abstract_batch(stand_in, mesh, family.packed_shapes)) == _layout(packed)

@@ -71,7 +71,7 @@ def forward_flops(model: ModelConfig | Mapping[str, Any], seq_len: int | None = 
   else:
     inputs = family.example_inputs(cfg, 1, seq_len)
     counted = xla_flops(models.build(cfg), *inputs)
-    tokens = 1 if family.unit != 'token' else (target_len or seq_len or inputs[-1].shape[1])
+    tokens = 1 if not family.per_token else (target_len or seq_len or inputs[-1].shape[1])
     flops = {'dense': counted, 'attention': 0, 'tokens': tokens}
   return {**flops, 'total': flops['dense'] + flops['attention']}
 

@@ -4,8 +4,8 @@ need not have, with XLA's memory per device beside the project's plan and, on TP
 beside the accounting's. Nothing is read from the dataset and nothing is written.
 
 The batch is abstract: the shapes and dtypes of the config's batch, taken from a generated
-stand-in of the same family, sizes and preprocessing (data.name='synthetic'), with the segment
-ids and positions a packed text batch carries (data.packing).
+stand-in of the same family, sizes and preprocessing (data.name='synthetic'), laid out as the
+family's packed batches are where data.packing is on (its registry entry's packed_shapes).
 """
 import contextlib
 import dataclasses
@@ -13,11 +13,11 @@ import json
 import re
 import time
 import types
+from typing import Callable
 
 import jax
 from jax.experimental.compilation_cache import compilation_cache
 import ml_collections
-import numpy as np
 
 from transformer_jax import accounting, memory, targets
 from transformer_jax.data.corpus import TextSettings
@@ -26,7 +26,7 @@ from transformer_jax.train import metrics, run_settings, setup, sharding, vmappe
 from transformer_jax.train.run_settings import RunSettings
 
 __all__ = ['abstract_batch', 'compile_for', 'compile_options', 'compiled_stacked_step',
-           'compiled_train_step', 'CompileReport', 'report_lines', 'stand_in',
+           'compiled_train_step', 'CompileReport', 'packed_layout', 'report_lines', 'stand_in',
            'without_compilation_cache']
 
 _FIELDS = ('argument', 'output', 'alias', 'temporary', 'code')
@@ -75,24 +75,16 @@ def stand_in(settings: RunSettings) -> RunSettings:
   return dataclasses.replace(settings, data=generated, init_from_hf='', init_from_checkpoint='')
 
 
-def abstract_batch(batch: dict, mesh, packed: bool = False) -> dict:
-  """ShapeDtypeStructs of a global batch split over the mesh's data axis; `packed`: with the
-  segment ids and positions of packed rows (data.packing), which the stand-in lacks."""
-  spec = sharding.batch_sharding(mesh)
-  shapes = {key: (value.shape, value.dtype) for key, value in batch.items()}
+def abstract_batch(batch: dict, mesh, packed: Callable[[dict], dict] | None = None) -> dict:
+  """ShapeDtypeStructs of a global batch split over the mesh's data axis; `packed`: the family's
+  packed_shapes where the run's batches are packed (data.packing), which the stand-in's are not
+  (`packed_layout`)."""
+  shapes = {key: jax.ShapeDtypeStruct(value.shape, value.dtype) for key, value in batch.items()}
   if packed:
-    rows = shapes['inputs'][0][:2]
-    if 'input_valid' in shapes:  # an encoder-decoder's pairs: each side has its segments
-      del shapes['input_valid']
-      target_rows = shapes['targets'][0][:2]
-      shapes.update(input_segment_ids=(rows, np.int32), input_positions=(rows, np.int32),
-                    target_segment_ids=(target_rows, np.int32),
-                    target_positions=(target_rows, np.int32))
-    else:
-      shapes.update(segment_ids=(rows, np.int32), positions=(rows, np.int32),
-                    weights=(shapes['targets'][0], np.float32))
-  return {key: jax.ShapeDtypeStruct(shape, dtype, sharding=spec)
-          for key, (shape, dtype) in shapes.items()}
+    shapes = packed(shapes)
+  spec = sharding.batch_sharding(mesh)
+  return {key: jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=spec)
+          for key, value in shapes.items()}
 
 
 def compile_for(config: 'ml_collections.ConfigDict | RunSettings') -> CompileReport:
@@ -102,7 +94,7 @@ def compile_for(config: 'ml_collections.ConfigDict | RunSettings') -> CompileRep
                           else config.compile.target)
   settings = run_settings.resolve(config, target.platform)
   run = setup.build_run(stand_in(settings), devices=target.devices)
-  packed = _packed(settings) and run.family.unit == 'token'
+  packed = packed_layout(run)
   batch = abstract_batch(run.data.train_batch(0), run.mesh, packed)
   eval_batch = abstract_batch(next(iter(run.data.eval_batches())), run.mesh, packed)
   try:
@@ -137,8 +129,7 @@ def compiled_stacked_step(runs) -> tuple:
   """(the compiled step of a vmapped sweep's group of `runs` (train.vmapped), the seconds it
   took) for the runs' devices, with abstract batches of the runs' shapes."""
   first = runs[0]
-  packed = _packed(first.settings) and first.family.unit == 'token'
-  batch = abstract_batch(first.data.train_batch(0), first.mesh, packed)
+  batch = abstract_batch(first.data.train_batch(0), first.mesh, packed_layout(first))
   start = time.perf_counter()
   with without_compilation_cache():
     compiled = vmapped.lowered_step(runs, batch).compile(compile_options(first))
@@ -169,10 +160,10 @@ def without_compilation_cache():
     compilation_cache.reset_cache()
 
 
-def _packed(settings: RunSettings) -> bool:
-  """Whether the run's text is packed: its batches carry segment ids and positions, which the
-  generated stand-in's lack."""
-  return settings.data.part(TextSettings).packing
+def packed_layout(run) -> Callable[[dict], dict] | None:
+  """The run's family's packed_shapes where its text is packed (data.packing): its batches
+  carry the segment ids and positions that the generated stand-in's lack; else None."""
+  return run.family.packed_shapes if run.settings.data.part(TextSettings).packing else None
 
 
 def _planned(run) -> dict:

@@ -34,7 +34,7 @@ def describe(config) -> str:
     raise AssertionError(f'Analytic parameter count {analytic} differs from the initialized '
                          f'tree {counted}: the accounting and the modules disagree.')
   total = counted['total']
-  seq_len = settings.data.seq_len if family.unit == 'token' else None
+  seq_len = settings.data.seq_len if family.per_token else None
   lines = [f'{cfg.family} model: {shape(cfg, seq_len)}',
            f'{total:,} parameters (analytic count = initialized tree)',
            f'  {"part":<10} {"parameters":>14} {"share":>7}']
@@ -45,7 +45,7 @@ def describe(config) -> str:
   lines.append(f'Compute dtype: {cfg.dtype} ({settings.dtype_reason}); parameters in '
                f'{cfg.param_dtype}')
   flops = accounting.flops_per_token(cfg, seq_len)
-  unit = f'token at T={seq_len}' if family.unit == 'token' else family.unit
+  unit = f'token at T={seq_len}' if family.per_token else family.unit
   lines.append(f'FLOPs per {unit}: forward {flops["forward"]:,.0f}, training '
                f'{flops["train"]:,.0f} (attention matrices {flops["attention_share"]:.1%})')
   if family.decoding:
@@ -88,7 +88,7 @@ def memory_lines(settings, target=None) -> list[str]:
   platform, cfg, data = settings.platform, settings.model, settings.data
   sizes = sharding.mesh_sizes(settings.mesh, target and target.num_devices)
   plan = memory.plan(settings, sizes)
-  tokens = settings.family.unit == 'token'
+  tokens = settings.family.per_token
   mesh = ' x '.join(f'{axis}={size}' for axis, size in sizes.items())
   lines = [f'Memory per device on {plan.devices} devices ({mesh}, rule set '
            f'{settings.rule_set!r}), batch {data.batch_size}'

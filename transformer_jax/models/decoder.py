@@ -63,4 +63,5 @@ FAMILY = registry.register(registry.Family(**common.text_family(
     name='decoder', module=DecoderLM,
     logits=lambda apply, batch: apply(batch['inputs'], **common.packed_arguments(batch)),
     task='next_token', config=DecoderConfig, decoding='decoder',
-    param_counts=param_counts, forward_flops=forward_flops)))
+    packed_shapes=registry.text_packed_shapes, param_counts=param_counts,
+    forward_flops=forward_flops)))

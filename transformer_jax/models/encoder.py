@@ -103,5 +103,5 @@ FAMILY = registry.register(registry.Family(**common.text_family(
     # Packed, the segment mask also hides the padding (segment 0) from every real token.
     logits=lambda apply, batch: apply(batch['inputs'], valid=batch.get('valid'),
                                       **common.packed_arguments(batch)),
-    task='masked',
+    task='masked', packed_shapes=registry.text_packed_shapes,
     config=EncoderConfig, param_counts=param_counts, forward_flops=forward_flops)))

@@ -222,6 +222,15 @@ def _batch_shapes(cfg: EncoderDecoderConfig, batch_size: int, seq_len: int) -> d
           'input_valid': jax.ShapeDtypeStruct((batch_size, seq_len), jnp.bool_)}
 
 
+def _packed_shapes(shapes: dict) -> dict:
+  """A packed pair's batch (data.translation): each side has segment ids and positions of its
+  own, which stand for the sources' valid positions."""
+  ids = lambda key: jax.ShapeDtypeStruct(shapes[key].shape[:2], jnp.int32)
+  unpacked = {key: value for key, value in shapes.items() if key != 'input_valid'}
+  return {**unpacked, 'input_segment_ids': ids('inputs'), 'input_positions': ids('inputs'),
+          'target_segment_ids': ids('targets'), 'target_positions': ids('targets')}
+
+
 FAMILY = registry.register(registry.Family(**common.text_family(
     name='encoder_decoder', module=EncoderDecoder,
     example_inputs=lambda cfg, batch=1, seq_len=None: common.text_example_inputs(
@@ -230,4 +239,5 @@ FAMILY = registry.register(registry.Family(**common.text_family(
     task='seq2seq', config=EncoderDecoderConfig, decoding='encoder_decoder',
     lengths=lambda batch: (batch['inputs'].shape[1], batch['decoder_inputs'].shape[1]),
     param_counts=param_counts, forward_flops=forward_flops, stacks=_stacks,
-    batch_shapes=_batch_shapes, depth_keys=('num_layers', 'num_decoder_layers'))))
+    batch_shapes=_batch_shapes, packed_shapes=_packed_shapes,
+    depth_keys=('num_layers', 'num_decoder_layers'))))

@@ -16,7 +16,7 @@ from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import ModelConfig
 
 __all__ = ['Apply', 'EMBEDDING_NAMES', 'Family', 'get', 'names', 'of_module', 'PARTS', 'register',
-           'Stack', 'text_batch_shapes']
+           'Stack', 'text_batch_shapes', 'text_packed_shapes']
 
 Apply = Callable[..., jax.Array]  # the module applied to its params (and rngs, deterministic)
 
@@ -58,6 +58,16 @@ def text_batch_shapes(cfg: ModelConfig, batch_size: int, seq_len: int) -> dict:
           'weights': jax.ShapeDtypeStruct(shape, jnp.float32)}
 
 
+def text_packed_shapes(shapes: dict) -> dict:
+  """A packed next-token or masked batch (data.packing) from `shapes`, the {key:
+  ShapeDtypeStruct} of the batch unpacked: each row's segment ids and positions, and weights of
+  the targets (zero on the padding after a row's last document)."""
+  rows = shapes['inputs'].shape[:2]
+  return {**shapes, 'segment_ids': jax.ShapeDtypeStruct(rows, jnp.int32),
+          'positions': jax.ShapeDtypeStruct(rows, jnp.int32),
+          'weights': jax.ShapeDtypeStruct(shapes['targets'].shape, jnp.float32)}
+
+
 def _no_sizes(cfg: ModelConfig) -> dict:
   del cfg
   return {}
@@ -90,7 +100,10 @@ class Family:
   classification: evaluation reports top-5 accuracy.
   decoding: how decode.generate runs it: None (it cannot: no causal mask), 'decoder' or
     'encoder_decoder' (the two cache protocols documented in transformer_jax.decode).
-  unit: what one example is to the accounting: 'token' (a text position) or 'image'.
+  unit: what one example is counted in: 'token', a text position: an example is data.seq_len
+    tokens (FLOPs per token at that length, tokens per second in the logs, the batch as
+    B x seq_len in describe, data.seq_len checked against a learned position table); any other
+    name ('image', 'second of audio') is one whole example, whatever data.seq_len says.
   check_data: (data.info, cfg) -> None, raising ConfigError where the data does not fit.
   lengths: batch -> (seq_len, target_len) of its examples, for the FLOPs of a step.
   param_counts: cfg -> {part: count} by the analytic formulas (PARTS); None: only
@@ -114,6 +127,10 @@ class Family:
     plan, describe); seq_len is data.seq_len, which a family of fixed inputs ignores.
   batch_shapes: (cfg, batch_size, seq_len) -> {key: ShapeDtypeStruct} of a global training
     batch of its task, unpacked (the memory plan).
+  packed_shapes: {key: ShapeDtypeStruct} of a batch of its task unpacked -> those of the same
+    batch with data.packing (rows of several documents, with the segment ids and positions that
+    `logits` reads; text_packed_shapes for next-token and masked text), for --mode=compile,
+    whose generated stand-in is never packed. None: data.packing leaves its batches as they are.
   logits_shape: (cfg, seq_len) -> (positions, classes) of one example's float32 logits where
     they matter to the memory plan (a vocabulary at every position); None: they do not.
   data_sizes: cfg -> {size: value} of its settings that the data shares (image_size,
@@ -158,6 +175,7 @@ class Family:
   loss_over_batch: bool = False
   stacks: Callable[[ModelConfig, int], list[Stack]] = _one_stack
   batch_shapes: Callable[[ModelConfig, int, int], dict] = text_batch_shapes
+  packed_shapes: Callable[[dict], dict] | None = None
   logits_shape: Callable[[ModelConfig, int], tuple[int, int] | None] = lambda cfg, seq_len: None
   data_sizes: Callable[[ModelConfig], dict] = _no_sizes
   follow_data: Callable[[ModelConfig, dict, str], ModelConfig] = _follows_nothing
@@ -169,6 +187,11 @@ class Family:
   sample: Callable[..., Any] | None = None
   eval_settings: type | None = None
   evaluate: Callable[..., dict] | None = None
+
+  @property
+  def per_token(self) -> bool:
+    """Whether an example is counted in tokens, data.seq_len of them (`unit` 'token')."""
+    return self.unit == 'token'
 
   def weights(self, batch: dict) -> jax.Array:
     """Float32 weight of each target: the batch's 'weights', else one per target."""

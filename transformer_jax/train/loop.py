@@ -272,7 +272,7 @@ class Throughput:
   def __init__(self, run: Run, batch: dict):
     self.examples = run.data.batch_size
     flops = accounting.forward_flops(run.model_config, *run.family.lengths(batch))
-    self.tokens = flops['tokens'] if run.family.unit == 'token' else 0
+    self.tokens = flops['tokens'] if run.family.per_token else 0
     self.train_flops_per_example = 3 * flops['total']
     self.peak, source = metrics_lib.peak_flops_per_device(run.training.peak_flops_per_device,
                                                           run.mesh.devices.flat[0])

@@ -131,7 +131,7 @@ def _check_whole_batch(family: Family, parallelism: str, training: TrainingSetti
 
 def _check_lengths(family: Family, cfg: ModelConfig, data: DataSettings) -> None:
   """Sequences that the model's position table must cover."""
-  if family.unit != 'token' or cfg.positions != 'learned':
+  if not family.per_token or cfg.positions != 'learned':
     return
   if data.seq_len > cfg.max_len:
     raise ConfigError(f'data.seq_len={data.seq_len} is longer than the learned position '
