@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from transformer_jax import data, sweep
-from transformer_jax.data import corpus, rng, seq2seq, span_corruption_task, text_data
+from transformer_jax.data import corpus, seq2seq, span_corruption_task, text_data, text_to_text
 from transformer_jax.errors import ConfigError
 
 NAME = 't5_pretrain'
@@ -51,58 +51,28 @@ QUICK_STEPS = {'training.steps': 3, 'training.eval_every': 3, 'training.checkpoi
                'training.log_every': 1, 'optimizer.warmup_steps': 1}
 
 
-class ReverseWordsTask:
+class ReverseWordsTask(text_to_text.TokenPairsTask):
   """The text-to-text pairs of a corpus's lines of 2 to MAX_WORDS words: PREFIX + the line ->
   its words in reverse order, then EOS, both tokenized with the run's tokenizer; lines whose
-  pair does not fit data.seq_len are left out. seq2seq.Seq2SeqTask's batches; training example
-  k is pair permutation(seed, k // N)[k % N] of the N training pairs. `generation_metrics`:
-  greedy exact match of the first data.exact_match_examples held-out pairs."""
+  pair does not fit data.seq_len are left out. text_to_text.TokenPairsTask's batches and exact
+  match of the first data.exact_match_examples held-out pairs."""
 
   def __init__(self, train_lines, held_out_lines, tokenizer, *, seq_len: int, seed: int,
                exact_match_examples: int):
-    self.vocab, self.token_bytes = tokenizer, tokenizer.token_bytes
-    self.seq_len, self.seed = seq_len, seed
-    self.train, self.held_out = self._pairs(train_lines), self._pairs(held_out_lines)
-    self.num_eval_examples = len(self.held_out['inputs'])
-    self.exact_match_examples = min(exact_match_examples, self.num_eval_examples)
-    self.info = {'vocab_size': tokenizer.size, 'seq_len': seq_len,
-                 'num_train_pairs': len(self.train['inputs'])}
+    def pairs(lines: list[str]) -> tuple[list, list]:
+      lines = [line.split() for line in lines if 2 <= len(line.split()) <= MAX_WORDS]
+      sources = tokenizer.encode_batch([PREFIX + ' '.join(words) for words in lines])
+      targets = [ids + [tokenizer.eos_id] for ids in
+                 tokenizer.encode_batch([' '.join(reversed(words)) for words in lines])]
+      kept = [i for i in range(len(lines))
+              if len(sources[i]) <= seq_len and len(targets[i]) <= seq_len]
+      if not kept:
+        raise ConfigError(f'No line of 2 to {MAX_WORDS} words fits data.seq_len={seq_len}: '
+                          'raise it.')
+      return [sources[i] for i in kept], [targets[i] for i in kept]
 
-  def _pairs(self, lines: list[str]) -> dict:
-    lines = [line.split() for line in lines if 2 <= len(line.split()) <= MAX_WORDS]
-    sources = self.vocab.encode_batch([PREFIX + ' '.join(words) for words in lines])
-    targets = [ids + [self.vocab.eos_id] for ids in
-               self.vocab.encode_batch([' '.join(reversed(words)) for words in lines])]
-    kept = [i for i in range(len(lines))
-            if len(sources[i]) <= self.seq_len and len(targets[i]) <= self.seq_len]
-    if not kept:
-      raise ConfigError(f'No line of 2 to {MAX_WORDS} words fits data.seq_len={self.seq_len}: '
-                        'raise it.')
-    pad = self.vocab.pad_id or 0
-    inputs, target = (np.full((len(kept), self.seq_len), pad, np.int32) for _ in range(2))
-    for row, i in enumerate(kept):
-      inputs[row, :len(sources[i])], target[row, :len(targets[i])] = sources[i], targets[i]
-    start = np.full((len(kept), 1), self.vocab.bos_id, np.int32)
-    return {'inputs': inputs, 'input_valid': inputs != pad,
-            'decoder_inputs': np.concatenate([start, target[:, :-1]], axis=1), 'targets': target,
-            'weights': (target != pad).astype(np.float32)}
-
-  def train_batch(self, step: int, batch_size: int, rows: slice) -> dict:
-    pairs = rng.shuffled(self.seed, step, batch_size, rows, len(self.train['inputs']))
-    return {key: value[pairs] for key, value in self.train.items()}
-
-  def eval_examples(self, indices) -> dict:
-    return {key: value[np.asarray(indices)] for key, value in self.held_out.items()}
-
-  def generation_metrics(self, generate, batch_size: int) -> dict:
-    count = self.exact_match_examples
-    if not count:
-      return {}
-    outputs = seq2seq.decode_held_out(generate, self.eval_examples, count, batch_size, self.vocab,
-                                      self.seq_len)
-    references = [row[:weights.sum().astype(int) - 1].tolist() for row, weights in
-                  zip(self.held_out['targets'][:count], self.held_out['weights'][:count])]
-    return {'eval_exact_match': seq2seq.exact_match(outputs, references)}
+    super().__init__(tokenizer, pairs(train_lines), pairs(held_out_lines), seq_len=seq_len,
+                     seed=seed, exact_match_examples=exact_match_examples)
 
 
 def make_reverse_words(settings, seed: int, tokenizer_dir, vocab_size=None, **unused):

@@ -26,7 +26,8 @@ from transformer_jax.data import images, rng, seq2seq, sources, text_data
 from transformer_jax.data.settings import DataPart, DataSettings, register_part
 from transformer_jax.errors import ConfigError
 
-__all__ = ['ClassificationAsTextTask', 'make_classification_as_text', 'TextToTextSettings']
+__all__ = ['ClassificationAsTextTask', 'make_classification_as_text', 'pair_arrays',
+           'TextToTextSettings', 'TokenPairsTask']
 
 
 @register_part
@@ -89,56 +90,83 @@ def _records(source, text_key: str, label_key: str) -> tuple[list[str], np.ndarr
   return texts, np.asarray(labels, np.int64)
 
 
-class ClassificationAsTextTask:
-  """The batches of the module docstring from (texts, labels) of the two splits."""
+def pair_arrays(sources: list[list[int]], targets: list[list[int]], seq_len: int, pad_id: int,
+                start_id: int) -> dict:
+  """seq2seq.Seq2SeqTask's arrays of token pairs whose sides (EOS included where the task puts
+  one) fit seq_len: each side padded with pad_id to seq_len, 'input_valid' and 'weights' over
+  their tokens, and the decoder's inputs, start_id then the targets but their last."""
+  count = len(sources)
+  inputs, target_rows = (np.full((count, seq_len), pad_id, np.int32) for _ in range(2))
+  for row, (source, target) in enumerate(zip(sources, targets)):
+    inputs[row, :len(source)], target_rows[row, :len(target)] = source, target
+  positions = np.arange(seq_len)
+  lengths = lambda side: np.asarray([len(ids) for ids in side], np.int64).reshape(-1, 1)
+  start = np.full((count, 1), start_id, np.int32)
+  return {'inputs': inputs, 'input_valid': positions < lengths(sources),
+          'decoder_inputs': np.concatenate([start, target_rows[:, :-1]], axis=1),
+          'targets': target_rows,
+          'weights': (positions < lengths(targets)).astype(np.float32)}
 
-  def __init__(self, train, held_out, tokenizer, *, words: list[str], prefix: str, seq_len: int,
-               seed: int, exact_match_examples: int):
+
+class TokenPairsTask:
+  """The batches of tokenized text-to-text pairs (train, held_out: (sources, targets) of each
+  split, pair_arrays's rows; the decoder starts from BOS, PAD where the tokenizer has none, as
+  T5 starts). Training example k is pair permutation(seed, k // N)[k % N] of the N training
+  pairs; held-out pairs are read in order. `generation_metrics`: the greedy exact match of the
+  first `exact_match_examples` held-out targets, decoding up to `decoded_len` tokens (default
+  seq_len)."""
+
+  def __init__(self, tokenizer, train: tuple[list, list], held_out: tuple[list, list], *,
+               seq_len: int, seed: int, exact_match_examples: int,
+               decoded_len: int | None = None):
     self.vocab, self.token_bytes = tokenizer, tokenizer.token_bytes
-    self.seq_len, self.seed, self.prefix = seq_len, seed, prefix
-    self.pad_id = tokenizer.pad_id or 0
-    self.start_id = self.pad_id if tokenizer.bos_id is None else tokenizer.bos_id
-    self.words = [tokenizer.encode(word) for word in words]
-    longest = max(len(word) for word in self.words)
-    if longest + 1 > seq_len:
-      raise ConfigError(f'A label word of {longest} tokens and its EOS do not fit data.seq_len='
-                        f'{seq_len}: raise it, or give shorter data.label_words.')
-    self.train, self.held_out = self._pairs(*train), self._pairs(*held_out)
-    self.held_out_labels = np.asarray(held_out[1])
+    self.seq_len, self.seed, self.decoded_len = seq_len, seed, decoded_len or seq_len
+    pad_id = tokenizer.pad_id or 0
+    start_id = pad_id if tokenizer.bos_id is None else tokenizer.bos_id
+    self.train, self.held_out = (pair_arrays(*pairs, seq_len, pad_id, start_id)
+                                 for pairs in (train, held_out))
     self.num_eval_examples = len(self.held_out['inputs'])
     self.exact_match_examples = min(exact_match_examples, self.num_eval_examples)
-    self.info = {'vocab_size': tokenizer.size, 'seq_len': seq_len, 'label_words': words,
+    self.info = {'vocab_size': tokenizer.size, 'seq_len': seq_len,
                  'num_train_pairs': len(self.train['inputs'])}
 
-  def _pairs(self, texts: list[str], labels: np.ndarray) -> dict:
-    count = len(texts)
-    inputs, targets = (np.full((count, self.seq_len), self.pad_id, np.int32) for _ in range(2))
-    lengths = np.zeros((count, 2), np.int64)  # of each row's input and target
-    for row, ids in enumerate(self.vocab.encode_batch([self.prefix + text for text in texts])):
-      source = ids[:self.seq_len - 1] + [self.vocab.eos_id]
-      target = self.words[labels[row]] + [self.vocab.eos_id]
-      inputs[row, :len(source)], targets[row, :len(target)] = source, target
-      lengths[row] = len(source), len(target)
-    positions = np.arange(self.seq_len)
-    start = np.full((count, 1), self.start_id, np.int32)
-    return {'inputs': inputs, 'input_valid': positions < lengths[:, :1],
-            'decoder_inputs': np.concatenate([start, targets[:, :-1]], axis=1),
-            'targets': targets, 'weights': (positions < lengths[:, 1:]).astype(np.float32)}
-
   def train_batch(self, step: int, batch_size: int, rows: slice) -> dict:
-    records = rng.shuffled(self.seed, step, batch_size, rows, len(self.train['inputs']))
-    return {key: value[records] for key, value in self.train.items()}
+    pairs = rng.shuffled(self.seed, step, batch_size, rows, len(self.train['inputs']))
+    return {key: value[pairs] for key, value in self.train.items()}
 
   def eval_examples(self, indices) -> dict:
     return {key: value[np.asarray(indices)] for key, value in self.held_out.items()}
 
   def generation_metrics(self, generate, batch_size: int) -> dict:
-    """{'eval_exact_match': the share of the first data.exact_match_examples held-out records
-    whose greedy output is their label's word} ({} for none)."""
+    """{'eval_exact_match': the share of the first exact_match_examples held-out pairs whose
+    greedy output is their target (without its EOS)} ({} for none)."""
     count = self.exact_match_examples
     if not count:
       return {}
     outputs = seq2seq.decode_held_out(generate, self.eval_examples, count, batch_size,
-                                      self.vocab, max(len(word) for word in self.words) + 1)
-    references = [self.words[label] for label in self.held_out_labels[:count]]
+                                      self.vocab, self.decoded_len)
+    targets, weights = self.held_out['targets'][:count], self.held_out['weights'][:count]
+    references = [row[:int(length) - 1].tolist() for row, length in
+                  zip(targets, weights.sum(axis=1))]
     return {'eval_exact_match': seq2seq.exact_match(outputs, references)}
+
+
+class ClassificationAsTextTask(TokenPairsTask):
+  """The batches of the module docstring from (texts, labels) of the two splits."""
+
+  def __init__(self, train, held_out, tokenizer, *, words: list[str], prefix: str, seq_len: int,
+               seed: int, exact_match_examples: int):
+    encoded = [tokenizer.encode(word) for word in words]
+    longest = max(len(word) for word in encoded)
+    if longest + 1 > seq_len:
+      raise ConfigError(f'A label word of {longest} tokens and its EOS do not fit data.seq_len='
+                        f'{seq_len}: raise it, or give shorter data.label_words.')
+
+    def pairs(texts: list[str], labels: np.ndarray) -> tuple[list, list]:
+      sources = [ids[:seq_len - 1] + [tokenizer.eos_id]
+                 for ids in tokenizer.encode_batch([prefix + text for text in texts])]
+      return sources, [encoded[label] + [tokenizer.eos_id] for label in labels]
+
+    super().__init__(tokenizer, pairs(*train), pairs(*held_out), seq_len=seq_len, seed=seed,
+                     exact_match_examples=exact_match_examples, decoded_len=longest + 1)
+    self.info['label_words'] = words
