@@ -12,7 +12,6 @@ Prints, on this machine:
 CIFAR-10 is read from --tfds_data_dir (prepared there, or prepared from --manual_dir). A
 benchmark, not a test: it prints figures, each with the 1-minute load average beside it.
 """
-import functools
 import os
 import pathlib
 import statistics
@@ -22,8 +21,9 @@ from absl import app, flags
 import jax
 
 import image_datasets
+import step_timing
 from transformer_jax import config_lib, data
-from transformer_jax.train import cpu_runtime, setup, sharding
+from transformer_jax.train import cpu_runtime
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 _DATA_DIR = flags.DEFINE_string('tfds_data_dir', None, 'TFDS data dir of CIFAR-10 and of the '
@@ -66,21 +66,8 @@ def pipeline_rate(config) -> float:
 def step_rate(config, from_pipeline: bool) -> float:
   """Images per second of the train step (median step), fed from a few batches made ahead or
   from the pipeline, one batch per step as the training loop feeds it."""
-  run = setup.build_run(config)
-  init = functools.partial(setup.initial_state, run.model, run.tx,
-                           run.family.example_inputs(run.model_config))
-  state = jax.jit(init, out_shardings=run.state_sharding)(jax.random.key(0))
-  ready = [sharding.global_batch(run.data.train_batch(i), run.mesh) for i in range(4)]
-  step = run.train_step.lower(state, ready[0]).compile()
-  iterator = run.data.train_iterator(0) if from_pipeline else None  # no threads otherwise
-  times = []
-  for i in range(_BATCHES.value + 3):
-    start = time.perf_counter()
-    batch = sharding.global_batch(next(iterator), run.mesh) if from_pipeline else ready[i % 4]
-    state, metrics = step(state, batch)
-    jax.block_until_ready(metrics)
-    times.append(time.perf_counter() - start)
-  return config.data.batch_size / statistics.median(times[3:])
+  times = step_timing.step_seconds(config, _BATCHES.value, warmup=3, from_pipeline=from_pipeline)
+  return config.data.batch_size / statistics.median(times)
 
 
 def report(name: str, images_per_second: float):

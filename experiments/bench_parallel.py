@@ -16,13 +16,12 @@ os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '')
 
 import pathlib  # noqa: E402
 import statistics  # noqa: E402
-import time  # noqa: E402
 
 from absl import app, flags  # noqa: E402
 import jax  # noqa: E402
 
+import step_timing  # noqa: E402
 from transformer_jax import config_lib, memory  # noqa: E402
-from transformer_jax.train import setup, sharding  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LAYOUTS = {'DP': (('data',), (8,), 'dp'), 'FSDP': (('data',), (8,), 'fsdp'),
@@ -30,23 +29,6 @@ LAYOUTS = {'DP': (('data',), (8,), 'dp'), 'FSDP': (('data',), (8,), 'fsdp'),
            'FSDP+TP': (('data', 'model'), (4, 2), 'fsdp_tp')}
 
 _STEPS = flags.DEFINE_integer('steps', 20, 'Timed steps per layout (after 2 warm-up steps).')
-
-
-def step_seconds(config, steps: int) -> list[float]:
-  run = setup.build_run(config)
-  state = jax.jit(lambda rng: setup.initial_state(
-      run.model, run.tx, run.family.example_inputs(run.model_config), rng),
-                  out_shardings=run.state_sharding)(jax.random.key(0))
-  train_step = run.train_step
-  batch = sharding.global_batch(run.data.train_batch(0), run.mesh)
-  compiled = train_step.lower(state, batch).compile()
-  times = []
-  for _ in range(steps + 2):
-    start = time.perf_counter()
-    state, metrics = compiled(state, batch)
-    jax.block_until_ready(metrics)
-    times.append(time.perf_counter() - start)
-  return times[2:]
 
 
 def main(argv):
@@ -59,7 +41,7 @@ def main(argv):
     config.data.update(name='synthetic', alphabet=''.join(map(chr, range(33, 98))))
     config.update(rule_set=rule_set)
     config.mesh.update(axes=axes, shape=shape)
-    times = step_seconds(config, _STEPS.value)
+    times = step_timing.step_seconds(config, _STEPS.value, warmup=2)
     planned = memory.plan(config).train_total
     print(f'| {name} | {"x".join(map(str, shape))} | {1e3 * statistics.median(times):.1f} | '
           f'{planned / 2**20:.1f} MiB |')

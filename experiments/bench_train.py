@@ -16,19 +16,18 @@ LM) and torch_vit_reference.py (the reference ViT), PyTorch implementations of t
 print a line `RESULT {"median_step_ms": ...}`. They are not part of this repository; without
 them the PyTorch column is skipped. Measured figures: experiments/results/bench_train/README.md.
 """
-import functools
 import json
 import os
 import pathlib
 import statistics
 import subprocess
-import time
 
 from absl import app, flags
 import jax
 
+import step_timing
 from transformer_jax import accounting, config_lib, train
-from transformer_jax.train import cpu_runtime, metrics, setup, sharding
+from transformer_jax.train import cpu_runtime, metrics
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -59,20 +58,7 @@ def reference_vit_config():
 
 def jax_step_times(config, steps: int) -> list[float]:
   """Seconds per train step of the library's own jitted step (synthetic batches, no I/O)."""
-  run = setup.build_run(config)
-  init = functools.partial(setup.initial_state, run.model, run.tx,
-                           run.family.example_inputs(run.model_config))
-  state = jax.jit(init, out_shardings=run.state_sharding)(jax.random.key(0))
-  train_step = run.train_step
-  batches = [sharding.global_batch(run.data.train_batch(i), run.mesh) for i in range(4)]
-  compiled = train_step.lower(state, batches[0]).compile()
-  times = []
-  for i in range(steps + 3):
-    start = time.perf_counter()
-    state, metrics = compiled(state, batches[i % 4])
-    jax.block_until_ready(metrics)
-    times.append(time.perf_counter() - start)
-  return times[3:]
+  return step_timing.step_seconds(config, steps, warmup=3)
 
 
 def torch_step_ms(script: str, args: list[str]) -> float:
