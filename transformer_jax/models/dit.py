@@ -74,11 +74,7 @@ class DiTConfig(ModelConfig):
 
   def check(self) -> None:
     super().check()
-    if self.image_size % self.patch_size:
-      raise ConfigError(f'model.patch_size={self.patch_size} does not divide '
-                        f'model.image_size={self.image_size}: choose a patch size from '
-                        f'{[d for d in range(1, self.image_size + 1) if self.image_size % d == 0]}'
-                        ' or resize the images.')
+    vit.check_patch_size(self.image_size, self.patch_size)
     if self.positions != 'sinusoidal' or self.norm_position != 'pre' or not self.use_norm:
       raise ConfigError('A DiT takes fixed 2-D sin-cos positions and pre-LN adaLN-Zero norms: '
                         'leave model.positions="sinusoidal", model.norm_position="pre" and '

@@ -15,8 +15,9 @@ from transformer_jax.models import common, registry
 from transformer_jax.ranges import COUNT, Range
 
 __all__ = [
-    'batch_shapes', 'check_data', 'FAMILY', 'forward_flops', 'MapHead', 'num_tokens',
-    'param_counts', 'POOLS', 'resize_positions', 'variant', 'ViT', 'VIT_SIZES', 'ViTConfig']
+    'batch_shapes', 'check_data', 'check_patch_size', 'FAMILY', 'forward_flops', 'MapHead',
+    'num_tokens', 'param_counts', 'POOLS', 'resize_positions', 'variant', 'ViT', 'VIT_SIZES',
+    'ViTConfig']
 
 POOLS = ('cls', 'mean', 'map')
 # ViT sizes by name: (width, depth, heads).
@@ -54,11 +55,7 @@ class ViTConfig(ModelConfig):
 
   def check(self) -> None:
     super().check()
-    if self.image_size % self.patch_size:
-      raise ConfigError(f'model.patch_size={self.patch_size} does not divide '
-                        f'model.image_size={self.image_size}: choose a patch size from '
-                        f'{[d for d in range(1, self.image_size + 1) if self.image_size % d == 0]}'
-                        ' or resize the images.')
+    check_patch_size(self.image_size, self.patch_size)
     if self.positions not in ('learned', 'none'):
       raise ConfigError(f'A ViT takes learned 1-D positions or none, not {self.positions!r}: '
                         'set model.positions to "learned" or "none".')
@@ -178,6 +175,15 @@ def follow_data(cfg: ViTConfig, sizes: dict, source: str) -> ViTConfig:
                       'leave model.num_classes unset (0) to follow the data, or set '
                       f'--config.model.num_classes={found}.')
   return dataclasses.replace(cfg, num_classes=found)
+
+
+def check_patch_size(image_size: int, patch_size: int) -> None:
+  """Raises ConfigError unless model.patch_size divides model.image_size, naming those that do."""
+  if image_size % patch_size:
+    raise ConfigError(f'model.patch_size={patch_size} does not divide model.image_size='
+                      f'{image_size}: choose a patch size from '
+                      f'{[d for d in range(1, image_size + 1) if image_size % d == 0]}'
+                      ' or resize the images.')
 
 
 def check_data(info: dict, cfg: ViTConfig) -> None:
