@@ -87,10 +87,11 @@ class AudioSettings(DataPart):
   whisper_task: str = 'transcribe'  # Whisper's task token, where the tokenizer has Whisper's
   # Where the log-Mel features (and SpecAugment's masking) are computed: 'device', inside the
   # jitted step, the pipeline shipping padded waveforms; or 'host', in the pipeline's workers.
-  # 'device' by default: on the 2-core CPU machine of experiments/speech_digits the pipeline's
-  # NumPy front end was most of its cost and bounded training, and one jitted program made a
-  # batch's features 6 to 9 times faster. 'host' for a host with cores to spare beside a busy
-  # accelerator, or to ship features (half a 30 s waveform's bytes at 80 Mel bins).
+  # 'device' by default: on the 2-core CPU machine of experiments/speech_digits the NumPy front
+  # end was most of the pipeline's cost and made it the slower side (46 to 51 utterances/s
+  # against the step's 65 to 96), where shipping waveforms it made 269 to 612 and the front end
+  # added 10% to the step. 'host' for a host with cores to spare beside a slow accelerator, or to
+  # ship fewer bytes (features are num_mels / 160 of the waveform's).
   log_mel_on: str = 'device'
 
   RANGES = {'sample_rate': COUNT, 'window_seconds': Range(0, open_low=True, optional=True),
