@@ -76,14 +76,16 @@ def test_attention_without_a_key_bias_has_none_and_the_same_outputs():
 
 def tiny_whisper(seed=0, **overrides):
   """A small Whisper (6 Mel bins, 12 frames: 6 encoder positions) with parameters drawn by numpy
-  in the shapes of its init: norm scales 1 + N(0, 0.1^2), the rest N(0, 0.1^2), so that no term
-  is trivially zero (the encoder's position table is Whisper's sinusoids, as init makes it)."""
+  in the shapes of its init (traced, not run): norm scales 1 + N(0, 0.1^2), the rest
+  N(0, 0.1^2), so that no term is trivially zero; the encoder's position table is Whisper's
+  sinusoids, as init makes it."""
   cfg = tiny('whisper', num_mels=6, num_frames=12, dtype='float32', **overrides)
-  params = models.init_params(cfg, jax.random.key(seed))
+  shapes = jax.eval_shape(lambda: models.init_params(cfg, jax.random.key(seed)))
   noise = np.random.default_rng(seed)
-  draw = lambda path, leaf: leaf if path[-1].key == 'pos_embed' else jnp.asarray(
-      (path[-1].key == 'scale') + 0.1 * noise.standard_normal(leaf.shape), leaf.dtype)
-  return models.build(cfg), jax.tree_util.tree_map_with_path(draw, params)
+  table = layers.sinusoidal(np.arange(cfg.source_positions), cfg.width, layout='sin_cos')
+  draw = lambda path, leaf: jnp.asarray(table if path[-1].key == 'pos_embed' else (
+      (path[-1].key == 'scale') + 0.1 * noise.standard_normal(leaf.shape)), leaf.dtype)
+  return models.build(cfg), jax.tree_util.tree_map_with_path(draw, shapes)
 
 
 FEATURES = jnp.asarray(np.random.default_rng(7).standard_normal((3, 12, 6)), jnp.float32)
@@ -300,14 +302,21 @@ def test_the_reference_configs_step_makes_the_features_with_the_loss_of_the_host
   masks = list(zip(batch['time_masks'], batch['freq_masks']))
   on_host = {**{key: batch[key] for key in ('decoder_inputs', 'targets', 'weights')},
              **speech.encoder_inputs(list(batch['waveforms']), masks, 'host', 8)}
-  state = jax.jit(functools.partial(setup.initial_state, run_.model, run_.tx,
-                                    run_.family.example_inputs(run_.model_config)),
-                  out_shardings=run_.state_sharding)(jax.random.key(0))
-  expected = jax.jit(lambda params, inputs: losses.batch_sums(
-      run_.model, run_.family, params, inputs, jax.random.key(0)))(state.params, on_host)
+  noise = np.random.default_rng(0)  # drawn as tiny_whisper's, by numpy: no init to compile
+  state = setup.state_of(run_.tx, jax.tree_util.tree_map_with_path(
+      lambda path, leaf: jnp.asarray((path[-1].key == 'scale')
+                                     + 0.1 * noise.standard_normal(leaf.shape), leaf.dtype),
+      run_.abstract_params))
+  sums = jax.jit(lambda params, inputs: losses.batch_sums(
+      run_.model, run_.family, params, inputs, jax.random.key(0)))
+  expected = sums(state.params, on_host)
+  unmasked = sums(state.params, {**on_host, **speech.encoder_inputs(
+      list(batch['waveforms']), None, 'host', 8)})
   _, on_device = run_.train_step(state, sharding.global_batch(batch, run_.mesh))
   for key in ('loss', 'weight'):
     np.testing.assert_allclose(on_device[key], expected[key], rtol=1e-5, err_msg=key)
+  # Without the masks the loss moves by far more than that tolerance (6e-4 of it).
+  assert abs(unmasked['loss'] / expected['loss'] - 1) > 1e-4
 
 
 @pytest.mark.slow
