@@ -8,19 +8,22 @@ en-us-nyc) x 6 variants (m1, m3, m7, f2, f4, klatt: male, female and other timbr
 22,050 Hz as WAV files beside a metadata.csv (the audiofolder layout; the last tenth, 400, held
 out, as data.name='audiofolder' does). The model: configs/whisper_reference.py (2 + 2 blocks of
 width 64, 40 Mel bins) with a 4 s window (400 frames) and a decoder of 40 positions over the
-transcripts' characters, trained for 800 steps of 32 utterances (resampled to 16 kHz, log-Mel
-features in grain's threads). Reported: held-out loss and greedy word error rate against steps,
-greedy and beam-4 WER at the end, and the training step's rate in seconds of audio per second.
+transcripts' characters, trained for 800 steps of 32 utterances (resampled to 16 kHz in grain's
+threads, log-Mel features where data.log_mel_on says). Reported: held-out loss and greedy word
+error rate against steps, greedy and beam-4 WER at the end, and the training step's rate in
+seconds of audio per second.
 
   python experiments/speech_digits.py --quick
   nice -n 5 python experiments/speech_digits.py
   python experiments/speech_digits.py --throughput   # the input pipeline's and the step's speed
 
 --throughput prints, on the set this script made (made first if missing): the input pipeline
-alone (reading, resampling, log-Mel features, SpecAugment off) in utterances and seconds of
-audio per second, on one thread and through grain's threads as training reads it; the log-Mel
-features of a batch made clip by clip in NumPy (the pipeline's way) and by one jitted program
-on the device (`device_log_mel`, float32); and the train step fed from batches made ahead.
+alone (reading, resampling, SpecAugment off) in utterances and seconds of audio per second, on
+one thread and through grain's threads as training reads it, shipping the padded waveforms only
+(data.log_mel_on='device', the default) or making the log-Mel features ('host'); the log-Mel
+features of a batch made clip by clip in NumPy (the pipeline's way) and by one jitted program on
+the device (layers.log_mel, float32: the step's way); and the train step fed from batches made
+ahead, of waveforms whose features the step makes and of features, the two steps timed in turn.
 """
 import functools
 import os
@@ -32,13 +35,13 @@ import time
 
 from absl import flags
 import jax
-import jax.numpy as jnp
 import numpy as np
 import soundfile
 
 from transformer_jax import data, run as run_lib, sweep
 from transformer_jax.data import audio, speech
 from transformer_jax.errors import UserError
+from transformer_jax.layers import log_mel
 from transformer_jax.train import cpu_runtime, setup, sharding
 
 NAME = 'speech_digits'
@@ -64,6 +67,9 @@ QUICK = {'data.batch_size': 8, 'data.eval_batch_size': 8, 'data.wer_examples': 8
          'training.steps': 2, 'training.eval_every': 2, 'training.checkpoint_every': 2,
          'training.log_every': 1, 'optimizer.warmup_steps': 1}
 BEAM_SIZE = 4
+# What the pipeline makes and what the step reads, by data.log_mel_on.
+SHIPS = {'host': 'log-Mel features made in it', 'device': 'waveforms only'}
+STEP_READS = {'host': 'features made ahead', 'device': 'waveforms made ahead, log-Mel in the step'}
 
 _THROUGHPUT = flags.DEFINE_bool('throughput', False, 'Measure the input pipeline and the train '
                                 'step on the set (no training).')
@@ -160,7 +166,8 @@ def report(made: dict, result: dict, beam: dict, command: str) -> str:
 
 
 def throughput(quick: bool, workdir: str, *unused, **unused_keywords) -> None:
-  """--throughput: prints the input pipeline's and the train step's rates on the set."""
+  """--throughput: prints the input pipeline's and the train step's rates on the set, with the
+  log-Mel features made on the host (in the pipeline) and on the device (in the step)."""
   del unused, unused_keywords
   cpu_runtime.configure()  # as launch.py runs a step
   audio_dir = f'{workdir}/audio'
@@ -170,26 +177,33 @@ def throughput(quick: bool, workdir: str, *unused, **unused_keywords) -> None:
   batch_size = config.data.batch_size
   print(f'jax {jax.__version__}, {os.cpu_count()} CPUs; {made["utterances"]} utterances of '
         f'mean {made["mean_seconds"]:.2f} s; batches of {batch_size}')
-  show = lambda name, per_second: print(
-      f'  {name:<52} {per_second:8.1f} utterances/s = {per_second * made["mean_seconds"]:8.1f} '
-      f's of audio/s  (load average {os.getloadavg()[0]:.2f})', flush=True)
-  for threads in (1, config.data.num_threads):
-    config.data.num_threads = threads
-    made_data = data.make_data(config.data, 'audio', seed=0, num_mels=config.model.num_mels,
-                               num_frames=config.model.num_frames, max_len=config.model.max_len)
-    show(f'input pipeline, {threads} thread(s)', pipeline_rate(made_data, batches))
+  show = lambda name, per_second, extra='': print(
+      f'  {name:<56} {per_second:7.1f} utterances/s = {per_second * made["mean_seconds"]:7.1f} '
+      f's of audio/s{extra}  (load average {os.getloadavg()[0]:.2f})', flush=True)
+  for where in speech.LOG_MEL_ON:
+    config.data.log_mel_on = where
+    for threads in (1, config.data.num_threads):
+      config.data.num_threads = threads
+      made_data = data.make_data(config.data, 'audio', seed=0, num_mels=config.model.num_mels,
+                                 num_frames=config.model.num_frames, max_len=config.model.max_len)
+      show(f'input pipeline, {SHIPS[where]}, {threads} thread(s)',
+           pipeline_rate(made_data, batches))
   front_end(audio_dir, batch_size, config.model.num_mels)
-  show('train step, batches made ahead', step_rate(config, batches))
+  configs = [config_for(audio_dir, quick, {'data.log_mel_on': where})
+             for where in speech.LOG_MEL_ON]
+  for where, seconds in zip(speech.LOG_MEL_ON, step_seconds(configs, batches)):
+    show(f'train step, {STEP_READS[where]}', batch_size / seconds,
+         f' ({seconds * 1e3:.1f} ms a step)')
 
 
 def front_end(audio_dir: str, batch_size: int, num_mels: int) -> None:
-  """Prints the log-Mel features of a batch of the set's clips made two ways: data.audio's NumPy
-  front end clip by clip (as the pipeline's threads make them), and `device_log_mel`, one jitted
-  program on the JAX device; their largest difference first."""
+  """Prints the log-Mel features of a batch of the set's clips made two ways: data.audio's front
+  end clip by clip in NumPy (as the pipeline's threads make them), and layers.log_mel as one
+  jitted program on the JAX device (as the step makes them); their largest difference first."""
   samples = int(WINDOW_SECONDS * audio.SAMPLE_RATE)
   waveforms = np.stack([audio.pad_or_trim(audio.load_audio(f'{audio_dir}/{n:05d}.wav'), samples)
                         for n in range(batch_size)])
-  on_device = jax.jit(functools.partial(device_log_mel, num_mels=num_mels))
+  on_device = jax.jit(functools.partial(log_mel.log_mel, num_mels=num_mels))
   made = lambda: [audio.log_mel_spectrogram(w, num_mels=num_mels, num_samples=samples)
                   for w in waveforms]
   difference = np.abs(np.stack(made()) - np.asarray(on_device(waveforms))).max()
@@ -205,21 +219,6 @@ def front_end(audio_dir: str, batch_size: int, num_mels: int) -> None:
           f'{device_seconds * 1e3:6.1f} ms  (load average {os.getloadavg()[0]:.2f})', flush=True)
 
 
-def device_log_mel(waveforms, num_mels: int):
-  """data.audio.log_mel_spectrogram of a batch of waveforms (b, samples) already of the window's
-  length, in float32 jnp: the measurement of what computing the features on the device costs."""
-  n_fft, hop = audio.N_FFT, audio.HOP_LENGTH
-  padded = jnp.pad(waveforms, ((0, 0), (n_fft // 2, n_fft // 2)), mode='reflect')
-  starts = hop * jnp.arange(waveforms.shape[1] // hop)
-  frames = padded[:, starts[:, None] + jnp.arange(n_fft)[None, :]]
-  window = jnp.asarray(np.hanning(n_fft + 1)[:-1], jnp.float32)
-  power = jnp.abs(jnp.fft.rfft(frames * window[None, None], axis=-1)) ** 2
-  filters = jnp.asarray(audio.mel_filters(num_mels), jnp.float32)
-  log_mel = jnp.log10(jnp.maximum(jnp.einsum('bfk,mk->bfm', power, filters), 1e-10))
-  log_mel = jnp.maximum(log_mel, log_mel.max(axis=(1, 2), keepdims=True) - 8.0)
-  return (log_mel + 4.0) / 4.0
-
-
 def pipeline_rate(made_data, batches: int) -> float:
   """Utterances per second of training batches from grain's iterator, after two warm-up ones."""
   iterator = made_data.train_iterator(0)
@@ -231,21 +230,30 @@ def pipeline_rate(made_data, batches: int) -> float:
   return batches * made_data.batch_size / (time.perf_counter() - start)
 
 
-def step_rate(config, batches: int) -> float:
-  """Utterances per second of the train step (median step) on four batches made ahead."""
+def step_seconds(configs: list, batches: int) -> list[float]:
+  """The train step's median seconds of each config, on four batches made ahead each; the
+  configs' steps are timed in turn, so that a shared machine's changing load falls on each."""
+  steps = [timed_step(config) for config in configs]
+  times = [[step(i) for step in steps] for i in range(batches + 2)]
+  return [statistics.median(row[n] for row in times[2:]) for n in range(len(steps))]
+
+
+def timed_step(config):
+  """step(i) -> the seconds of one train step of `config` on its batch i % 4 (made ahead)."""
   run_ = setup.build_run(config)
   init = functools.partial(setup.initial_state, run_.model, run_.tx,
                            run_.family.example_inputs(run_.model_config))
-  state = jax.jit(init, out_shardings=run_.state_sharding)(jax.random.key(0))
+  state = [jax.jit(init, out_shardings=run_.state_sharding)(jax.random.key(0))]
   ready = [sharding.global_batch(run_.data.train_batch(i), run_.mesh) for i in range(4)]
-  step = run_.train_step.lower(state, ready[0]).compile()
-  times = []
-  for i in range(batches + 2):
+  compiled = run_.train_step.lower(state[0], ready[0]).compile()
+
+  def step(i: int) -> float:
     start = time.perf_counter()
-    state, metrics = step(state, ready[i % 4])
+    state[0], metrics = compiled(state[0], ready[i % 4])
     jax.block_until_ready(metrics)
-    times.append(time.perf_counter() - start)
-  return config.data.batch_size / statistics.median(times[2:])
+    return time.perf_counter() - start
+
+  return step
 
 
 def main(argv=None):

@@ -1,6 +1,11 @@
-"""Audio: the log-Mel front end against transformers' WhisperFeatureExtractor (built from its
-constructor arguments, nothing downloaded), SpecAugment's masks, and files written by soundfile
-read back, resampled, against the signal they hold and scipy's resampler."""
+"""Audio: the log-Mel front end, on the host and jitted as a step runs it, against transformers'
+WhisperFeatureExtractor (built from its constructor arguments, nothing downloaded), SpecAugment's
+masks, and files written by soundfile read back, resampled, against the signal they hold and
+scipy's resampler."""
+import functools
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import soundfile
@@ -10,6 +15,7 @@ from transformers.audio_utils import mel_filter_bank
 
 from transformer_jax.data import audio
 from transformer_jax.errors import ConfigError, UserError
+from transformer_jax.layers import log_mel
 
 RATE = 16000
 
@@ -41,8 +47,8 @@ def test_the_mel_filters_are_slaneys(num_mels):
   # The Slaney scale: 3 mels per 200 Hz up to 1 kHz (15 mels), then 27 mels per factor 6.4.
   hz = np.array([0, 200, 1000, 6400, 8000])
   mels = np.array([0, 3, 15, 42, 15 + 27 * np.log(8) / np.log(6.4)])
-  np.testing.assert_allclose(audio._hz_to_mel(hz), mels, rtol=1e-12)
-  np.testing.assert_allclose(audio._mel_to_hz(mels), hz, rtol=1e-12)
+  np.testing.assert_allclose(log_mel._hz_to_mel(hz), mels, rtol=1e-12)
+  np.testing.assert_allclose(log_mel._mel_to_hz(mels), hz, rtol=1e-12)
 
 
 @pytest.mark.parametrize('kind,seconds,num_mels,chunk_seconds', [
@@ -62,6 +68,12 @@ def test_log_mel_features_equal_whispers_feature_extractor(kind, seconds, num_me
   assert features.dtype == np.float32
   assert features.shape == (chunk_seconds * 100, num_mels)  # 10 ms frames, time-major
   np.testing.assert_allclose(features, expected.T, atol=1e-4)
+  # The step's front end (data.log_mel_on='device'): the waveform padded or trimmed to the window
+  # by the pipeline, then layers.log_mel jitted in float32, gives the same features.
+  window = audio.pad_or_trim(x, chunk_seconds * RATE)
+  on_device = jax.jit(functools.partial(log_mel.log_mel, num_mels=num_mels))(window)
+  assert on_device.dtype == jnp.float32
+  np.testing.assert_allclose(on_device, expected.T, atol=1e-4)
 
 
 def test_the_front_end_refuses_what_it_cannot_frame():

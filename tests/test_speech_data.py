@@ -23,7 +23,7 @@ COMMAND_WORDS = ('down', 'go', 'left', 'no', 'off', 'on', 'right', 'stop', 'up',
 
 
 def audio_task(**settings):
-  settings = data.DataSettings.of({'seq_len': 8, **settings})
+  settings = data.DataSettings.of({'seq_len': 8, 'log_mel_on': 'host', **settings})
   return speech.AudioTask(settings, seed=0, num_mels=8, num_frames=20, max_len=24)
 
 
@@ -63,9 +63,9 @@ def test_librispeech_by_name_reads_its_text_and_resumes_exactly():
     again = audio_task(**LIBRISPEECH)
     for key, value in again.train_batch(3, 4, slice(None)).items():
       np.testing.assert_array_equal(value, batch[key])
-    made = data.make_data({**LIBRISPEECH, 'batch_size': 4, 'eval_batch_size': 4}, 'audio',
-                          seed=0, process_index=0, process_count=1, num_mels=8, num_frames=20,
-                          max_len=24)
+    made = data.make_data({**LIBRISPEECH, 'batch_size': 4, 'eval_batch_size': 4,
+                           'log_mel_on': 'host'}, 'audio', seed=0, process_index=0,
+                          process_count=1, num_mels=8, num_frames=20, max_len=24)
     resumed = next(made.train_iterator(3))
     np.testing.assert_array_equal(resumed['features'], batch['features'])
 
@@ -210,12 +210,3 @@ def test_speech_digits_quick_mode_synthesizes_trains_and_writes_its_results(spee
   assert payload['beam']['beam_size'] == 4 and 0 <= payload['beam']['eval_wer']
   assert payload['data']['longest_seconds'] <= speech_digits.WINDOW_SECONDS
 
-
-def test_speech_digits_device_front_end_equals_the_pipelines(speech_digits):
-  """The jitted front end whose speed --throughput measures computes the pipeline's features."""
-  generator = np.random.default_rng(0)
-  waveforms = np.stack([0.3 * np.sin(2 * np.pi * 440 * np.arange(3200) / 16000),
-                        0.1 * generator.standard_normal(3200)]).astype(np.float32)
-  expected = [audio.log_mel_spectrogram(w, num_mels=16, num_samples=3200) for w in waveforms]
-  np.testing.assert_allclose(speech_digits.device_log_mel(waveforms, num_mels=16), expected,
-                             atol=1e-4)

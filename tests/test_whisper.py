@@ -1,6 +1,7 @@
 """Whisper (Radford et al. 2022): its audio stem and encoder positions against torch and
 openai/whisper's formulas, the model, its cached decoding, its configs and its data."""
 import dataclasses
+import functools
 import shutil
 
 import flax.linen as nn
@@ -16,11 +17,12 @@ import transformers
 import train_helpers
 from helpers import ROOT, load_config, tiny
 from test_decode import NEW_TOKENS, TARGET_LENGTHS, TARGET_PROMPTS, uncached_greedy
-from transformer_jax import (accounting, convert, data, decode, describe, layers, models, run,
-                             train)
+from transformer_jax import (accounting, aot, convert, data, decode, describe, layers, models,
+                             run, train)
 from transformer_jax.data import audio, speech
 from transformer_jax.errors import ConfigError, UserError
-from transformer_jax.train import metrics
+from transformer_jax.models import whisper
+from transformer_jax.train import losses, metrics, setup, sharding
 
 
 def whisper_sinusoids(length, channels, max_timescale=10000):
@@ -74,14 +76,16 @@ def test_attention_without_a_key_bias_has_none_and_the_same_outputs():
 
 def tiny_whisper(seed=0, **overrides):
   """A small Whisper (6 Mel bins, 12 frames: 6 encoder positions) with parameters drawn by numpy
-  in the shapes of its init: norm scales 1 + N(0, 0.1^2), the rest N(0, 0.1^2), so that no term
-  is trivially zero (the encoder's position table is Whisper's sinusoids, as init makes it)."""
+  in the shapes of its init (traced, not run): norm scales 1 + N(0, 0.1^2), the rest
+  N(0, 0.1^2), so that no term is trivially zero; the encoder's position table is Whisper's
+  sinusoids, as init makes it."""
   cfg = tiny('whisper', num_mels=6, num_frames=12, dtype='float32', **overrides)
-  params = models.init_params(cfg, jax.random.key(seed))
+  shapes = jax.eval_shape(lambda: models.init_params(cfg, jax.random.key(seed)))
   noise = np.random.default_rng(seed)
-  draw = lambda path, leaf: leaf if path[-1].key == 'pos_embed' else jnp.asarray(
-      (path[-1].key == 'scale') + 0.1 * noise.standard_normal(leaf.shape), leaf.dtype)
-  return models.build(cfg), jax.tree_util.tree_map_with_path(draw, params)
+  table = layers.sinusoidal(np.arange(cfg.source_positions), cfg.width, layout='sin_cos')
+  draw = lambda path, leaf: jnp.asarray(table if path[-1].key == 'pos_embed' else (
+      (path[-1].key == 'scale') + 0.1 * noise.standard_normal(leaf.shape)), leaf.dtype)
+  return models.build(cfg), jax.tree_util.tree_map_with_path(draw, shapes)
 
 
 FEATURES = jnp.asarray(np.random.default_rng(7).standard_normal((3, 12, 6)), jnp.float32)
@@ -175,9 +179,10 @@ def test_forward_flops_per_second_of_audio_by_hand():
   assert (flops['dense'], flops['attention'], flops['tokens']) == (dense, attention, 0.12)
 
 
-def audio_data(tmp_path=None, name='synthetic', **overrides):
-  settings = data.DataSettings.of({'name': name, 'seq_len': 6, 'eval_examples': 8, **overrides})
-  return speech.AudioTask(settings, seed=0, num_mels=8, num_frames=20, max_len=8)
+def audio_data(tmp_path=None, name='synthetic', num_mels=8, num_frames=20, **overrides):
+  settings = data.DataSettings.of({'name': name, 'seq_len': 6, 'eval_examples': 8,
+                                   'log_mel_on': 'host', **overrides})
+  return speech.AudioTask(settings, seed=0, num_mels=num_mels, num_frames=num_frames, max_len=8)
 
 
 def test_generated_tones_are_batches_of_features_and_their_digit():
@@ -195,6 +200,44 @@ def test_generated_tones_are_batches_of_features_and_their_digit():
   again = task.train_batch(3, 4, slice(2, 4))  # a pure function of (seed, step), by rows
   np.testing.assert_array_equal(again['features'], batch['features'][2:])
   assert not np.array_equal(task.train_batch(4, 4, slice(None))['features'], batch['features'])
+
+
+SPEC_AUGMENT = dict(spec_augment=True, num_time_masks=2, max_time_width=5, num_freq_masks=1,
+                    max_freq_width=3)
+
+
+def test_waveforms_and_their_masks_make_the_hosts_features_and_logits_in_the_model():
+  """data.log_mel_on='device' ships the tones padded to the window and SpecAugment's bands,
+  drawn as the host draws them (a pure function of (seed, step)); the model's front end makes
+  the host's masked features of them, and the same logits."""
+  model, params = tiny_whisper()
+  device, host = (audio_data(num_frames=12, num_mels=6, log_mel_on=where, **SPEC_AUGMENT)
+                  for where in ('device', 'host'))
+  on_device, on_host = (task.train_batch(3, 4, slice(None)) for task in (device, host))
+  assert set(on_device) == {'waveforms', 'time_masks', 'freq_masks', 'decoder_inputs', 'targets',
+                            'weights'}
+  waveforms = on_device['waveforms']
+  assert waveforms.shape == (4, 12 * 160) and waveforms.dtype == np.float32
+  for key in ('decoder_inputs', 'targets', 'weights'):
+    np.testing.assert_array_equal(on_device[key], on_host[key])
+  for key, count, length, max_width in (('time_masks', 2, 12, 5), ('freq_masks', 1, 6, 3)):
+    starts, widths = on_device[key][..., 0], on_device[key][..., 1]
+    assert on_device[key].shape == (4, count, 2) and widths.any()
+    assert (widths <= max_width).all() and (starts >= 0).all() and (starts + widths <= length).all()
+  again = audio_data(num_frames=12, num_mels=6, log_mel_on='device', **SPEC_AUGMENT)
+  for key, value in again.train_batch(3, 4, slice(None)).items():  # a rerun: the same masks
+    np.testing.assert_array_equal(value, on_device[key])
+  assert not np.array_equal(device.train_batch(4, 4, slice(None))['time_masks'],
+                            on_device['time_masks'])
+  unmasked = audio_data(num_frames=12, num_mels=6, log_mel_on='host').train_batch(3, 4, slice(None))
+  assert not np.allclose(unmasked['features'], on_host['features'])  # the masks change them
+  features = jax.jit(functools.partial(whisper.encoder_features, model.cfg))(
+      waveforms, on_device['time_masks'], on_device['freq_masks'])
+  np.testing.assert_allclose(features, on_host['features'], atol=1e-4, rtol=0)
+  apply = lambda *args, **keywords: model.apply({'params': params}, *args, **keywords)
+  logits = whisper.FAMILY.logits(apply, on_device)
+  np.testing.assert_allclose(logits, whisper.FAMILY.logits(apply, on_host), atol=1e-4, rtol=0)
+  assert np.abs(logits).max() > 1  # logits of order one: a wrong feature would show
 
 
 def write_folder(directory, clips, header='file_name,transcription'):
@@ -238,6 +281,42 @@ def test_a_transcript_longer_than_seq_len_fails_naming_the_fix(tmp_path):
   write_folder(tmp_path, [('0.wav', 0.1, 'abcdefgh'), ('1.wav', 0.1, 'b')])
   with pytest.raises(UserError, match='raise data.seq_len'):
     audio_data(name='audiofolder', audio_dir=str(tmp_path)).train_batch(0, 4, slice(None))
+
+
+def test_the_reference_configs_step_makes_the_features_with_the_loss_of_the_hosts():
+  """--mode=compile's stand-in data (aot.stand_in) of configs/whisper_reference.py ships the
+  waveforms batch_shapes plans; the train step makes their features and applies SpecAugment's
+  bands, with the loss of the host's features."""
+  config = load_config(ROOT / 'configs' / 'whisper_reference.py')
+  reference = train.resolve(config, 'cpu').model
+  planned = whisper.FAMILY.batch_shapes(reference, 16, 8)
+  assert planned['waveforms'].shape == (16, 100 * 160) and 'features' not in planned
+  config.model.update(width=16, num_layers=1, num_decoder_layers=1, num_frames=20, num_mels=8)
+  config.data.update(batch_size=4, **SPEC_AUGMENT)
+  run_ = train.build_run(aot.stand_in(train.resolve(config, 'cpu')), devices=jax.devices()[:1])
+  batch = run_.data.train_batch(0)
+  planned = run_.family.batch_shapes(run_.model_config, 4, 8)
+  assert {key: (value.shape, value.dtype) for key, value in planned.items()} == {
+      key: (batch[key].shape, batch[key].dtype) for key in planned}
+  assert run_.family.lengths(batch) == (20, 8)  # the frames the FLOPs count
+  masks = list(zip(batch['time_masks'], batch['freq_masks']))
+  on_host = {**{key: batch[key] for key in ('decoder_inputs', 'targets', 'weights')},
+             **speech.encoder_inputs(list(batch['waveforms']), masks, 'host', 8)}
+  noise = np.random.default_rng(0)  # drawn as tiny_whisper's, by numpy: no init to compile
+  state = setup.state_of(run_.tx, jax.tree_util.tree_map_with_path(
+      lambda path, leaf: jnp.asarray((path[-1].key == 'scale')
+                                     + 0.1 * noise.standard_normal(leaf.shape), leaf.dtype),
+      run_.abstract_params))
+  sums = jax.jit(lambda params, inputs: losses.batch_sums(
+      run_.model, run_.family, params, inputs, jax.random.key(0)))
+  expected = sums(state.params, on_host)
+  unmasked = sums(state.params, {**on_host, **speech.encoder_inputs(
+      list(batch['waveforms']), None, 'host', 8)})
+  _, on_device = run_.train_step(state, sharding.global_batch(batch, run_.mesh))
+  for key in ('loss', 'weight'):
+    np.testing.assert_allclose(on_device[key], expected[key], rtol=1e-5, err_msg=key)
+  # Without the masks the loss moves by far more than that tolerance (6e-4 of it).
+  assert abs(unmasked['loss'] / expected['loss'] - 1) > 1e-4
 
 
 @pytest.mark.slow

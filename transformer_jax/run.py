@@ -148,7 +148,7 @@ def sample(settings: train.RunSettings, workdir: str | None) -> list[str]:
     settings.sample.check_for(settings.model)  # before anything is read
     run_, params, step = train.restore_trained(settings, workdir)
     return settings.family.sample(run_.model, params, step, settings.sample, workdir)
-  features = audio_features(settings)  # before anything is restored: a bad file fails first
+  audio = audio_inputs(settings)  # before anything is restored: a bad file fails first
   trained = workdir and checkpoint.latest_step(workdir) is not None
   hf = settings.init_from_hf
   if trained or not hf:
@@ -163,8 +163,8 @@ def sample(settings: train.RunSettings, workdir: str | None) -> list[str]:
     vocab = data.tokenizer.HFTokenizer.from_file(hf, key='init_from_hf',
                                                  eos_id=convert.eos_token_id(hf))
   wanted = settings.sample
-  if features is not None:
-    return transcribe(model, params, vocab, settings, features, origin)
+  if audio is not None:
+    return transcribe(model, params, vocab, settings, audio, origin)
   try:
     vocab.encode(wanted.prompt)
   except ValueError as error:
@@ -178,9 +178,10 @@ def sample(settings: train.RunSettings, workdir: str | None) -> list[str]:
   return texts
 
 
-def audio_features(settings: train.RunSettings):
-  """The log-Mel features (1, frames, mels) of sample.audio for a speech model (the model's
-  window and Mel bins, the data's sample rate); None for a model that reads no audio."""
+def audio_inputs(settings: train.RunSettings):
+  """What a speech model's encoder reads of sample.audio (the model's window and Mel bins, the
+  data's sample rate): its waveform (1, samples) or, with data.log_mel_on='host', its log-Mel
+  features (1, frames, mels); None for a model that reads no audio."""
   path = settings.sample.audio
   if settings.family.task != 'audio':
     if path is not None:
@@ -190,12 +191,14 @@ def audio_features(settings: train.RunSettings):
     raise errors.ConfigError('--mode=sample of a speech model transcribes an audio file: set '
                              '--config.sample.audio=FILE.')
   cfg, part = settings.model, settings.data.part(data.speech.AudioSettings)
-  waveform = data.audio.load_audio(path, part.sample_rate)
-  return data.audio.log_mel_spectrogram(waveform, num_mels=cfg.num_mels,
-                                        num_samples=cfg.num_frames * data.audio.HOP_LENGTH)[None]
+  waveform = data.audio.pad_or_trim(data.audio.load_audio(path, part.sample_rate),
+                                    cfg.num_frames * data.audio.HOP_LENGTH)
+  (inputs,) = data.speech.encoder_inputs([waveform], None, part.log_mel_on,
+                                         cfg.num_mels).values()
+  return inputs
 
 
-def transcribe(model, params, vocab, settings: train.RunSettings, features, origin) -> list[str]:
+def transcribe(model, params, vocab, settings: train.RunSettings, audio, origin) -> list[str]:
   """--mode=sample of a speech model: sample.num_samples transcripts of sample.audio (greedy
   with sample.temperature=0, beams with sample.beam_size), from Whisper's decoder prompt where
   the tokenizer has its tokens (data.language, data.whisper_task), printed; writes nothing."""
@@ -204,7 +207,7 @@ def transcribe(model, params, vocab, settings: train.RunSettings, features, orig
   fits = settings.model.max_len + 1 - len(prompt)  # the decoder's positions after the prompt
   wanted = dataclasses.replace(settings.sample, window=0,
                                max_new_tokens=min(settings.sample.max_new_tokens, fits))
-  texts = decode.sample_text(model, params, vocab, wanted, inputs=features, start_ids=prompt)
+  texts = decode.sample_text(model, params, vocab, wanted, inputs=audio, start_ids=prompt)
   for number, text in enumerate(texts):
     print(f'--- transcript {number} of {wanted.audio} ({origin}) ---\n{text}')
   return texts

@@ -12,8 +12,13 @@ targets, from an `audiofolder`, a TFDS speech dataset, or generated.
     Hz, of random phase, length and start, plus noise), so that describe, compile and training
     run without files.
 
-Features are data.audio's (Whisper's front end), computed per example in the pipeline's
-workers, with SpecAugment (Park et al. 2019) on training examples where data.spec_augment.
+The encoder reads Whisper's log-Mel features (layers.log_mel), with SpecAugment (Park et al.
+2019) on training examples where data.spec_augment. data.log_mel_on='device' (the default): the
+pipeline ships each utterance's 16 kHz waveform padded or trimmed to the window (the features of
+which equal those of the raw waveform, which Whisper pads or trims first) and its masks' bands,
+drawn here, and the model makes the features inside the jitted step; 'host': the pipeline's
+workers make the features, per example, and mask them. Either way the masks are a pure function
+of (seed, step), and the same on both.
 Transcripts are encoded by the text data's tokenizer (data.tokenizer): 'chars', a character
 vocabulary with PAD, BOS and EOS (data.vocab.Vocab) of the digits for generated data and of the
 transcripts' characters for a folder; or a tokenizer.json. One with Whisper's special tokens
@@ -40,10 +45,11 @@ from transformer_jax.data import audio, corpus, rng, seq2seq, sources, tokenizer
 from transformer_jax.data.settings import DataPart, register_part
 from transformer_jax.data.vocab import Vocab
 from transformer_jax.errors import ConfigError, UserError
+from transformer_jax.layers.log_mel import mask_bands
 from transformer_jax.ranges import COUNT, Range
 
-__all__ = ['AudioSettings', 'AudioTask', 'make_audio_task', 'normalized', 'read_metadata',
-           'SOURCES', 'transcript_tokenizer', 'word_error_rate']
+__all__ = ['AudioSettings', 'AudioTask', 'encoder_inputs', 'make_audio_task', 'normalized',
+           'read_metadata', 'SOURCES', 'transcript_tokenizer', 'word_error_rate']
 
 SOURCES = ('synthetic', 'audiofolder')
 METADATA = 'metadata.csv'
@@ -55,6 +61,7 @@ TEXT_ALPHABET = string.ascii_letters + string.digits + " '.,;:!?-"
 START_OF_TRANSCRIPT = '<|startoftranscript|>'  # Whisper's decoder start
 NO_TIMESTAMPS = '<|notimestamps|>'
 WHISPER_TASKS = ('transcribe', 'translate')
+LOG_MEL_ON = ('device', 'host')
 
 
 @register_part
@@ -78,6 +85,14 @@ class AudioSettings(DataPart):
   source_sample_rate: int | None = None  # a TFDS dataset's audio rate where it states none
   language: str = 'en'  # Whisper's language token <|en|>, where the tokenizer has Whisper's
   whisper_task: str = 'transcribe'  # Whisper's task token, where the tokenizer has Whisper's
+  # Where the log-Mel features (and SpecAugment's masking) are computed: 'device', inside the
+  # jitted step, the pipeline shipping padded waveforms; or 'host', in the pipeline's workers.
+  # 'device' by default: on the 2-core CPU machine of experiments/speech_digits the NumPy front
+  # end was most of the pipeline's cost and made it the slower side (46 to 51 utterances/s
+  # against the step's 65 to 96), where shipping waveforms it made 269 to 612 and the front end
+  # added 10% to the step. 'host' for a host with cores to spare beside a slow accelerator, or to
+  # ship fewer bytes (features are num_mels / 160 of the waveform's).
+  log_mel_on: str = 'device'
 
   RANGES = {'sample_rate': COUNT, 'window_seconds': Range(0, open_low=True, optional=True),
             'n_mels': Range(1, integer=True, optional=True),
@@ -85,7 +100,7 @@ class AudioSettings(DataPart):
             'num_freq_masks': Range(0, integer=True), 'max_freq_width': Range(0, integer=True),
             'tone_noise': Range(0), 'wer_examples': Range(0, integer=True),
             'source_sample_rate': Range(1, integer=True, optional=True)}
-  CHOICES = {'whisper_task': WHISPER_TASKS}
+  CHOICES = {'whisper_task': WHISPER_TASKS, 'log_mel_on': LOG_MEL_ON}
 
 
 def normalized(text: str) -> str:
@@ -201,8 +216,10 @@ class TFDSSplit:
 
 
 class AudioTask:
-  """{'features': float32 (b, frames, mels), 'decoder_inputs': (b, T), 'targets': (b, T),
-  'weights': float32 (b, T)}, T = data.seq_len: of the sequence prompt + transcript + [EOS],
+  """{'waveforms': float32 (b, frames * 160) (data.log_mel_on='device', with 'time_masks' and
+  'freq_masks' int32 (b, count, 2) on training batches where data.spec_augment) or 'features':
+  float32 (b, frames, mels) ('host'); 'decoder_inputs': (b, T), 'targets': (b, T), 'weights':
+  float32 (b, T)} (`encoder_inputs`), T = data.seq_len: of the sequence prompt + transcript + [EOS],
   padded to T + 1 (the prompt: `decoder_prompt`, [BOS] for a tokenizer without Whisper's
   tokens), the decoder inputs are all but its last token and the targets all but its first;
   the weights are 1.0 on the targets of the transcript and its EOS, 0.0 on the prompt's and the
@@ -266,7 +283,7 @@ class AudioTask:
     count = min(self.part.wer_examples, self.num_eval_examples)
     if not count:
       return {}
-    utterances = lambda rows: {'inputs': self.eval_examples(np.asarray(rows))['features'],
+    utterances = lambda rows: {'inputs': self._audio(self.eval_examples(np.asarray(rows))),
                                'input_valid': None}
     outputs = seq2seq.decode_held_out(generate, utterances, count, batch_size, self.vocab,
                                       self.seq_len + 1 - len(self.prompt), prompt=self.prompt)
@@ -274,6 +291,10 @@ class AudioTask:
     references = [self.vocab.decode(row[weights > 0])
                   for row, weights in zip(held_out['targets'], held_out['weights'])]
     return {'eval_wer': word_error_rate([self.vocab.decode(o) for o in outputs], references)}
+
+  def _audio(self, batch: dict) -> np.ndarray:
+    """The encoder's inputs of a batch: its waveforms, or its features (data.log_mel_on)."""
+    return batch['waveforms' if self.part.log_mel_on == 'device' else 'features']
 
   def _tone(self, generator: np.random.Generator) -> tuple[np.ndarray, str]:
     """A tone of digit d at 300 + 100 d Hz, 40 to 100% of the window long, and its transcript."""
@@ -301,25 +322,25 @@ class AudioTask:
             FolderSplit(rows[-held_out:], part.sample_rate), alphabet)
 
   def _batch(self, utterances, augment: np.random.Generator | None) -> dict:
-    features, sequences, lengths = [], [], []
-    for waveform, text in utterances:
-      mel = audio.log_mel_spectrogram(waveform, num_mels=self.num_mels,
-                                      num_samples=self.num_samples)
-      if augment is not None:
-        mel = audio.spec_augment(mel, augment, num_time_masks=self.part.num_time_masks,
-                                 max_time_width=self.part.max_time_width,
-                                 num_freq_masks=self.part.num_freq_masks,
-                                 max_freq_width=self.part.max_freq_width)
-      features.append(mel)
-      ids = self._sequence(text)
-      lengths.append(len(ids))
-      sequences.append(ids + [self.pad_id] * (self.seq_len + 1 - len(ids)))
-    sequences = np.array(sequences, np.int32)
+    waveforms = [audio.pad_or_trim(waveform, self.num_samples) for waveform, _ in utterances]
+    masks = None if augment is None else [self._masks(augment) for _ in utterances]
+    ids = [self._sequence(text) for _, text in utterances]
+    sequences = np.array([row + [self.pad_id] * (self.seq_len + 1 - len(row)) for row in ids],
+                         np.int32)
     positions = np.arange(self.seq_len)
-    scored = (positions >= len(self.prompt) - 1) & (positions < np.array(lengths)[:, None] - 1)
-    return {'features': np.stack(features).astype(np.float32),
+    lengths = np.array([len(row) for row in ids])
+    scored = (positions >= len(self.prompt) - 1) & (positions < lengths[:, None] - 1)
+    return {**encoder_inputs(waveforms, masks, self.part.log_mel_on, self.num_mels),
             'decoder_inputs': sequences[:, :-1], 'targets': sequences[:, 1:],
             'weights': scored.astype(np.float32)}
+
+  def _masks(self, generator: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """One utterance's SpecAugment bands: (time masks, frequency masks), each (count, 2)."""
+    masks = audio.spec_augment_masks(
+        self.num_samples // audio.HOP_LENGTH, self.num_mels, generator,
+        num_time_masks=self.part.num_time_masks, max_time_width=self.part.max_time_width,
+        num_freq_masks=self.part.num_freq_masks, max_freq_width=self.part.max_freq_width)
+    return tuple(audio.as_bands(bands) for bands in masks)
 
   def _sequence(self, text: str) -> list[int]:
     """The prompt, the transcript's ids and EOS; a UserError if over data.seq_len + 1."""
@@ -330,6 +351,26 @@ class AudioTask:
                       f'its EOS{prompt}, over data.seq_len={self.seq_len}: raise data.seq_len '
                       '(up to model.max_len).')
     return ids
+
+
+def encoder_inputs(waveforms: list[np.ndarray], masks: list | None, log_mel_on: str,
+                   num_mels: int) -> dict:
+  """What the encoder reads of waveforms already of the window's length: {'waveforms': float32
+  (b, samples)} with log_mel_on='device', whose features the model computes, with SpecAugment's
+  bands (`masks`: (time, frequency) masks of each utterance, or None) as 'time_masks' and
+  'freq_masks' int32 (b, count, 2) for the model to apply; or, with 'host', their features
+  {'features': float32 (b, frames, num_mels)}, masked here."""
+  bands = {} if masks is None else {
+      'time_masks': np.stack([time for time, _ in masks]),
+      'freq_masks': np.stack([freq for _, freq in masks])}
+  if log_mel_on == 'device':
+    return {'waveforms': np.stack(waveforms).astype(np.float32), **bands}
+  features = np.stack([audio.log_mel_spectrogram(waveform, num_mels=num_mels,
+                                                 num_samples=len(waveform))
+                       for waveform in waveforms])
+  if bands:
+    features = mask_bands(features, bands['time_masks'], bands['freq_masks'])
+  return {'features': features}
 
 
 def make_audio_task(settings, seed, tokenizer_dir=None, *, num_mels, num_frames, max_len,

@@ -1,6 +1,7 @@
 """Layers shared by every family, each usable alone with plain arguments: one attention, one MLP,
 one block and its stack, the norms, the embeddings, T5's relative position bias, DiT's
-conditioning (adaLN-Zero, timestep and class embeddings) and Whisper's audio stem."""
+conditioning (adaLN-Zero, timestep and class embeddings), Whisper's audio stem and (in
+layers.log_mel) its log-Mel front end."""
 from transformer_jax.layers.attention import Attention, causal_mask, padding_mask, segment_mask
 from transformer_jax.layers.audio_stem import AudioStem, stem_frames
 from transformer_jax.layers.block import Block, BlockStack
