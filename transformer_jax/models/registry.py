@@ -128,6 +128,9 @@ class Family:
     gradient.
   starts: cfg -> {subtree: source} of the parameter subtrees a run starts from another run's
     workdir (WORKDIR[:STEP]) or a Hugging Face directory (train.towers loads them).
+  tower: (cfg, subtree) -> (the settings of the part a source fills, {a setting of them: the
+    model.* key that sets it} where the names differ), which train.towers checks the source's
+    against (a dual encoder's text tower: an encoder config, its width set by text_width).
 
   Sampling, for a family that does not decode text:
   sample_settings: the Settings class of config.sample (None: decode.SampleSettings), with
@@ -165,6 +168,8 @@ class Family:
   depth_keys: tuple[str, ...] = ('num_layers',)
   frozen: Callable[[ModelConfig], tuple[str, ...]] = lambda cfg: ()
   starts: Callable[[ModelConfig], dict[str, str]] = lambda cfg: {}
+  tower: Callable[[ModelConfig, str], tuple[ModelConfig, dict[str, str]]] = (
+      lambda cfg, part: (cfg, {}))
   sample_settings: type | None = None
   sample: Callable[..., Any] | None = None
   eval_settings: type | None = None
