@@ -303,8 +303,8 @@ def _batch_shapes(cfg: ClipConfig, batch_size: int, seq_len=None) -> dict:
 def _stacks(cfg: ClipConfig, seq_len=None) -> list[registry.Stack]:
   del seq_len
   tokens = vit.num_tokens(cfg.image_config)
-  return [registry.Stack('image', cfg.num_layers, tokens, (tokens,)),
-          registry.Stack('text', cfg.text_layers, cfg.max_len, (cfg.max_len,))]
+  return [registry.Stack('image', cfg.num_layers, tokens, (tokens,), cfg.image_config),
+          registry.Stack('text', cfg.text_layers, cfg.max_len, (cfg.max_len,), cfg.text_config)]
 
 
 def _describe(cfg: ClipConfig) -> str:

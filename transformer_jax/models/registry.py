@@ -38,11 +38,14 @@ def _no_lengths(batch: dict) -> tuple[int | None, int | None]:
 @dataclasses.dataclass(frozen=True)
 class Stack:
   """A stack of blocks as the memory plan counts it: `blocks` blocks over `tokens` positions per
-  example, each block's attentions over `keys` keys each (self-attention, then cross-attention)."""
+  example, each block's attentions over `keys` keys each (self-attention, then cross-attention),
+  sized by `config` (None: the family's config; a dual encoder's tower: its own). A stack named
+  as a parameter subtree the family's `frozen` names keeps nothing for a backward pass."""
   name: str
   blocks: int
   tokens: int
   keys: tuple[int, ...]
+  config: ModelConfig | None = None
 
 
 def _one_stack(cfg: ModelConfig, seq_len: int) -> list[Stack]:
