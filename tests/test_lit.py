@@ -13,6 +13,7 @@ from helpers import init
 from train_helpers import small_config, started
 from transformer_jax import config_lib, convert, models, train
 from transformer_jax.data import image_text, tokenizer
+from transformer_jax.models import clip
 from transformer_jax.errors import ConfigError
 from transformer_jax.train import losses, towers
 
@@ -159,6 +160,7 @@ def test_the_text_tower_starts_from_a_bert_and_computes_its_cls_state(bert_dir, 
       dtype='float32'))
   # The rest of the model is never read: its shapes stand in for it.
   shapes = nn.meta.unbox(models.abstract_variables(cfg)['params'])
+  assert sum(x.size for x in jax.tree.leaves(shapes)) == clip.param_counts(cfg)['total']
   params = towers.started(shapes, {'text': str(bert_dir)}, cfg)
   pooled = jax.jit(lambda text, tokens: models.build(cfg).apply(
       {'params': {**params, 'text': text}}, tokens, method=lambda m, t: m.text(t)))(
