@@ -83,8 +83,12 @@ def _check_settings(key: str, source: str, theirs: ModelConfig, ours: ModelConfi
     if hasattr(theirs, attribute) and hasattr(ours, attribute) and (
         getattr(theirs, attribute) != getattr(ours, attribute)):
       value, setting = getattr(theirs, attribute), keys.get(name, name)
+      # Its token ids are those of its own tokenizer, which the captions must be read with.
+      tokenizer = os.path.join(source, 'tokenizer.json')
+      also = (f' with data.tokenizer={source}, its tokenizer'
+              if name == 'vocab_size' and os.path.isfile(tokenizer) else '')
       raise ConfigError(f'{key}={source} has {name}={value!r} where the tower has '
-                        f'{getattr(ours, attribute)!r}: set model.{setting}={value!r}.')
+                        f'{getattr(ours, attribute)!r}: set model.{setting}={value!r}{also}.')
 
 
 def _fitted(key: str, source: str, theirs: dict, ours: dict) -> dict:
