@@ -249,7 +249,7 @@ def test_an_unsupported_architecture_fails_naming_the_supported_ones(checkpoint,
   rewrite(path, tmp_path, config=dict(architectures=['BartForConditionalGeneration']))
   with pytest.raises(convert.CheckpointError, match=r"\['BartForConditionalGeneration'\], none of "
                      r"which converts: transformer_jax converts "
-                     r"\['BertForMaskedLM', 'CLIPModel', 'GPT2"):
+                     r"\['BertForMaskedLM', 'BertModel', 'CLIPModel', 'GPT2"):
     convert.load(tmp_path)
 
 

@@ -1,10 +1,11 @@
 """A dual encoder's evaluation and image-text sources: zero-shot classification and retrieval
 (data.image_text_eval) against NumPy written out here, the TFDS sources of pairs (a caption
 feature, several captions per image, a classification dataset captioned by class name), and
-bad input refused before compiling."""
+bad input (zero-shot settings among it) refused before compiling."""
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -12,11 +13,12 @@ import jax
 import numpy as np
 from PIL import Image
 import pytest
+import tensorflow_datasets as tfds
 
 from helpers import mock_tfds
 from transformer_jax import config_lib, data, train
 from transformer_jax.data import image_text, image_text_eval, rng, sources
-from transformer_jax.errors import ConfigError
+from transformer_jax.errors import ConfigError, UserError
 from transformer_jax.sweep import override
 from unittest import mock
 
@@ -126,6 +128,31 @@ def test_templates_need_one_slot_for_the_class_name(templates):
   with pytest.raises(ConfigError, match=r"one \{\} each"):
     train.resolve(override(config_lib.from_file(ROOT / 'configs' / 'clip_reference.py'),
                            {'eval.zero_shot_templates': templates}), 'cpu')
+
+
+@pytest.mark.parametrize('settings, fix', [
+    ({'eval.zero_shot_dataset': 'cifar1O'}, "eval.zero_shot_dataset='cifar1O' is neither prepared"),
+    ({'eval.zero_shot_split': 'tset'}, "eval.zero_shot_split='tset': Unknown split"),
+    ({'eval.zero_shot_dataset': 'clevr'},
+     "eval.zero_shot_dataset='clevr' has no ClassLabel feature"),
+    ({'eval.zero_shot_classes': ('cat', 'dog')},
+     'eval.zero_shot_classes names 2 classes but cifar10 has 10: give one name per class'),
+])
+def test_zero_shot_settings_the_data_cannot_score_fail_before_compiling(settings, fix, tmp_path):
+  config = override(config_lib.from_file(ROOT / 'configs' / 'clip_reference.py', 'smoke'),
+                    {'eval.zero_shot_dataset': 'cifar10', **settings})
+  with mock_tfds(4), mock.patch.object(sources, 'prepare_cifar10', lambda *args: 'cifar10'):
+    # The mock serves any split: a split a prepared dataset lacks fails as TFDS fails it.
+    serve = tfds.core.DatasetBuilder.as_data_source
+
+    def as_data_source(builder, split, **kwargs):
+      if split not in ('train', 'test'):
+        raise ValueError(f"Unknown split {split!r}. Should be one of ['train', 'test'].")
+      return serve(builder, split=split, **kwargs)
+    with mock.patch.object(tfds.core.DatasetBuilder, 'as_data_source', as_data_source), \
+        pytest.raises(UserError, match=re.escape(fix)) as error:
+      train.train(config, str(tmp_path))
+  assert '\n' not in str(error.value) and not any(tmp_path.iterdir())  # nothing ran
 
 
 def test_a_long_caption_with_truncation_off_fails_in_the_first_batch_naming_the_fix(tmp_path):

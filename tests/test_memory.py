@@ -1,16 +1,20 @@
 """The memory plan against XLA:CPU's own memory analysis of the compiled train step, on the test
 set of experiments/memory_sets.py (1 and 8 devices under data, fully-sharded and tensor
-parallelism); memory_fit.json against the recorded compiles; the plan's state against the real
-shards."""
+parallelism) and a dual encoder's, a tower locked or not; memory_fit.json against the recorded
+compiles; the plan's state against the real shards."""
 import dataclasses
+import pathlib
 
 import jax
 import pytest
 
 from helpers import load_experiment
 from train_helpers import small_config
-from transformer_jax import accounting, describe, memory, models, train
+from transformer_jax import accounting, config_lib, describe, memory, models, train
+from transformer_jax.models import vit
+from transformer_jax.sweep import override
 
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 fit_memory = load_experiment('fit_memory')
 memory_sets = fit_memory.memory_sets
 # Held to the real step in the default suite: the test set's decoder and ViT (docs/memory_plan.md)
@@ -46,6 +50,25 @@ def test_the_rest_of_the_test_set_holds_its_record(case, target):
   """Within 15%, or a recorded miss within fit_memory.BAND of its record."""
   holds, measured, recorded = fit_memory.holds_its_record(case, target)
   assert holds, (measured, recorded)
+
+
+def test_a_dual_encoders_plan_counts_each_tower_and_nothing_trained_of_a_locked_one():
+  """A small CLIP whose text tower is half the image tower's width, on one device, its image
+  tower locked (LiT): within 15% of XLA:CPU's compiled train step (0.97; a plan that sized the
+  text tower as the image tower and counted the locked one's activations and gradients was
+  2.70x; with both towers training, 1.02 and 1.46x), the locked tower's parameters without
+  gradients or optimizer state."""
+  plans = {}
+  for locked in (False, True):
+    config = override(config_lib.from_file(ROOT / 'configs' / 'clip_reference.py', 'smoke'),
+                      {'model.text_width': 32, 'model.text_heads': 2, 'data.batch_size': 32,
+                       'model.lock_image': locked})
+    plans[locked] = memory.plan(config, {'data': 1}, platform='cpu')
+  xla, _ = fit_memory.compile_train_step(config, tuple(jax.devices('cpu')[:1]))
+  assert abs(plans[True].train_total / xla - 1) <= memory.WITHIN, (plans[True], xla)
+  image_bytes = 4 * vit.param_counts(models.model_config(config.model).image_config)['total']
+  assert plans[False].gradients - plans[True].gradients == image_bytes
+  assert plans[False].optimizer - plans[True].optimizer == 2 * image_bytes  # AdamW's moments
 
 
 def test_the_cautions_are_the_cpu_test_sets_measurements():

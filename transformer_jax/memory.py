@@ -119,16 +119,21 @@ def activation_terms(settings, split, platform: str = 'cpu') -> dict[str, float]
   """Bytes per device of one copy of each term of ACTIVATION_COPIES, over every block of the
   run's resolved settings (one block under remat 'full', besides every block's input);
   `split(name)` says how many ways a logical activation axis is split. On XLA:TPU each array is
-  counted in its tiles, in the layout its kernel reads (_tiled)."""
-  cfg, family, data = settings.model, settings.family, settings.data
+  counted in its tiles, in the layout its kernel reads (_tiled). Each of the family's stacks is
+  sized by its own config (a dual encoder's towers); a locked one (the family's frozen) counts
+  nothing."""
+  top, family, data = settings.model, settings.family, settings.data
   batch = data.batch_size // split(axes.BATCH)
-  heads = cfg.num_heads // split(axes.HEADS)
-  kv = cfg.kv_heads // split(axes.KV_HEADS)
-  itemsize = cfg.compute_dtype.itemsize
+  itemsize = top.compute_dtype.itemsize
   tiled = functools.partial(_tiled, platform)
   terms = dict.fromkeys(ACTIVATION_TERMS, 0.0)
-  for stack in family.stacks(cfg, data.seq_len):
-    tokens = stack.tokens
+  frozen = family.frozen(top)
+  for stack in family.stacks(top, data.seq_len):
+    if stack.name in frozen:  # no backward pass: its forward's are gone by the step's peak
+      continue
+    cfg, tokens = stack.config or top, stack.tokens
+    heads = cfg.num_heads // split(axes.HEADS)
+    kv = cfg.kv_heads // split(axes.KV_HEADS)
     kept = batch * itemsize * (1 if cfg.remat_policy == 'full' else stack.blocks)
     terms['width'] += kept * tiled(cfg.width, tokens)
     terms['mlp'] += kept * tiled(cfg.hidden_dim // split(axes.MLP), tokens) * cfg.use_mlp
@@ -146,7 +151,7 @@ def activation_terms(settings, split, platform: str = 'cpu') -> dict[str, float]
         terms['long_attention'] += weights * 4 / itemsize
     if cfg.remat_policy == 'full':
       terms['block_inputs'] += stack.blocks * batch * tiled(cfg.width, tokens) * itemsize
-  logits = family.logits_shape(cfg, data.seq_len)
+  logits = family.logits_shape(top, data.seq_len)
   if logits is not None:  # float32, whatever the compute dtype
     positions, classes = logits
     terms['logits'] = 4 * batch * tiled(classes // split(axes.VOCAB), positions)
@@ -218,8 +223,12 @@ def plan(config, mesh: dict[str, int] | None = None, platform: str | None = None
   laid_out = setup.layout(settings, abstract_mesh)
   state, shardings = laid_out.abstract_state, laid_out.state_sharding
   # With LoRA the state's params are the adapters, which alone have gradients and optimizer
-  # state, beside the model's parameters: the frozen base.
-  trained = params = _sharded_bytes(state.params, shardings.params, platform)
+  # state, beside the model's parameters: the frozen base. A locked part (the family's frozen:
+  # a dual encoder's locked tower) has neither.
+  params = _sharded_bytes(state.params, shardings.params, platform)
+  locked = () if isinstance(state, LoraState) else family.frozen(cfg)
+  trained = params - sum(_sharded_bytes(state.params[name], shardings.params[name], platform)
+                         for name in locked)
   model_params, model_shardings = state.params, shardings.params
   if isinstance(state, LoraState):
     model_params, model_shardings = state.base, shardings.base

@@ -78,3 +78,5 @@ class Architecture:
   tensors: Callable[[ModelConfig], list[Tensor]]
   tied: Callable[[ModelConfig], dict[str, str]]  # a tensor HF ties -> the one it is tied to
   ignored: tuple[str, ...] = ()  # regexes: tensors a checkpoint may hold that are no weights here
+  # The bare base model (BertModel): no head, so only a tower (train.towers) starts from it.
+  headless: bool = False

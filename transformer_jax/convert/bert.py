@@ -1,11 +1,13 @@
 """BertForMaskedLM: post-LN LayerNorm blocks, token, position and token-type embeddings with a
 LayerNorm, and the MLM head (dense + activation + LayerNorm, the decoder tied to the token
-embedding, an output bias). BERT's pooler and next-sentence head are not part of it."""
+embedding, an output bias). BERT's pooler and next-sentence head are not part of it. BertModel,
+the same without the MLM head, is read (not written) as a headless architecture: a dual
+encoder's text tower starts from it (LiT, Zhai et al. 2022)."""
 from transformer_jax.convert.architecture import (NO_ABLATIONS, Architecture, HfConfig,
                                                   hf_activation)
 from transformer_jax.convert.tensors import Tensor, linear, norm
 
-__all__ = ['BERT', 'FIXED', 'hf_config', 'model_fields', 'NAME', 'tensors', 'tied']
+__all__ = ['BERT', 'BERT_MODEL', 'FIXED', 'hf_config', 'model_fields', 'NAME', 'tensors', 'tied']
 
 NAME = 'BertForMaskedLM'
 FIXED = dict(family='encoder', norm='layernorm', norm_bias=True, norm_position='post',
@@ -67,7 +69,13 @@ def tied(cfg) -> dict[str, str]:
   return decoder
 
 
-BERT = Architecture(
-    NAME, 'bert', 'encoder', 'bert', model_fields, hf_config, tensors, tied,
-    # What checkpoints saved from BertForPreTraining (the hub's bert-base-uncased) also hold.
-    ignored=(r'bert\.pooler\..*', r'cls\.seq_relationship\..*', r'bert\.embeddings\.position_ids'))
+def _body_tensors(cfg) -> list[Tensor]:
+  return [spec for spec in tensors(cfg) if spec.name.startswith('bert.')]
+
+
+# What checkpoints saved from BertForPreTraining (the hub's bert-base-uncased) also hold.
+_IGNORED = (r'bert\.pooler\..*', r'cls\.seq_relationship\..*', r'bert\.embeddings\.position_ids')
+BERT = Architecture(NAME, 'bert', 'encoder', 'bert', model_fields, hf_config, tensors, tied,
+                    ignored=_IGNORED)
+BERT_MODEL = Architecture('BertModel', 'bert', 'encoder', 'bert', model_fields, hf_config,
+                          _body_tensors, lambda cfg: {}, ignored=_IGNORED, headless=True)

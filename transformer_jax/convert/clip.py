@@ -11,14 +11,18 @@ from transformer_jax.convert.architecture import (NO_ABLATIONS, Architecture, Ch
                                                   HfConfig, hf_activation)
 from transformer_jax.convert.tensors import Array, Tensor, Vectors, linear, norm
 
-__all__ = ['CLIP', 'encoder_blocks', 'FIXED', 'hf_config', 'model_fields', 'NAME', 'shared_option',
-           'tensors', 'towers']
+__all__ = ['CLIP', 'encoder_blocks', 'FIXED', 'hf_config', 'model_fields', 'NAME', 'SHARED_BLOCKS',
+           'shared_option', 'tensors', 'towers']
 
 NAME = 'CLIPModel'
+# Both towers' blocks alike, the text tower without BERT's ends (a LiT tower from a BERT has
+# them, which neither CLIPModel nor SiglipModel holds).
+SHARED_BLOCKS = dict(text_norm_position=None, text_norm_eps=None, text_mlp=None,
+                     text_embed_norm=False, text_type_vocab_size=0, text_pad_id=None)
 FIXED = dict(family='clip', norm='layernorm', norm_bias=True, norm_position='pre',
              positions='learned', use_bias=True, num_kv_heads=None, image_pool='cls',
              pre_norm=True, patch_bias=False, text_causal=True, text_pool='eos', text_head=False,
-             loss='softmax', bias=None, **NO_ABLATIONS)
+             loss='softmax', bias=None, **SHARED_BLOCKS, **NO_ABLATIONS)
 _LEGACY_EOS = 2  # transformers' marker of a config from before eos_token_id was read
 
 

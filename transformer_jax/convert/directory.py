@@ -19,7 +19,7 @@ from flax import traverse_util
 
 from transformer_jax import models
 from transformer_jax.convert.architecture import Architecture, CheckpointError, HfConfig
-from transformer_jax.convert.bert import BERT
+from transformer_jax.convert.bert import BERT, BERT_MODEL
 from transformer_jax.convert.clip import CLIP
 from transformer_jax.convert.gpt2 import GPT2
 from transformer_jax.convert.llama import LLAMA
@@ -34,7 +34,7 @@ __all__ = [
     'model_config_of', 'read_config', 'read_tensors', 'save', 'tensor_names']
 
 ARCHITECTURES = {arch.name: arch
-                 for arch in (GPT2, LLAMA, VIT, BERT, WHISPER, CLIP, SIGLIP, T5)}
+                 for arch in (GPT2, LLAMA, VIT, BERT, BERT_MODEL, WHISPER, CLIP, SIGLIP, T5)}
 INDEX, WEIGHTS = 'model.safetensors.index.json', 'model.safetensors'
 
 
@@ -107,16 +107,21 @@ def read_tensors(path) -> dict[str, np.ndarray]:
   return tensors
 
 
-def load_params(path, model: ModelConfig | dict | None = None) -> dict:
+def load_params(path, model: ModelConfig | dict | None = None, head: bool = True) -> dict:
   """Our parameter tree from the checkpoint in directory `path`: host numpy arrays of
   model.param_dtype (stacked under 'layers' if model.scan_layers).
 
   `model` (default: the checkpoint's own config) may change how the model runs (dtype,
   param_dtype, scan_layers, remat_policy, dropout_rate) but not what it computes: an option
-  that differs from config.json fails, naming it.
+  that differs from config.json fails, naming it. `head` False leaves out our 'head' subtree,
+  which a headless architecture (BertModel) does not hold.
   """
   hf_values = read_config(path)
   arch, fields = architecture_of(hf_values), model_config_of(hf_values, tensor_names(path))
+  if arch.headless and head:
+    raise CheckpointError(f'{path} holds a bare {arch.name}, without the head the model needs: '
+                          'start a dual encoder\'s tower from it (model.text_init), or give a '
+                          'checkpoint with its head.')
   cfg = models.model_config(fields if model is None else model)
   differences = _differences(fields, cfg, 'config.json')
   if differences:
@@ -137,7 +142,8 @@ def load_params(path, model: ModelConfig | dict | None = None) -> dict:
                             'config.json and the weights disagree.')
     for p, value in zip(spec.paths, spec.layout.to_ours(array, ours)):
       params[p] = value.astype(cfg.weight_dtype)
-  _check_complete(arch, tensors, shapes.keys() - params.keys(), path)
+  needed = {p for p in shapes if head or not p.startswith('head/')}
+  _check_complete(arch, tensors, needed - params.keys(), path)
   tree = traverse_util.unflatten_dict(params, sep='/')
   return models.stack_layers(tree) if cfg.scan_layers else tree
 
@@ -238,11 +244,12 @@ def _expressed(cfg: ModelConfig, name: str | None) -> tuple[Architecture, dict]:
   if name is not None and name not in ARCHITECTURES:
     raise CheckpointError(f'Unknown architecture {name!r}: choose one of {sorted(ARCHITECTURES)}.')
   candidates = ([ARCHITECTURES[name]] if name else
-                [a for a in ARCHITECTURES.values() if a.family == cfg.family])
+                [a for a in ARCHITECTURES.values() if a.family == cfg.family and not a.headless])
   reasons = []
   for arch in candidates:
-    if arch.family != cfg.family:
-      reasons.append(f'{arch.name} holds a {arch.family!r} model')
+    if arch.family != cfg.family or arch.headless:
+      reasons.append(f'{arch.name} holds a {arch.family!r} model' + ' without its head' *
+                     arch.headless)
       continue
     try:
       hf_values = arch.hf_config(cfg)

@@ -9,7 +9,7 @@ writes model.eos_id, where set, for the tokenizer's sake).
 from transformer_jax.convert import vit
 from transformer_jax.convert.architecture import (NO_ABLATIONS, Architecture, CheckpointError,
                                                   HfConfig, hf_activation)
-from transformer_jax.convert.clip import encoder_blocks, shared_option, towers
+from transformer_jax.convert.clip import SHARED_BLOCKS, encoder_blocks, shared_option, towers
 from transformer_jax.convert.tensors import Array, Dense, Tensor, Vectors, linear, norm
 
 __all__ = ['FIXED', 'hf_config', 'model_fields', 'NAME', 'SIGLIP', 'tensors']
@@ -18,7 +18,7 @@ NAME = 'SiglipModel'
 FIXED = dict(family='clip', norm='layernorm', norm_bias=True, norm_position='pre',
              positions='learned', use_bias=True, num_kv_heads=None, image_pool='map',
              pre_norm=False, patch_bias=True, text_causal=False, text_pool='last', text_head=True,
-             embed_dim=0, loss='sigmoid', **NO_ABLATIONS)
+             embed_dim=0, loss='sigmoid', **SHARED_BLOCKS, **NO_ABLATIONS)
 
 
 def model_fields(c: HfConfig) -> dict:

@@ -158,6 +158,13 @@ class ImageTextTask:
       results |= self._zero_shot_metrics(embed, batch_size, evaluation)
     return results
 
+  def check_evaluation(self, evaluation) -> None:
+    """Opens evaluation.zero_shot_dataset's split as the first evaluation will (reading no
+    record), so that a dataset TFDS does not know or has not prepared, a split it lacks, one
+    without a ClassLabel, or zero_shot_classes of another count fail before anything compiles."""
+    if evaluation.zero_shot_dataset:
+      self._zero_shot_dataset(evaluation)
+
   def _embed_images(self, embed, batch_size: int, read, count: int) -> tuple[np.ndarray, list]:
     """(image embeddings, the read batches' other outputs) of records 0..count-1 of a split,
     read(indices) -> (encoded images, anything)."""
@@ -210,8 +217,11 @@ class ImageTextTask:
     key = (evaluation.zero_shot_dataset, evaluation.zero_shot_split,
            tuple(evaluation.zero_shot_classes))
     if key not in self._zero_shot:
-      dataset = _classification_dataset(self.settings, evaluation.zero_shot_dataset,
-                                        evaluation.zero_shot_split, evaluation.zero_shot_split)
+      split = 'eval.zero_shot_split'
+      dataset = _classification_dataset(
+          self.settings, evaluation.zero_shot_dataset, evaluation.zero_shot_split,
+          evaluation.zero_shot_split,
+          {'name': 'eval.zero_shot_dataset', 'train_split': split, 'eval_split': split})
       names = tuple(evaluation.zero_shot_classes) or dataset.class_names
       if len(names) != dataset.num_classes:
         raise ConfigError(f'eval.zero_shot_classes names {len(names)} classes but '
@@ -222,16 +232,17 @@ class ImageTextTask:
 
 
 def _classification_dataset(settings: DataSettings, name: str, train_split: str,
-                            eval_split: str | None) -> sources.ImageDataset:
+                            eval_split: str | None, keys: dict[str, str] | None = None
+                            ) -> sources.ImageDataset:
   """A TFDS image-classification dataset ('cifar10' found or prepared as the image task
-  does)."""
+  does); `keys`: sources.open_image_dataset's."""
   own = settings.part(images.ImageSettings)
   if name == 'cifar10':
     name = sources.prepare_cifar10(settings.tfds_data_dir, settings.manual_dir, settings.download)
   return sources.open_image_dataset(name, data_dir=settings.tfds_data_dir,
                                     manual_dir=settings.manual_dir, train_split=train_split,
                                     eval_split=eval_split, image_key=own.image_key,
-                                    label_key=own.label_key)
+                                    label_key=own.label_key, keys=keys)
 
 
 class _ImageFiles:

@@ -169,10 +169,14 @@ class ImageDataset:
 
 
 def open_image_dataset(name: str, *, data_dir, manual_dir, train_split: str,
-                       eval_split: str | None, image_key: str, label_key: str) -> ImageDataset:
+                       eval_split: str | None, image_key: str, label_key: str,
+                       keys: dict[str, str] | None = None) -> ImageDataset:
   """The TFDS dataset `name` prepared in `data_dir` (prepared first from `manual_dir` where it
-  is not yet), checked for its feature keys and splits; reads no record."""
-  builder = _builder(name, data_dir)
+  is not yet), checked for its feature keys and splits; reads no record. An error names the
+  config keys `keys` gives for 'name', 'train_split' and 'eval_split' (default data.*)."""
+  keys = {'name': 'data.name', 'train_split': 'data.train_split',
+          'eval_split': 'data.eval_split', **(keys or {})}
+  builder = _builder(name, data_dir, keys['name'])
   if manual_dir and not builder.is_prepared():
     try:
       _prepare(name, data_dir, manual_dir, source=manual_dir)
@@ -181,17 +185,21 @@ def open_image_dataset(name: str, *, data_dir, manual_dir, train_split: str,
           f'TFDS cannot prepare {name} from data.manual_dir={manual_dir} here: {error}. Install '
           f'TensorFlow, or prepare it on a machine with it: tfds build {name} --manual_dir='
           f'{manual_dir} --file_format=array_record.') from None
-    builder = _builder(name, data_dir)
+    builder = _builder(name, data_dir, keys['name'])
   eval_split = eval_split or next((s for s in ('test', 'validation') if s in builder.info.splits),
                                   'test')
   features = builder.info.features
   decoders = {image_key: tfds.decode.SkipDecoding()} if _is_encoded(features, image_key) else None
-  train, held_out = (_split_source(builder, key, split, data_dir, decoders)
+  train, held_out = (_split_source(builder, keys[key], split, data_dir, decoders)
                      for key, split in (('train_split', train_split), ('eval_split', eval_split)))
   for key, value, kind in (('image_key', image_key, tfds.features.Image),
                            ('label_key', label_key, tfds.features.ClassLabel)):
     if value not in features or not isinstance(features[value], kind):
       fitting = [k for k in features.keys() if isinstance(features[k], kind)]
+      if not fitting:
+        raise ConfigError(f'{keys["name"]}={name!r} has no {kind.__name__} feature (its '
+                          f'features: {sorted(features.keys())}): give an image-classification '
+                          'dataset.')
       raise ConfigError(f'data.{key}={value!r}: {name} has no {kind.__name__} feature of that '
                         f'name; its {kind.__name__} features: {fitting} (all: '
                         f'{sorted(features.keys())}).')
@@ -369,7 +377,7 @@ def prepared_datasets(data_dir) -> list[str]:
                  for info in root.glob(pattern)})
 
 
-def _builder(name: str, data_dir):
+def _builder(name: str, data_dir, key: str = 'data.name'):
   try:
     return tfds.builder(name, data_dir=data_dir)
   except tfds.core.registered.DatasetNotFoundError:
@@ -377,17 +385,19 @@ def _builder(name: str, data_dir):
     known = prepared + tfds.list_builders(with_community_datasets=False)
     near = difflib.get_close_matches(name, known, n=1)
     raise DataNotFoundError(
-        f'data.name={name!r} is neither prepared in {_shown(data_dir)} (prepared there: '
+        f'{key}={name!r} is neither prepared in {_shown(data_dir)} (prepared there: '
         f'{prepared}) nor a TFDS dataset{f"; did you mean {near[0]!r}?" if near else "."}'
     ) from None
 
 
 def _split_source(builder, key: str, split: str, data_dir, decoders=None):
+  """The split's data source; `key`, the config key naming the split ('train_split': data's)."""
+  key = key if '.' in key else f'data.{key}'
   try:
     return builder.as_data_source(split=split, decoders=decoders)
   except ValueError as error:  # TFDS: "Unknown split 'x'. Should be one of [...]."
     splits = {s: info.num_examples for s, info in builder.info.splits.items()}
-    raise ConfigError(f'data.{key}={split!r}: {error} The splits of {builder.name}: {splits}; '
+    raise ConfigError(f'{key}={split!r}: {error} The splits of {builder.name}: {splits}; '
                       "a slice such as 'train[98%:]' holds out part of one.") from None
   except (AssertionError, NotImplementedError, FileNotFoundError):
     if builder.is_prepared():

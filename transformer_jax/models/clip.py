@@ -17,16 +17,22 @@ import jax.numpy as jnp
 
 from transformer_jax.errors import ConfigError
 from transformer_jax.layers import Linear
-from transformer_jax.model_config import ModelConfig, names
-from transformer_jax.models import common, registry, vit
+from transformer_jax.model_config import BLOCK_CHOICES, ModelConfig, check_choice, names
+from transformer_jax.models import common, encoder, registry, vit
 from transformer_jax.ranges import COUNT, Range
 from transformer_jax.contrastive import ContrastiveSettings, MAX_SCALE
 
 __all__ = ['ClipConfig', 'ClipModel', 'FAMILY', 'param_counts', 'TEXT_POOLS', 'TextTower']
 
-TEXT_POOLS = ('eos', 'last')
+TEXT_POOLS = ('eos', 'last', 'first')
 # The settings each tower sizes for itself; every other block setting is shared.
 _TOWER_SIZES = ('family', 'width', 'num_layers', 'num_heads', 'num_kv_heads', 'd_ff', 'positions')
+# The text tower's settings (its encoder config's) and the keys of config.model that set them.
+TEXT_KEYS = {'width': 'text_width', 'num_layers': 'text_layers', 'num_heads': 'text_heads',
+             'd_ff': 'text_d_ff', 'vocab_size': 'vocab_size', 'max_len': 'max_len',
+             'norm_position': 'text_norm_position', 'norm_eps': 'text_norm_eps',
+             'mlp': 'text_mlp', 'embed_norm': 'text_embed_norm',
+             'type_vocab_size': 'text_type_vocab_size'}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,10 +56,22 @@ class ClipConfig(ModelConfig):
   max_len: int = 32  # text positions: every caption is padded or truncated to this many tokens
   text_causal: bool = True  # CLIP's text tower is causal, SigLIP's bidirectional
   # 'eos': the output at the first EOS token of each caption (CLIP); 'last': at the last
-  # position, padding included (SigLIP, which pads every caption to max_len).
+  # position, padding included (SigLIP, which pads every caption to max_len); 'first': at the
+  # first, BERT's [CLS] (LiT's BERT towers, Zhai et al. 2022).
   text_pool: str = 'eos'
   eos_id: int | None = None  # the EOS token's id; None: the data's tokenizer's
   text_head: bool = False  # a linear map (with bias) of the pooled text (SigLIP)
+  # The text tower's own block and embedding options where they differ from the image tower's,
+  # as a BERT tower's do (the encoder family's settings; None: the shared norm_position and
+  # norm_eps, mlp): post-LN blocks, a norm of the embeddings, token-type rows (every caption
+  # type 0), and the padding id whose tokens no token attends to (None: every token is attended
+  # to).
+  text_norm_position: str | None = None
+  text_norm_eps: float | None = None
+  text_mlp: str | None = None
+  text_embed_norm: bool = False
+  text_type_vocab_size: int = 0
+  text_pad_id: int | None = None
   # The shared embedding: both towers are projected (without bias) to embed_dim; 0: no
   # projections, and the towers' widths must be equal.
   embed_dim: int = 128
@@ -76,6 +94,9 @@ class ClipConfig(ModelConfig):
       'text_d_ff': Range(1, integer=True, optional=True),
       'vocab_size': Range(0, integer=True, example=49408), 'max_len': COUNT,
       'eos_id': Range(0, integer=True, optional=True), 'embed_dim': Range(0, integer=True),
+      'text_norm_eps': Range(0, open_low=True, optional=True),
+      'text_type_vocab_size': Range(0, integer=True),
+      'text_pad_id': Range(0, integer=True, optional=True),
       'temperature': Range(0, open_low=True, optional=True, example=10),
       'bias': Range(optional=True, example=-10)}
   CHOICES: ClassVar = {**ModelConfig.CHOICES, 'image_pool': vit.POOLS, 'text_pool': TEXT_POOLS,
@@ -90,6 +111,12 @@ class ClipConfig(ModelConfig):
       raise ConfigError(f'The image tower is {self.width} wide and the text tower '
                         f'{self.text_width}, with no projection between them: set model.embed_dim '
                         'to the width of a shared embedding, or model.text_width = model.width.')
+    for name in ('norm_position', 'mlp'):
+      if getattr(self, f'text_{name}') is not None:
+        check_choice(f'text_{name}', getattr(self, f'text_{name}'), BLOCK_CHOICES[name])
+    if self.text_pool == 'first' and self.text_causal:
+      raise ConfigError('model.text_pool="first" pools the first token, which a causal tower '
+                        'lets see only itself: set model.text_causal=False.')
     if self.loss == 'softmax' and self.bias is not None:
       raise ConfigError(f'model.bias={self.bias} is for the sigmoid loss (the softmax is the same '
                         'for any bias): unset it, or set model.loss="sigmoid".')
@@ -109,13 +136,18 @@ class ClipConfig(ModelConfig):
         pre_norm=self.pre_norm, patch_bias=self.patch_bias)
 
   @property
-  def text_config(self) -> common.TextConfig:
-    """The text tower's settings: learned positions over max_len tokens."""
-    return common.TextConfig(
-        **self._shared(), family='clip_text', width=self.text_width,
-        num_layers=self.text_layers, num_heads=self.text_heads,
-        d_ff=self.text_d_ff,
-        positions='learned', vocab_size=self.vocab_size, max_len=self.max_len)
+  def text_config(self) -> encoder.EncoderConfig:
+    """The text tower's settings: an encoder's, with learned positions over max_len tokens."""
+    return encoder.EncoderConfig(**{
+        **self._shared(), **{name: getattr(self, key) for name, key in TEXT_KEYS.items()},
+        'family': 'clip_text', 'positions': 'learned',
+        'norm_position': self.text_norm_position or self.norm_position,
+        'norm_eps': self.text_norm_eps or self.norm_eps, 'mlp': self.text_mlp or self.mlp})
+
+  def tower(self, part: str) -> tuple[ModelConfig, dict[str, str]]:
+    """(the settings of the tower `part`, 'image' or 'text'; {its setting: the model.* key
+    that sets it} where the two differ)."""
+    return (self.image_config, {}) if part == 'image' else (self.text_config, TEXT_KEYS)
 
   @property
   def text_hidden_dim(self) -> int:
@@ -128,26 +160,24 @@ class ClipConfig(ModelConfig):
 
 
 class TextTower(nn.Module):
-  """tokens (B, T) -> (B, width) float32: token and position embeddings, the block stack (causal
-  or not), a final norm, the output at one position per caption (`pool`), and with `head` a
-  linear map of it."""
-  cfg: common.TextConfig
+  """tokens (B, T) -> (B, width) float32: the encoder family's stack (`encoder.encode`: causal
+  or not, tokens at `pad_id` hidden from every token), the output at one position per caption
+  (`pool`), and with `head` a linear map of it."""
+  cfg: encoder.EncoderConfig
   causal: bool = True
   pool: str = 'eos'
   eos_id: int | None = None
   head: bool = False
+  pad_id: int | None = None
 
   @nn.compact
   def __call__(self, tokens, *, deterministic=True):
     cfg = self.cfg
     positions = common.default_positions(tokens)
-    x = common.text_embed(cfg, name='embed')(tokens, positions)
-    x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
     mask = common.decoder_mask(positions) if self.causal else None
-    x = common.stack(cfg, cfg.num_layers, name='encoder')(x, mask, positions,
-                                                          deterministic=deterministic)
-    if cfg.final_norm:
-      x = common.norm(cfg)(name='final_norm')(x)
+    if self.pad_id is not None:
+      mask = common.both_masks(mask, common.key_mask(tokens != self.pad_id))
+    x, _ = encoder.encode(cfg, tokens, positions, mask, deterministic=deterministic)
     pooled = x[jnp.arange(x.shape[0]), self._pooled_position(tokens)]
     if self.head:
       pooled = Linear((cfg.width,), ('embed',), ('mlp',), init_std=cfg.init_std,
@@ -155,10 +185,10 @@ class TextTower(nn.Module):
     return pooled.astype(jnp.float32)
 
   def _pooled_position(self, tokens):
-    """(B,): the first EOS of each row ('eos'; 0 for a row without one, as transformers'), or
-    the last position ('last')."""
-    if self.pool == 'last':
-      return jnp.full(tokens.shape[:1], tokens.shape[1] - 1)
+    """(B,): the first EOS of each row ('eos'; 0 for a row without one, as transformers'), the
+    first position ('first') or the last ('last')."""
+    if self.pool != 'eos':
+      return jnp.full(tokens.shape[:1], 0 if self.pool == 'first' else tokens.shape[1] - 1)
     if self.eos_id is None:
       raise ConfigError('model.text_pool="eos" pools at the EOS token, whose id is unknown: set '
                         'model.eos_id, or train on data whose tokenizer has an EOS token.')
@@ -179,7 +209,8 @@ class ClipModel(nn.Module):
     cfg = self.cfg
     text = cfg.text_config
     self.image = vit.ViT(cfg.image_config)
-    self.text = TextTower(text, cfg.text_causal, cfg.text_pool, cfg.eos_id, cfg.text_head)
+    self.text = TextTower(text, cfg.text_causal, cfg.text_pool, cfg.eos_id, cfg.text_head,
+                          cfg.text_pad_id)
     if cfg.embed_dim:
       project = lambda: Linear((cfg.embed_dim,), ('embed',), ('mlp',), use_bias=False,
                                init_std=cfg.init_std, dtype=cfg.compute_dtype,
@@ -254,14 +285,11 @@ def check_data(info: dict, cfg: ClipConfig) -> None:
 
 def param_counts(cfg: ClipConfig) -> dict[str, int]:
   """By part: the projections and the learned scalars count as 'other'."""
-  image = vit.param_counts(cfg.image_config)
-  text_cfg, d = cfg.text_config, cfg.text_width
-  text = common.block_params(text_cfg, text_cfg.num_layers)
+  image, text = vit.param_counts(cfg.image_config), encoder.encoder_params(cfg.text_config)
+  d = cfg.text_width
   projections = cfg.embed_dim * (cfg.width + d)
   return common.with_total({
-      'embedding': image['embedding'] + common.text_embedding_params(text_cfg),
-      'attention': image['attention'] + text['attention'], 'mlp': image['mlp'] + text['mlp'],
-      'norms': image['norms'] + text['norms'] + common.norm_params(text_cfg) * cfg.final_norm,
+      **{part: image[part] + text[part] for part in ('embedding', 'attention', 'mlp', 'norms')},
       'head': (d * d + d) * cfg.text_head,
       'other': image['other'] + projections + len(cfg.contrastive.initial_scalars())})
 
@@ -275,8 +303,8 @@ def _batch_shapes(cfg: ClipConfig, batch_size: int, seq_len=None) -> dict:
 def _stacks(cfg: ClipConfig, seq_len=None) -> list[registry.Stack]:
   del seq_len
   tokens = vit.num_tokens(cfg.image_config)
-  return [registry.Stack('image', cfg.num_layers, tokens, (tokens,)),
-          registry.Stack('text', cfg.text_layers, cfg.max_len, (cfg.max_len,))]
+  return [registry.Stack('image', cfg.num_layers, tokens, (tokens,), cfg.image_config),
+          registry.Stack('text', cfg.text_layers, cfg.max_len, (cfg.max_len,), cfg.text_config)]
 
 
 def _describe(cfg: ClipConfig) -> str:
@@ -304,4 +332,5 @@ FAMILY = registry.register(registry.Family(
     batch_shapes=_batch_shapes, describe=_describe, follow_data=follow_data,
     data_sizes=lambda cfg: {'image_size': cfg.image_size, 'vocab_size': cfg.vocab_size or None,
                             'text_len': cfg.max_len},
-    depth_keys=('num_layers', 'text_layers'), frozen=_locked, starts=_started))
+    depth_keys=('num_layers', 'text_layers'), frozen=_locked, starts=_started,
+    tower=ClipConfig.tower))

@@ -10,7 +10,8 @@ from transformer_jax.layers.mlp import ACTIVATIONS
 from transformer_jax.models import common, registry
 from transformer_jax.ranges import Range
 
-__all__ = ['EncoderConfig', 'EncoderMLM', 'FAMILY', 'forward_flops', 'MlmHead', 'param_counts']
+__all__ = ['encode', 'EncoderConfig', 'encoder_params', 'EncoderMLM', 'FAMILY', 'forward_flops',
+           'MlmHead', 'param_counts']
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,6 +22,31 @@ class EncoderConfig(common.TextConfig):
   type_vocab_size: int = 0  # token-type (segment) embeddings (BERT); 0: none
 
   RANGES: ClassVar = {**common.TextConfig.RANGES, 'type_vocab_size': Range(0, integer=True)}
+
+
+def encode(cfg: EncoderConfig, tokens, positions, mask, token_types=None, *, deterministic):
+  """(hidden states (B, T, width), the TextEmbed, which a tied head reads) of tokens (B, T) at
+  positions (B, T) under `mask` (None: every token sees every token), built in the scope of the
+  calling module (its compact method): the token, position and type embeddings, BERT's norm of
+  them, dropout, the blocks and a pre-LN stack's final norm."""
+  embed = common.text_embed(cfg, cfg.type_vocab_size, name='embed')
+  x = embed(tokens, positions, token_types)
+  if cfg.embed_norm and cfg.use_norm:
+    x = common.norm(cfg)(name='embed_norm')(x)
+  x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+  x = common.stack(cfg, cfg.num_layers, name='encoder')(x, mask, positions,
+                                                        deterministic=deterministic)
+  if cfg.final_norm:
+    x = common.norm(cfg)(name='final_norm')(x)
+  return x, embed
+
+
+def encoder_params(cfg: EncoderConfig) -> dict[str, int]:
+  """The parameters of `encode` by part: 'embedding', 'attention', 'mlp', 'norms'."""
+  blocks, norm = common.block_params(cfg, cfg.num_layers), common.norm_params(cfg)
+  norms = norm * (cfg.final_norm + (cfg.embed_norm and cfg.use_norm))
+  return {**blocks, 'embedding': common.text_embedding_params(cfg, cfg.type_vocab_size),
+          'norms': blocks['norms'] + norms}
 
 
 class MlmHead(nn.Module):
@@ -69,27 +95,18 @@ class EncoderMLM(nn.Module):
     if positions is None:
       positions = common.default_positions(tokens)
     mask = common.both_masks(common.key_mask(valid), attention_mask)
-    embed = common.text_embed(cfg, cfg.type_vocab_size, name='embed')
-    x = embed(tokens, positions, token_types)
-    if cfg.embed_norm and cfg.use_norm:
-      x = common.norm(cfg)(name='embed_norm')(x)
-    x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
-    x = common.stack(cfg, cfg.num_layers, name='encoder')(x, mask, positions,
-                                                          deterministic=deterministic)
-    if cfg.final_norm:
-      x = common.norm(cfg)(name='final_norm')(x)
+    x, embed = encode(cfg, tokens, positions, mask, token_types, deterministic=deterministic)
     # The head's norm stays whatever the ablations remove: it belongs to the head.
     return MlmHead(cfg.vocab_size, common.norm(cfg), cfg.mlp, cfg.tie_embeddings, cfg.init_std,
                    cfg.compute_dtype, cfg.weight_dtype, name='head')(x, embed)
 
 
 def param_counts(cfg: EncoderConfig) -> dict[str, int]:
-  blocks, d, norm = common.block_params(cfg, cfg.num_layers), cfg.width, common.norm_params(cfg)
-  norms = norm * (cfg.final_norm + (cfg.embed_norm and cfg.use_norm))
+  d = cfg.width
   return common.with_total({
-      **blocks, 'embedding': common.text_embedding_params(cfg, cfg.type_vocab_size),
-      'norms': blocks['norms'] + norms,
-      'head': d * d + d + norm + common.untied_head_params(cfg) + cfg.vocab_size})
+      **encoder_params(cfg),
+      'head': d * d + d + common.norm_params(cfg) + common.untied_head_params(cfg)
+              + cfg.vocab_size})
 
 
 def forward_flops(cfg: EncoderConfig, seq_len=None, target_len=None) -> dict[str, int]:

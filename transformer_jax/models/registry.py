@@ -38,11 +38,14 @@ def _no_lengths(batch: dict) -> tuple[int | None, int | None]:
 @dataclasses.dataclass(frozen=True)
 class Stack:
   """A stack of blocks as the memory plan counts it: `blocks` blocks over `tokens` positions per
-  example, each block's attentions over `keys` keys each (self-attention, then cross-attention)."""
+  example, each block's attentions over `keys` keys each (self-attention, then cross-attention),
+  sized by `config` (None: the family's config; a dual encoder's tower: its own). A stack named
+  as a parameter subtree the family's `frozen` names keeps nothing for a backward pass."""
   name: str
   blocks: int
   tokens: int
   keys: tuple[int, ...]
+  config: ModelConfig | None = None
 
 
 def _one_stack(cfg: ModelConfig, seq_len: int) -> list[Stack]:
@@ -145,6 +148,9 @@ class Family:
     gradient.
   starts: cfg -> {subtree: source} of the parameter subtrees a run starts from another run's
     workdir (WORKDIR[:STEP]) or a Hugging Face directory (train.towers loads them).
+  tower: (cfg, subtree) -> (the settings of the part a source fills, {a setting of them: the
+    model.* key that sets it} where the names differ), which train.towers checks the source's
+    against (a dual encoder's text tower: an encoder config, its width set by text_width).
 
   Sampling, for a family that does not decode text:
   sample_settings: the Settings class of config.sample (None: decode.SampleSettings), with
@@ -183,6 +189,8 @@ class Family:
   depth_keys: tuple[str, ...] = ('num_layers',)
   frozen: Callable[[ModelConfig], tuple[str, ...]] = lambda cfg: ()
   starts: Callable[[ModelConfig], dict[str, str]] = lambda cfg: {}
+  tower: Callable[[ModelConfig, str], tuple[ModelConfig, dict[str, str]]] = (
+      lambda cfg, part: (cfg, {}))
   sample_settings: type | None = None
   sample: Callable[..., Any] | None = None
   eval_settings: type | None = None

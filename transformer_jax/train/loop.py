@@ -34,6 +34,7 @@ def train(config, workdir: str):
   """Trains for config.training.steps, resuming from the workdir's latest checkpoint. Refuses a
   workdir that another run trains in (workdir_lock)."""
   run = build_run(config, workdir)  # writes nothing: a config it refuses leaves no trace
+  check_evaluation(run)
   with workdir_lock.held(workdir):
     return _train(run, workdir)
 
@@ -295,6 +296,14 @@ def _log_once(message: str) -> None:
   log.info(message)
 
 
+def check_evaluation(run: Run) -> None:
+  """Refuses, before anything compiles, evaluation settings the task cannot score (its
+  check_evaluation: a dual encoder's zero-shot dataset, split and classes)."""
+  check = getattr(run.data.task, 'check_evaluation', None)
+  if check is not None:
+    check(run.settings.eval)
+
+
 def evaluate_params(run: Run, eval_step, params) -> dict:
   """eval_loss and eval_accuracy over the held-out batches; for a classifier
   eval_top5_accuracy, for text eval_bits_per_byte (the summed loss in bits over the UTF-8 bytes
@@ -377,6 +386,7 @@ def evaluate_and_log(run: Run, eval_step, params, step: int, writer) -> None:
 def evaluate(config, workdir: str | None) -> dict:
   """--mode=eval: the parameters of the workdir's latest checkpoint on the held-out split."""
   run, params, step = restore_trained(config, workdir)
+  check_evaluation(run)
   results = evaluate_params(run, run.eval_step, params)
   log.info('Step %d: %s', step, results)
   return {'step': step, **results}

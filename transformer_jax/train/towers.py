@@ -17,7 +17,11 @@ from transformer_jax.train import checkpoint
 
 __all__ = ['started', 'source_params']
 
-# The settings that change what the blocks compute without changing a parameter's shape.
+# The settings a source must share with the part it fills: its sizes (d_ff as it takes effect;
+# not max_len, as a longer position table is cut) and what changes what the blocks compute.
+_SIZES = {'width': 'width', 'num_layers': 'num_layers', 'num_heads': 'num_heads',
+          'num_kv_heads': 'kv_heads', 'd_ff': 'hidden_dim', 'vocab_size': 'vocab_size',
+          'type_vocab_size': 'type_vocab_size', 'embed_norm': 'embed_norm'}
 _COMPUTES = ('norm', 'norm_eps', 'norm_position', 'mlp', 'positions', 'scale_attention',
              'scale_embeddings', 'use_attention', 'use_mlp', 'use_norm', 'use_residual')
 _HEAD = 'head'  # a classifier's or an MLM head, which a tower does not have
@@ -32,7 +36,8 @@ def source_params(source: str, key: str) -> tuple[dict, ModelConfig]:
     workdir, step = source, ''
   if not os.path.isdir(os.path.join(workdir, 'checkpoints')):
     if os.path.isfile(os.path.join(source, 'config.json')):
-      return convert.load_params(source), models.model_config(convert.load_model_config(source))
+      return (convert.load_params(source, head=False),
+              models.model_config(convert.load_model_config(source)))
     raise ConfigError(f'{key}={source}: neither a run\'s workdir (checkpoints/) nor a Hugging '
                       'Face directory (config.json): give one (a workdir optionally with :STEP).')
   saved = config_lib.saved_config(workdir)
@@ -51,16 +56,17 @@ def source_params(source: str, key: str) -> tuple[dict, ModelConfig]:
 
 def started(params: dict, parts: dict[str, str], cfg: ModelConfig) -> dict:
   """`params` (of a model of `cfg`) with each part of `parts` ({name: source}) taken from its
-  source, whose block options must be cfg's (a dual encoder's towers share them)."""
+  source, whose sizes and block options must be the part's (its family's `tower`)."""
   params = dict(params)
+  tower = models.family_of(cfg).tower
   for part, source in parts.items():
     key = f'model.{part}_init'
     theirs, their_cfg = source_params(source, key)
-    _check_computes(key, source, their_cfg, cfg)
     if their_cfg.family == cfg.family:  # the same part of a model like this one
-      theirs = theirs.get(part, {})
+      theirs, their_cfg = theirs.get(part, {}), tower(their_cfg, part)[0]
     else:
       theirs = {name: tree for name, tree in theirs.items() if name != _HEAD}
+    _check_settings(key, source, their_cfg, *tower(cfg, part))
     ours = models.unstack_layers(params[part])
     fitted = _fitted(key, source, traverse_util.flatten_dict(theirs),
                      traverse_util.flatten_dict(ours))
@@ -69,12 +75,20 @@ def started(params: dict, parts: dict[str, str], cfg: ModelConfig) -> dict:
   return params
 
 
-def _check_computes(key: str, source: str, theirs: ModelConfig, ours: ModelConfig) -> None:
-  for name in _COMPUTES:
-    if hasattr(theirs, name) and hasattr(ours, name) and (
-        getattr(theirs, name) != getattr(ours, name)):
-      raise ConfigError(f'{key}={source} has {name}={getattr(theirs, name)!r} where the tower '
-                        f'has {getattr(ours, name)!r}: set model.{name}={getattr(theirs, name)!r}.')
+def _check_settings(key: str, source: str, theirs: ModelConfig, ours: ModelConfig,
+                    keys: dict[str, str]) -> None:
+  """A ConfigError naming the first setting (_SIZES, _COMPUTES) of the part, `ours`, that its
+  source, `theirs`, has otherwise, and the model.* key (`keys`, else its own name) to set."""
+  for name, attribute in {**_SIZES, **{name: name for name in _COMPUTES}}.items():
+    if hasattr(theirs, attribute) and hasattr(ours, attribute) and (
+        getattr(theirs, attribute) != getattr(ours, attribute)):
+      value, setting = getattr(theirs, attribute), keys.get(name, name)
+      # Its token ids are those of its own tokenizer, which the captions must be read with.
+      tokenizer = os.path.join(source, 'tokenizer.json')
+      also = (f' with data.tokenizer={source}, its tokenizer'
+              if name == 'vocab_size' and os.path.isfile(tokenizer) else '')
+      raise ConfigError(f'{key}={source} has {name}={value!r} where the tower has '
+                        f'{getattr(ours, attribute)!r}: set model.{setting}={value!r}{also}.')
 
 
 def _fitted(key: str, source: str, theirs: dict, ours: dict) -> dict:
