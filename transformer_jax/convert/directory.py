@@ -112,13 +112,13 @@ def load_params(path, model: ModelConfig | dict | None = None) -> dict:
   model.param_dtype (stacked under 'layers' if model.scan_layers).
 
   `model` (default: the checkpoint's own config) may change how the model runs (dtype,
-  param_dtype, scan_layers, remat_policy, dropout_rate) but not what it computes: an option
-  that differs from config.json fails, naming it.
+  param_dtype, scan_layers, remat_policy) and trains (its dropout rates) but not what it
+  computes: an option that differs from config.json fails, naming it.
   """
   hf_values = read_config(path)
   arch, fields = architecture_of(hf_values), model_config_of(hf_values, tensor_names(path))
   cfg = models.model_config(fields if model is None else model)
-  differences = _differences(fields, cfg, 'config.json')
+  differences = _differences(fields, cfg, 'config.json', ignored=tuple(cfg.dropout_rates))
   if differences:
     raise CheckpointError(f'The model config differs from the checkpoint {path}: '
                           f'{"; ".join(differences)}. Drop these overrides.')
@@ -219,17 +219,20 @@ def _check_complete(arch: Architecture, unused: dict, unfilled: set[str], path):
 def _effective(cfg: ModelConfig, key: str):
   """An option's value as it takes effect: d_ff=None (a dual encoder's text_d_ff=None) is the
   default width, num_kv_heads=None one key-value head per query head, num_decoder_layers=None the
-  encoder's depth."""
+  encoder's depth, a dropout rate None (attention_dropout, ...) model.dropout_rate."""
   effective = {'d_ff': 'hidden_dim', 'num_kv_heads': 'kv_heads',
-               'num_decoder_layers': 'decoder_layers', 'text_d_ff': 'text_hidden_dim'}
+               'num_decoder_layers': 'decoder_layers', 'text_d_ff': 'text_hidden_dim',
+               'attention_dropout': 'attention_dropout_rate', 'mlp_dropout': 'mlp_dropout_rate',
+               'final_dropout': 'final_dropout_rate'}
   return getattr(cfg, effective.get(key, key))
 
 
-def _differences(fields: dict, cfg: ModelConfig, where: str) -> list[str]:
-  """The options of `fields` (`where`'s) that `cfg` sets otherwise."""
+def _differences(fields: dict, cfg: ModelConfig, where: str, ignored: tuple = ()) -> list[str]:
+  """The options of `fields` (`where`'s), but the `ignored` ones, that `cfg` sets otherwise."""
   reference = models.model_config(fields)
   return [f'model.{key}={_effective(cfg, key)!r} where {where} has {_effective(reference, key)!r}'
-          for key in fields if _effective(cfg, key) != _effective(reference, key)]
+          for key in fields
+          if key not in ignored and _effective(cfg, key) != _effective(reference, key)]
 
 
 def _expressed(cfg: ModelConfig, name: str | None) -> tuple[Architecture, dict]:

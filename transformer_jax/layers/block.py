@@ -46,10 +46,12 @@ class Block(nn.Module):
 
   `attention`, `mlp`, `cross_attention` and `norm` are module factories, called with the
   sublayer's name ('attn', 'cross_attn', 'mlp'; norms '<sublayer>_norm'): pass your own module to
-  try a new sublayer. `cross_attention` None: a block without one; `norm` None: no norms. The
-  ablations keep a sublayer's place but make it write nothing: use_attention=False or
-  use_mlp=False adds zero to the residual stream (a post-LN block still normalizes there), and
-  use_residual=False drops the `x +` of every sublayer.
+  try a new sublayer. Each sublayer is called with the block's `deterministic` (its own dropout:
+  of the attention probabilities, of the MLP's hidden activation). `dropout_rate` drops each
+  sublayer's output before the residual add. `cross_attention` None: a block without one;
+  `norm` None: no norms. The ablations keep a sublayer's place but make it write nothing:
+  use_attention=False or use_mlp=False adds zero to the residual stream (a post-LN block still
+  normalizes there), and use_residual=False drops the `x +` of every sublayer.
 
   A conditioned norm (a class with `conditioned = True`, such as AdaLNZero: DiT's adaLN-Zero)
   is called as norm(x, encoded) -> (h, gate), `encoded` being the conditioning vector (B, C),
@@ -96,14 +98,14 @@ class Block(nn.Module):
     x = axes.constrain(x, axes.EMBED)  # the residual stream between blocks
     attend = lambda h: self.attention(name='attn')(
         h, mask=mask, positions=positions, cache_index=cache_index,
-        **({} if bias is None else {'bias': bias}))
+        deterministic=self.deterministic, **({} if bias is None else {'bias': bias}))
     x = self._sublayer(x, attend, 'attn', self.use_attention, encoded)
     if self.cross_attention is not None:
       cross = lambda h: self.cross_attention(name='cross_attn')(
-          h, encoded, mask=cross_mask, cache_index=cache_index)
+          h, encoded, mask=cross_mask, cache_index=cache_index, deterministic=self.deterministic)
       x = self._sublayer(x, cross, 'cross_attn', self.use_attention)
-    x = axes.constrain(self._sublayer(x, self.mlp(name='mlp'), 'mlp', self.use_mlp, encoded),
-                       axes.EMBED)
+    feed_forward = lambda h: self.mlp(name='mlp')(h, deterministic=self.deterministic)
+    x = axes.constrain(self._sublayer(x, feed_forward, 'mlp', self.use_mlp, encoded), axes.EMBED)
     return (x, None) if self.scanned else x
 
   def _sublayer(self, x, fn, name, present, encoded=None):

@@ -62,8 +62,8 @@ class StepSettings:
     training = settings.training
     return cls(seed=settings.seed, grad_accum_steps=training.grad_accum_steps,
                label_smoothing=training.label_smoothing,
-               dropout=settings.model.dropout_rate > 0, parallelism=settings.parallelism,
-               rules=settings.rules, ema_decay=training.ema_decay)
+               dropout=any(rate > 0 for rate in settings.model.dropout_rates.values()),
+               parallelism=settings.parallelism, rules=settings.rules, ema_decay=training.ema_decay)
 
 
 def _microbatches(batch, num: int):

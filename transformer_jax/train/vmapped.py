@@ -26,6 +26,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from transformer_jax import config_lib
+from transformer_jax.errors import ConfigError
 from transformer_jax.train import checkpoint, loop, optim, setup, workdir_lock
 from transformer_jax.train.setup import Run
 from transformer_jax.train.sharding import DATA_AXIS
@@ -87,6 +88,7 @@ class _Program:
   @classmethod
   def of(cls, runs: list[Run]) -> '_Program':
     first = runs[0]
+    _check_dropout(first.model_config)
     opt = first.settings.optimizer
     traced = tuple(name for name in _OPTIMIZER_NUMBERS
                    if not (f'optimizer.{name}' in _SWITCHES and not getattr(opt, name)))
@@ -106,6 +108,17 @@ class _Program:
   def stack(self, states):
     return jax.jit(lambda *s: jax.tree.map(lambda *x: jnp.stack(x), *s),
                    out_shardings=self.state_sharding)(*states)
+
+
+def _check_dropout(cfg) -> None:
+  """The stacked step traces one number for dropout, model.dropout_rate, which every nn.Dropout
+  takes: a model that also drops at a rate of its own (attention probabilities in the kernel, an
+  MLP's activation, a stack's output) fails, naming it."""
+  extra = [name for name, rate in cfg.dropout_rates.items() if name != 'dropout_rate' and rate]
+  if extra:
+    raise ConfigError(f'A vmapped sweep traces model.dropout_rate only, and model.{extra[0]} '
+                      f'drops at {cfg.dropout_rates[extra[0]]}: set model.{extra[0]}=0, or train '
+                      'the runs one after another (vmap=False).')
 
 
 def _batch_of(batches: list[dict], mesh) -> dict:
