@@ -75,8 +75,9 @@ class ModelConfig:
   use_residual: bool = True
   # Dropout in training: dropout_rate of the embeddings and of each sublayer's output before the
   # residual add; attention_dropout of the attention probabilities (a kernel that forms them:
-  # 'auto' runs the reference kernel) and mlp_dropout of the MLP's hidden activation. None
-  # follows dropout_rate, as T5 (and its style) drops everywhere at one rate.
+  # 'auto' then runs the reference kernel, a fused one fails in training) and mlp_dropout of
+  # the MLP's hidden activation. None follows dropout_rate, as T5 (and its style) drops
+  # everywhere at one rate.
   dropout_rate: float = 0.0
   attention_dropout: float | None = 0.0
   mlp_dropout: float | None = 0.0
@@ -158,7 +159,6 @@ class ModelConfig:
                         f'{_divisors_near(self.width, self.num_heads)}), or set '
                         'model.head_width.')
     attention.check_kv_heads(self.num_heads, self.num_kv_heads, prefix='model.')
-    kernels.check_dropout(self.attention_kernel, self.attention_dropout_rate, prefix='model.')
     if self.positions == 'rope':
       attention.check_rope(self.head_dim, self.rope_base, prefix='model.')
 

@@ -24,6 +24,7 @@ import numpy as np
 from transformer_jax.data import corpus as corpus_lib
 from transformer_jax.data import images, rng, seq2seq, sources, text_data
 from transformer_jax.data.settings import DataPart, DataSettings, register_part
+from transformer_jax.data.vocab import decoder_start_id
 from transformer_jax.errors import ConfigError
 
 __all__ = ['ClassificationAsTextTask', 'make_classification_as_text', 'TextToTextSettings']
@@ -97,7 +98,7 @@ class ClassificationAsTextTask:
     self.vocab, self.token_bytes = tokenizer, tokenizer.token_bytes
     self.seq_len, self.seed, self.prefix = seq_len, seed, prefix
     self.pad_id = tokenizer.pad_id or 0
-    self.start_id = self.pad_id if tokenizer.bos_id is None else tokenizer.bos_id
+    self.start_id = decoder_start_id(tokenizer)
     self.words = [tokenizer.encode(word) for word in words]
     longest = max(len(word) for word in self.words)
     if longest + 1 > seq_len:

@@ -14,8 +14,8 @@ if the model passes one (a kernel is called without it when there is none).
 Dropout of the attention probabilities (in training, T5's and BERT's) needs a kernel that
 computes them: one marked `reference.takes_dropout` takes `dropout_rate` and `dropout_rng`
 keywords ('reference'; 'auto', which then runs it on every platform). A kernel is called without
-them where nothing is dropped; naming a kernel that cannot drop together with a rate fails
-(`check_dropout`).
+them where nothing is dropped; a layer refuses a kernel that cannot drop together with a rate
+(`layers.attention.check_dropout`).
 
 Kernels by name:
   'reference'  plain einsums (`reference.attention`): the definition the others are tested by.
@@ -42,10 +42,9 @@ from typing import Callable
 
 import jax
 
-from transformer_jax.errors import ConfigError
 from transformer_jax.kernels import cache, contraction, cpu, cudnn, masks, reference, xla
 
-__all__ = ['bias_argument', 'check_dropout', 'Choice', 'Kernel', 'cache', 'contraction',
+__all__ = ['bias_argument', 'Choice', 'Kernel', 'cache', 'contraction',
            'current_name', 'dropout_argument', 'function', 'keeps_weights', 'masks', 'names',
            'reference', 'register', 'resolve', 'takes_dropout']
 
@@ -140,17 +139,6 @@ def takes_dropout(kernel: str | Kernel) -> bool:
   return getattr(function(kernel), 'takes_dropout', False)
 
 
-def check_dropout(kernel: str | Kernel, rate: float, prefix: str = '') -> None:
-  """Fails where attention probabilities are to be dropped at `rate` > 0 and `kernel` cannot
-  (a fused kernel never forms them), naming the fix; `prefix` is where the settings live
-  ('model.' in a run's config)."""
-  if rate > 0 and not takes_dropout(kernel):
-    name = kernel if isinstance(kernel, str) else getattr(kernel, '__name__', repr(kernel))
-    raise ConfigError(f'{prefix}attention_kernel={name!r} cannot drop attention probabilities, '
-                      f"which the model drops at rate {rate}: set {prefix}attention_kernel='auto' "
-                      f"or 'reference', or {prefix}attention_dropout=0.")
-
-
 def current_name(name: str) -> str:
   """A kernel's name today: a former name (saved by earlier configs) becomes its kernel's."""
   return _RENAMED.get(name, name)
@@ -182,9 +170,8 @@ def resolve(kernel: str | Kernel, platform: str | None = None,
   """The kernel to run for `platform` ('cpu', 'gpu', 'tpu': the platform of the devices the step
   is compiled for, which need not be the machine's own). Only 'auto' reads the platform; without
   one, 'auto' is the kernel of whichever platform the step is lowered for. Where the model drops
-  attention probabilities in training (`dropout_rate` > 0), 'auto' is the reference kernel, and
-  a kernel that cannot drop them fails (`check_dropout`)."""
-  check_dropout(kernel, dropout_rate)
+  attention probabilities in training (`dropout_rate` > 0), 'auto' is the reference kernel on
+  every platform."""
   if dropout_rate > 0 and isinstance(kernel, str) and current_name(kernel) == 'auto':
     return Choice('reference', _KERNELS['reference'],
                   'auto with attention dropout: the reference kernel forms the probabilities it '
