@@ -183,7 +183,7 @@ def decoder_start(vocab, hf: str) -> int:
   """The token an encoder-decoder writes from: config.json's decoder_start_token_id for a
   Hugging Face checkpoint that names one (T5's pad id 0), else the one its training data shifted
   the targets by (BOS, else PAD)."""
-  start = convert.read_config(hf).get('decoder_start_token_id') if hf else None
+  start = convert.decoder_start_token_id(hf) if hf else None
   return data.vocab.decoder_start_id(vocab) if start is None else start
 
 

@@ -30,8 +30,9 @@ from transformer_jax.convert.whisper import WHISPER
 from transformer_jax.model_config import ModelConfig
 
 __all__ = [
-    'architecture_of', 'ARCHITECTURES', 'eos_token_id', 'load', 'load_model_config', 'load_params',
-    'model_config_of', 'read_config', 'read_tensors', 'save', 'tensor_names']
+    'architecture_of', 'ARCHITECTURES', 'decoder_start_token_id', 'eos_token_id', 'load',
+    'load_model_config', 'load_params', 'model_config_of', 'read_config', 'read_tensors', 'save',
+    'tensor_names']
 
 ARCHITECTURES = {arch.name: arch
                  for arch in (GPT2, LLAMA, VIT, BERT, WHISPER, CLIP, SIGLIP, T5)}
@@ -70,6 +71,12 @@ def eos_token_id(path) -> int | None:
   it lists several)."""
   eos = read_config(path).get('eos_token_id')
   return eos[0] if isinstance(eos, list) else eos
+
+
+def decoder_start_token_id(path) -> int | None:
+  """The token an encoder-decoder checkpoint's decoder writes from: config.json's
+  decoder_start_token_id (T5's pad id 0), None where it names none."""
+  return read_config(path).get('decoder_start_token_id')
 
 
 def load_model_config(path) -> dict:
