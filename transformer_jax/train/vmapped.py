@@ -88,7 +88,6 @@ class _Program:
   @classmethod
   def of(cls, runs: list[Run]) -> '_Program':
     first = runs[0]
-    _check_dropout(first.model_config)
     opt = first.settings.optimizer
     traced = tuple(name for name in _OPTIMIZER_NUMBERS
                    if not (f'optimizer.{name}' in _SWITCHES and not getattr(opt, name)))
@@ -133,6 +132,7 @@ def lowered_step(runs: list[Run], batch: dict):
   """The stacked step of `runs` (one group) lowered for the runs' devices (a target's
   compile-only devices where they were built on them, as aot.compiled_stacked_step does) on
   abstract states and numbers, `batch` giving one run's batch as ShapeDtypeStructs."""
+  _check_dropout(runs[0].model_config)
   program = _Program.of(runs)
   stacked = lambda a, s: jax.ShapeDtypeStruct((len(runs), *a.shape), a.dtype, sharding=s)
   state = jax.tree.map(stacked, runs[0].abstract_state, program.state_sharding)
@@ -170,6 +170,7 @@ def train_group(configs, workdirs: list[str]) -> list[str | None]:
     raise ValueError('These runs differ in more than the vmapped numbers '
                      f'({", ".join(VMAPPED_KEYS)}): split them with vmapped.groups.')
   runs = [setup.build_run(c, w) for c, w in zip(configs, workdirs)]
+  _check_dropout(runs[0].model_config)
   with contextlib.ExitStack() as stack:
     for workdir in workdirs:
       stack.enter_context(workdir_lock.held(workdir))
