@@ -455,3 +455,23 @@ def test_each_dropout_is_off_when_deterministic_or_at_rate_zero(rng, family, rat
   first = training(dropping, jax.random.key(1))
   assert np.abs(first - expected).max() > 1e-3
   np.testing.assert_array_equal(training(dropping, jax.random.key(1)), first)
+
+
+def test_a_sublayer_of_ones_own_need_not_take_deterministic(rng):
+  """Block gives `deterministic` only to a sublayer whose __call__ takes it: one of your own
+  without it trains under the block's dropout, beside an Attention that drops its own."""
+
+  class Doubled(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return 2 * x
+
+  block = layers.Block(
+      attention=functools.partial(layers.Attention, num_heads=2, head_dim=4,
+                                  kernel='reference', dropout_rate=0.5),
+      mlp=Doubled, dropout_rate=0.1, deterministic=False)
+  x = jax.random.normal(rng, (2, 5, 8))
+  params = block.init({'params': rng, 'dropout': rng}, x)
+  out = lambda key: block.apply(params, x, rngs={'dropout': jax.random.key(key)})
+  np.testing.assert_array_equal(out(1), out(1))
+  assert not np.allclose(out(1), out(2))
