@@ -5,7 +5,10 @@ unscaled attention logits, a vocabulary of 32,128 shared by encoder, decoder and
 counts them.
 
 get_config('v1_1'): T5 1.1 small: 8 + 8 blocks, 6 heads of 64 (384 wide in D = 512), gated-GELU
-hidden 1024, an untied head: 76,961,152 parameters. Dropout 0.1 in both, as T5 pre-trains.
+hidden 1024, an untied head: 76,961,152 parameters. Dropout 0.1 in both, as T5 pre-trains,
+wherever T5 drops: the embeddings, the attention probabilities (so 'auto' runs the reference
+attention kernel in training), the feed-forward activation, each sublayer's output and each
+stack's final-norm output.
 
 This config describes the model (--mode=describe) and receives converted weights
 (configs/from_hf.py:path=DIR). It pre-trains with T5's span corruption of any text source

@@ -271,3 +271,46 @@ def test_a_registered_kernel_is_selectable_and_auto_picks_it_for_its_platform(mo
   for reserved in ('auto', 'einsum'):
     with pytest.raises(ValueError, match='reserved'):
       kernels.register(reserved, kernels.xla.attention)
+
+
+def _dropped_weights(kernel, rng=None, b=2, t=64, h=4, s=32, **dropout):
+  """(the kernel's probabilities after `dropout` (its keyword arguments), before) of random
+  queries over s keys: values that are the identity (head_dim = s, value j the unit vector e_j)
+  make the output the probabilities themselves."""
+  q = jax.random.normal(jax.random.key(0), (b, t, h, s))
+  k = jax.random.normal(jax.random.key(1), (b, s, 2, s))
+  v = jnp.broadcast_to(jnp.eye(s)[None, :, None, :], (b, s, 2, s))
+  out = kernels.function(kernel)(q, k, v, scale=0.5, **dropout)
+  weights = kernels.reference.weights(q, k, None, 0.5)
+  return np.asarray(jnp.swapaxes(out, 1, 2)), np.asarray(weights)
+
+
+@pytest.mark.parametrize('kernel', ['reference', 'auto'])
+def test_attention_dropout_zeroes_a_share_p_and_scales_the_kept_by_one_over_one_minus_p(kernel):
+  """T5's dropout of the attention probabilities: of 2 * 4 * 64 * 32 = 16384 entries a share p
+  is zeroed (within 4 standard errors), each kept one is its probability / (1 - p); the same
+  key gives the same output, another key another one; rate 0 is the plain kernel exactly."""
+  rate = 0.3
+  dropping = lambda seed: _dropped_weights(
+      kernel, **kernels.dropout_argument(rate, jax.random.key(seed)))[0]
+  dropped, weights = _dropped_weights(kernel, dropout_rate=rate, dropout_rng=jax.random.key(5))
+  zeroed = dropped == 0
+  assert abs(zeroed.mean() - rate) < 4 * np.sqrt(rate * (1 - rate) / zeroed.size)
+  np.testing.assert_allclose(dropped[~zeroed], weights[~zeroed] / (1 - rate), rtol=1e-5)
+  np.testing.assert_array_equal(dropping(5), dropped)
+  assert not np.array_equal(dropping(6), dropped)
+  plain = _dropped_weights(kernel)[0]
+  np.testing.assert_array_equal(
+      _dropped_weights(kernel, dropout_rate=0.0, dropout_rng=jax.random.key(5))[0], plain)
+  np.testing.assert_allclose(plain, weights, atol=1e-6)
+
+
+def test_auto_resolves_to_the_reference_kernel_where_attention_probabilities_are_dropped():
+  for platform in ('cpu', 'gpu', 'tpu', None):
+    choice = kernels.resolve('auto', platform, dropout_rate=0.1)
+    assert (choice.name, choice.fn) == ('reference', kernels.reference.attention)
+  assert kernels.resolve('auto', 'gpu').name == 'cudnn'  # no dropout: the platform's own
+  cfg = tiny('encoder_decoder', dropout_rate=0.1, attention_dropout=None)
+  assert models.resolved(cfg, 'tpu')[0].attention_kernel == 'reference'
+  assert kernels.takes_dropout('reference') and kernels.takes_dropout('auto')
+  assert not any(kernels.takes_dropout(name) for name in ('xla', 'cpu', 'cudnn', 'splash'))

@@ -119,10 +119,13 @@ def test_bad_t5_settings_fail_in_one_line_naming_the_fix(overrides, message):
 
 
 def test_dropout_changes_training_logits_only(rng):
-  """model.dropout_rate drops the embeddings and every sublayer's output in training (as T5's
-  dropout_rate does there); evaluation computes the model without it."""
-  cfg = tiny('encoder_decoder', **styles.STYLES['t5'], dropout_rate=0.1, dtype='float32')
-  plain = models.build(tiny('encoder_decoder', **styles.STYLES['t5'], dtype='float32'))
+  """model.dropout_rate in the T5 style drops wherever T5's dropout_rate does in training (the
+  embeddings, attention probabilities, feed-forward activations, sublayer outputs and final-norm
+  outputs: each is tested in test_layers); evaluation computes the model without it."""
+  t5 = dict(styles.STYLES['t5'], dtype='float32', attention_kernel='reference')
+  cfg = tiny('encoder_decoder', **t5, dropout_rate=0.1)
+  assert set(cfg.dropout_rates.values()) == {0.1}
+  plain = models.build(tiny('encoder_decoder', **t5))
   model = models.build(cfg)
   inputs = jax.random.randint(rng, (2, 7), 0, 40)
   params = nn.meta.unbox(model.init(rng, inputs, inputs)['params'])

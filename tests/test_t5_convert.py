@@ -3,11 +3,13 @@
 tokens and parameter counts as the converted ones, exports load in transformers, and how the
 head is tied and scaled follows the checkpoint as transformers reads it."""
 import json
+import shutil
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import safetensors.numpy
+import tokenizers
 import torch
 import transformers
 
@@ -234,3 +236,41 @@ def test_export_mode_writes_a_trained_t5_that_transformers_runs(tmp_path, style)
                        attention_mask=torch.from_numpy(valid.astype(np.int64)),
                        decoder_input_ids=torch.from_numpy(targets)).logits.numpy()
   np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4, rtol=0)
+
+
+def test_t5_dropout_rate_imports_as_every_dropout_of_t5_and_exports_back(checkpoint, tmp_path):
+  """config.json's dropout_rate 0.2 is model.dropout_rate, which the T5 style applies everywhere
+  T5 drops; export writes it back, and a model that drops elsewhere at another rate is one T5's
+  config cannot express. A fine-tune may load the weights at another rate."""
+  _, path = checkpoint('t5')
+  source = rewrite(path, tmp_path, config={'dropout_rate': 0.2})
+  fields, params = convert.load(source)
+  assert models.model_config(fields).dropout_rates == {
+      'dropout_rate': 0.2, 'attention_dropout': 0.2, 'mlp_dropout': 0.2, 'final_dropout': 0.2}
+  convert.save(tmp_path / 'export', fields, params)
+  assert json.loads((tmp_path / 'export' / 'config.json').read_text())['dropout_rate'] == 0.2
+  assert transformers.T5Config.from_pretrained(tmp_path / 'export').dropout_rate == 0.2
+  assert_same_tree(convert.load_params(source, dict(fields, dropout_rate=0.0)), params)
+  with pytest.raises(convert.CheckpointError, match='cannot express model.attention_dropout=0.0 '
+                     'where T5ForConditionalGeneration has 0.2'):
+    convert.save(tmp_path / 'other', dict(fields, attention_dropout=0.0), params)
+
+
+def test_from_hf_samples_a_t5_without_bos_from_its_decoder_start_as_transformers(checkpoint,
+                                                                                   tmp_path):
+  """--mode=sample of a T5 checkpoint whose tokenizer.json has no BOS (T5's has none): the
+  decoder writes from config.json's decoder_start_token_id (0), greedy as transformers."""
+  model, path = checkpoint('t5')
+  shutil.copytree(path, tmp_path, dirs_exist_ok=True)
+  words = tokenizers.Tokenizer(tokenizers.models.WordLevel(
+      {f'w{i}': i for i in range(VOCAB)}, unk_token='w2'))
+  words.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+  words.save(str(tmp_path / 'tokenizer.json'))
+  config = load_config(ROOT / 'configs' / 'from_hf.py', f'path={tmp_path}')
+  config.sample.update(prompt='w3 w14 w15 w9 w30', max_new_tokens=8, temperature=0.0)
+  (text,) = run.run(config, None, 'sample')
+  with torch.no_grad():
+    tokens = model.generate(torch.tensor([[3, 14, 15, 9, 30]]), max_new_tokens=8,
+                            do_sample=False, use_cache=False)
+  assert tokens[0, 0] == 0  # transformers starts from decoder_start_token_id
+  assert text == ' '.join(f'w{i}' for i in tokens[0, 1:].tolist())

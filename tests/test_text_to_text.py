@@ -2,6 +2,7 @@
 records of the real builders' features) as prefixed inputs and label-word targets, scored by
 exact match, and a tiny T5 fine-tuned on it from a span-corruption run's checkpoint."""
 import numpy as np
+import tokenizers
 import pytest
 
 import helpers
@@ -104,3 +105,29 @@ def test_a_t5_fine_tunes_on_classification_as_text_from_a_span_corruption_run(tm
   evaluated = [row for row in metrics.read_metrics(tmp_path / 'finetune')
                if 'eval_exact_match' in row]
   assert 0 <= evaluated[-1]['eval_exact_match'] <= 1
+
+
+def test_exact_match_decodes_from_pad_with_a_tokenizer_without_bos(tmp_path):
+  """T5's tokenizer has no BOS, and T5 starts its decoder from PAD (decoder_start_token_id 0):
+  the training targets are shifted by it, and held-out decoding starts from it too."""
+  words = tokenizers.Tokenizer(tokenizers.models.WordLevel(
+      {token: i for i, token in enumerate(['<pad>', '</s>', '<unk>', 'neg', 'pos'])},
+      unk_token='<unk>'))
+  words.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+  words.add_special_tokens(['<pad>', '</s>', '<unk>'])
+  words.save(str(tmp_path / 'tokenizer.json'))
+  with helpers.mock_tfds(NUM_EXAMPLES):
+    task = make(tokenizer=str(tmp_path / 'tokenizer.json'), vocab_size=None,
+                exact_match_examples=10).task
+    _, labels = held_out_records('imdb_reviews', 'text')
+  vocab = task.vocab
+  assert (vocab.pad_id, vocab.eos_id, vocab.bos_id) == (0, 1, None)
+  np.testing.assert_array_equal(task.eval_examples(np.arange(4))['decoder_inputs'][:, 0], 0)
+  prompts = []
+
+  def always_pos(prompt_tokens, max_new_tokens, eos_id, **unused):
+    prompts.append(np.asarray(prompt_tokens))
+    return np.tile([4, eos_id], (len(prompt_tokens), 1))
+  metrics = task.generation_metrics(always_pos, batch_size=4)
+  assert all(np.array_equal(p, np.zeros((4, 1))) for p in prompts) and len(prompts) == 3
+  assert metrics['eval_exact_match'] == pytest.approx(np.mean(np.asarray(labels[:10]) == 1))

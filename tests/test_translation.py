@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
+import tokenizers
 
 from helpers import mock_tfds, ROOT
 from transformer_jax import aot, data, models
@@ -166,7 +167,7 @@ def test_languages_and_splits_that_are_not_there_fail_naming_the_fix(data_dir):
   with pytest.raises(ConfigError, match=r"data.train_split='training': .* The splits of "
                                         r"wmt14_translate: \{'train': 97, 'test': 48\}"):
     make(data_dir, train_split='training')
-  with pytest.raises(ConfigError, match="from BOS to EOS, which the data.tokenizer='chars'"):
+  with pytest.raises(ConfigError, match="up to EOS, which the data.tokenizer='chars'"):
     make(data_dir, tokenizer='chars')
 
 
@@ -243,3 +244,38 @@ def test_the_abstract_batch_of_compile_mode_is_the_translation_batchs_layout(dat
                        devices=jax.devices()[:1])
   packed = models.registry.get('encoder_decoder').packed_shapes if packing else None
   assert layout(aot.abstract_batch(stand_in, mesh, packed)) == layout(real)
+
+
+def test_a_tokenizer_without_bos_starts_the_decoder_from_pad_in_training_and_decoding(
+    data_dir, tmp_path):
+  """T5's tokenizer.json has no BOS, and T5 starts its decoder from PAD: the targets are shifted
+  by it and held-out translation starts from it."""
+  text = ' '.join(' '.join(pair) for pair in PAIRS + TRAIN)
+  words = sorted({word for word, _ in tokenizers.pre_tokenizers.Whitespace().pre_tokenize_str(
+      text)})
+  model = tokenizers.Tokenizer(tokenizers.models.WordLevel(
+      {token: i for i, token in enumerate(['<pad>', '</s>', '<unk>', *words])}, unk_token='<unk>'))
+  model.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+  model.add_special_tokens(['<pad>', '</s>', '<unk>'])
+  model.save(str(tmp_path / 'tokenizer.json'))
+  made = make(data_dir, tokenizer=str(tmp_path / 'tokenizer.json'), vocab_size=None,
+              bleu_examples=3)
+  tokenizer = made.vocab
+  assert (tokenizer.pad_id, tokenizer.eos_id, tokenizer.bos_id) == (0, 1, None)
+  batch = made.task.eval_examples(np.arange(3))
+  for previous, targets, weights in zip(batch['decoder_inputs'], batch['targets'],
+                                        batch['weights']):
+    length = int(weights.sum())
+    assert previous[:length].tolist() == [0] + targets[:length - 1].tolist()
+  references = {tuple(ids[valid]): targets[weights > 0]
+                for ids, valid, targets, weights in zip(batch['inputs'], batch['input_valid'],
+                                                        batch['targets'], batch['weights'])}
+
+  def generate(prompt_tokens, inputs, input_valid, max_new_tokens, **unused):
+    assert prompt_tokens.tolist() == [[0]] * len(inputs)
+    out = np.zeros((len(inputs), max_new_tokens), np.int32)
+    for row, (ids, valid) in enumerate(zip(inputs, input_valid)):
+      target = references[tuple(ids[valid])]
+      out[row, :len(target)] = target
+    return out
+  assert made.task.generation_metrics(generate, 4)['eval_bleu'] == pytest.approx(100)

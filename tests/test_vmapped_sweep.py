@@ -180,3 +180,14 @@ def test_a_killed_vmapped_sweep_resumes_exactly(tmp_path):
                           str(tmp_path / 'sweep'), vmap=True)
   assert [r['steps'] for r in results] == [30] * 3
   assert_as_alone(tmp_path, runs, tmp_path / 'sweep', steps=30, **KILLED)
+
+
+def test_a_model_that_drops_at_a_rate_of_its_own_trains_alone_not_vmapped(tmp_path):
+  """The stacked step traces model.dropout_rate only, which every nn.Dropout takes: an MLP's
+  own rate would be overridden by it, and attention probabilities are dropped in the kernel."""
+  configs = [make_config(r, **{'model.mlp_dropout': 0.2})
+             for r in sweep.named({'a': {}, 'b': {'seed': 1}})]
+  with pytest.raises(errors.ConfigError, match='A vmapped sweep traces model.dropout_rate only, '
+                     r'and model.mlp_dropout drops at 0.2: set model.mlp_dropout=0, or train the '
+                     r'runs one after another \(vmap=False\).'):
+    vmapped.train_group(configs, [str(tmp_path / 'a'), str(tmp_path / 'b')])

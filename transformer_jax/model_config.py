@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from transformer_jax.errors import ConfigError
 from transformer_jax import kernels
 from transformer_jax.layers import attention, block, mlp
-from transformer_jax.ranges import COUNT, FRACTION, Range
+from transformer_jax.ranges import COUNT, FRACTION, OPTIONAL_FRACTION, Range
 
 __all__ = [
     'BLOCK_CHOICES', 'check_choice', 'compute_dtype_of', 'defaults', 'ModelConfig', 'names',
@@ -73,7 +73,14 @@ class ModelConfig:
   use_mlp: bool = True
   use_norm: bool = True
   use_residual: bool = True
+  # Dropout in training: dropout_rate of the embeddings and of each sublayer's output before the
+  # residual add; attention_dropout of the attention probabilities (a kernel that forms them:
+  # 'auto' then runs the reference kernel, a fused one fails in training) and mlp_dropout of
+  # the MLP's hidden activation. None follows dropout_rate, as T5 (and its style) drops
+  # everywhere at one rate.
   dropout_rate: float = 0.0
+  attention_dropout: float | None = 0.0
+  mlp_dropout: float | None = 0.0
   # Initialization: dense kernels and embeddings ~ N(0, std); None means LeCun normal (fan-in).
   init_std: float | None = 0.02
   embed_init_std: float = 0.02
@@ -96,7 +103,8 @@ class ModelConfig:
       'head_width': Range(1, integer=True, optional=True),
       'norm_eps': Range(0, open_low=True),
       'rope_base': Range(1, open_low=True),  # frequencies base^(-i/h) must fall with i
-      'dropout_rate': FRACTION,
+      'dropout_rate': FRACTION, 'attention_dropout': OPTIONAL_FRACTION,
+      'mlp_dropout': OPTIONAL_FRACTION,
       'init_std': Range(0, optional=True), 'embed_init_std': Range(0),
   }
   CHOICES: ClassVar[dict[str, tuple[str, ...]]] = BLOCK_CHOICES
@@ -162,6 +170,22 @@ class ModelConfig:
   @property
   def head_dim(self) -> int:
     return self.head_width or self.width // self.num_heads
+
+  @property
+  def attention_dropout_rate(self) -> float:
+    """The rate attention probabilities are dropped at in training."""
+    return self.dropout_rate if self.attention_dropout is None else self.attention_dropout
+
+  @property
+  def mlp_dropout_rate(self) -> float:
+    """The rate the MLP's hidden activation is dropped at in training."""
+    return self.dropout_rate if self.mlp_dropout is None else self.mlp_dropout
+
+  @property
+  def dropout_rates(self) -> dict[str, float]:
+    """Every dropout rate the model applies in training, by setting (a family adds its own)."""
+    return {'dropout_rate': self.dropout_rate, 'attention_dropout': self.attention_dropout_rate,
+            'mlp_dropout': self.mlp_dropout_rate}
 
   @property
   def hidden_dim(self) -> int:

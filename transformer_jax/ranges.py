@@ -5,7 +5,7 @@ from typing import Any
 
 from transformer_jax.errors import ConfigError
 
-__all__ = ['COUNT', 'FRACTION', 'Range']
+__all__ = ['COUNT', 'FRACTION', 'OPTIONAL_FRACTION', 'Range']
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,3 +58,4 @@ class Range:
 
 COUNT = Range(1, integer=True)  # a positive whole number
 FRACTION = Range(0, 1, open_high=True)  # [0, 1)
+OPTIONAL_FRACTION = Range(0, 1, open_high=True, optional=True)  # [0, 1) or None

@@ -170,12 +170,21 @@ def sample(settings: train.RunSettings, workdir: str | None) -> list[str]:
   except ValueError as error:
     raise errors.ConfigError(f'sample.prompt={wanted.prompt!r}: {error} Write the prompt with the '
                              'tokens the model was trained on.') from None
-  texts = decode.sample_text(model, params, vocab, wanted, seq_len=settings.data.seq_len)
   continues = decode.decoding_of(model) == 'decoder'  # an encoder-decoder maps input to output
+  texts = decode.sample_text(model, params, vocab, wanted, seq_len=settings.data.seq_len,
+                             start_ids=None if continues else [decoder_start(vocab, hf)])
   for number, text in enumerate(texts):
     print(f'--- sample {number} ({origin}) ---\n'
           f'{wanted.prompt}{"" if continues else " -> "}{text}')
   return texts
+
+
+def decoder_start(vocab, hf: str) -> int:
+  """The token an encoder-decoder writes from: config.json's decoder_start_token_id for a
+  Hugging Face checkpoint that names one (T5's pad id 0), else the one its training data shifted
+  the targets by (BOS, else PAD)."""
+  start = convert.decoder_start_token_id(hf) if hf else None
+  return data.vocab.decoder_start_id(vocab) if start is None else start
 
 
 def audio_inputs(settings: train.RunSettings):

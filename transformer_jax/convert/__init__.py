@@ -5,9 +5,10 @@ configs and parameters.
   convert.save('/tmp/out', fields, params)         # back to config.json + model.safetensors
 """
 from transformer_jax.convert.architecture import CheckpointError
-from transformer_jax.convert.directory import (ARCHITECTURES, eos_token_id, load,
-                                               load_model_config, load_params, model_config_of,
-                                               read_tensors, save, tensor_names)
+from transformer_jax.convert.directory import (ARCHITECTURES, decoder_start_token_id,
+                                               eos_token_id, load, load_model_config, load_params,
+                                               model_config_of, read_tensors, save, tensor_names)
 
-__all__ = ['ARCHITECTURES', 'CheckpointError', 'eos_token_id', 'load', 'load_model_config',
-           'load_params', 'model_config_of', 'read_tensors', 'save', 'tensor_names']
+__all__ = ['ARCHITECTURES', 'CheckpointError', 'decoder_start_token_id', 'eos_token_id', 'load',
+           'load_model_config', 'load_params', 'model_config_of', 'read_tensors', 'save',
+           'tensor_names']

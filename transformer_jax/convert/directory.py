@@ -30,8 +30,9 @@ from transformer_jax.convert.whisper import WHISPER
 from transformer_jax.model_config import ModelConfig
 
 __all__ = [
-    'architecture_of', 'ARCHITECTURES', 'eos_token_id', 'load', 'load_model_config', 'load_params',
-    'model_config_of', 'read_config', 'read_tensors', 'save', 'tensor_names']
+    'architecture_of', 'ARCHITECTURES', 'decoder_start_token_id', 'eos_token_id', 'load',
+    'load_model_config', 'load_params', 'model_config_of', 'read_config', 'read_tensors', 'save',
+    'tensor_names']
 
 ARCHITECTURES = {arch.name: arch
                  for arch in (GPT2, LLAMA, VIT, BERT, BERT_MODEL, WHISPER, CLIP, SIGLIP, T5)}
@@ -70,6 +71,12 @@ def eos_token_id(path) -> int | None:
   it lists several)."""
   eos = read_config(path).get('eos_token_id')
   return eos[0] if isinstance(eos, list) else eos
+
+
+def decoder_start_token_id(path) -> int | None:
+  """The token an encoder-decoder checkpoint's decoder writes from: config.json's
+  decoder_start_token_id (T5's pad id 0), None where it names none."""
+  return read_config(path).get('decoder_start_token_id')
 
 
 def load_model_config(path) -> dict:
@@ -112,9 +119,9 @@ def load_params(path, model: ModelConfig | dict | None = None, head: bool = True
   model.param_dtype (stacked under 'layers' if model.scan_layers).
 
   `model` (default: the checkpoint's own config) may change how the model runs (dtype,
-  param_dtype, scan_layers, remat_policy, dropout_rate) but not what it computes: an option
-  that differs from config.json fails, naming it. `head` False leaves out our 'head' subtree,
-  which a headless architecture (BertModel) does not hold.
+  param_dtype, scan_layers, remat_policy) and trains (its dropout rates) but not what it
+  computes: an option that differs from config.json fails, naming it. `head` False leaves out our
+  'head' subtree, which a headless architecture (BertModel) does not hold.
   """
   hf_values = read_config(path)
   arch, fields = architecture_of(hf_values), model_config_of(hf_values, tensor_names(path))
@@ -123,7 +130,7 @@ def load_params(path, model: ModelConfig | dict | None = None, head: bool = True
                           'start a dual encoder\'s tower from it (model.text_init), or give a '
                           'checkpoint with its head.')
   cfg = models.model_config(fields if model is None else model)
-  differences = _differences(fields, cfg, 'config.json')
+  differences = _differences(fields, cfg, 'config.json', ignored=tuple(cfg.dropout_rates))
   if differences:
     raise CheckpointError(f'The model config differs from the checkpoint {path}: '
                           f'{"; ".join(differences)}. Drop these overrides.')
@@ -225,17 +232,20 @@ def _check_complete(arch: Architecture, unused: dict, unfilled: set[str], path):
 def _effective(cfg: ModelConfig, key: str):
   """An option's value as it takes effect: d_ff=None (a dual encoder's text_d_ff=None) is the
   default width, num_kv_heads=None one key-value head per query head, num_decoder_layers=None the
-  encoder's depth."""
+  encoder's depth, a dropout rate None (attention_dropout, ...) model.dropout_rate."""
   effective = {'d_ff': 'hidden_dim', 'num_kv_heads': 'kv_heads',
-               'num_decoder_layers': 'decoder_layers', 'text_d_ff': 'text_hidden_dim'}
+               'num_decoder_layers': 'decoder_layers', 'text_d_ff': 'text_hidden_dim',
+               'attention_dropout': 'attention_dropout_rate', 'mlp_dropout': 'mlp_dropout_rate',
+               'final_dropout': 'final_dropout_rate'}
   return getattr(cfg, effective.get(key, key))
 
 
-def _differences(fields: dict, cfg: ModelConfig, where: str) -> list[str]:
-  """The options of `fields` (`where`'s) that `cfg` sets otherwise."""
+def _differences(fields: dict, cfg: ModelConfig, where: str, ignored: tuple = ()) -> list[str]:
+  """The options of `fields` (`where`'s), but the `ignored` ones, that `cfg` sets otherwise."""
   reference = models.model_config(fields)
   return [f'model.{key}={_effective(cfg, key)!r} where {where} has {_effective(reference, key)!r}'
-          for key in fields if _effective(cfg, key) != _effective(reference, key)]
+          for key in fields
+          if key not in ignored and _effective(cfg, key) != _effective(reference, key)]
 
 
 def _expressed(cfg: ModelConfig, name: str | None) -> tuple[Architecture, dict]:

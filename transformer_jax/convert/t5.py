@@ -12,6 +12,9 @@ The head takes two settings from HF, which transformers merges into one flag:
 - whether the decoder's output is scaled by d_model^-0.5 before it (T5 1.0): config.json's
   tie_word_embeddings (absent: true), or scale_decoder_outputs where transformers 5 wrote it
   (it also writes tie_word_embeddings: true for every T5). Ours: model.scale_tied_head.
+
+config.json's dropout_rate is model.dropout_rate, which the T5 style applies everywhere T5
+drops (attention_dropout, mlp_dropout and final_dropout None follow it).
 """
 from transformer_jax.convert.architecture import (NO_ABLATIONS, Architecture, CheckpointError,
                                                   HfConfig)
@@ -56,7 +59,8 @@ def model_fields(c: HfConfig) -> dict:
               relative_buckets=c.get('relative_attention_num_buckets', 32),
               relative_max_distance=c.get('relative_attention_max_distance', 128),
               norm_eps=float(c.get('layer_norm_epsilon', 1e-6)), mlp=mlp,
-              tie_embeddings=_tied(c), scale_tied_head=_scales_output(c))
+              tie_embeddings=_tied(c), scale_tied_head=_scales_output(c),
+              dropout_rate=float(c.get('dropout_rate', 0.1)))
 
 
 def hf_config(cfg) -> dict:
@@ -69,6 +73,7 @@ def hf_config(cfg) -> dict:
               relative_attention_num_buckets=cfg.relative_buckets,
               relative_attention_max_distance=cfg.relative_max_distance,
               layer_norm_epsilon=cfg.norm_eps, feed_forward_proj=cfg.mlp,
+              dropout_rate=cfg.dropout_rate,
               # Read as the output scaling by transformers 4 and 5 alike (see the docstring).
               tie_word_embeddings=cfg.scale_tied_head, scale_decoder_outputs=cfg.scale_tied_head,
               is_encoder_decoder=True, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)

@@ -5,7 +5,7 @@ import numpy as np
 
 from transformer_jax.data import rng
 from transformer_jax.data.settings import DataPart, register_part
-from transformer_jax.data.vocab import Vocab
+from transformer_jax.data.vocab import Vocab, decoder_start_id
 from transformer_jax.errors import ConfigError
 from transformer_jax.ranges import COUNT, Range
 
@@ -58,10 +58,11 @@ TASKS = {'seq2seq_reverse': reverse, 'seq2seq_sort': sort, 'synthetic': copy}
 def decode_held_out(generate, pairs, count: int, batch_size: int, vocab, max_new_tokens: int,
                     prompt: list[int] | None = None):
   """The outputs (token lists, cut before EOS) of held-out pairs 0..count-1, whose encoder inputs
-  pairs(rows) gives, decoded from `prompt` (default: [BOS]) by generate(**keywords) -> (B, N)
-  new tokens (decode.generate's keywords) on batches of `batch_size`, the last filled up with
-  repeats so that every batch has one shape."""
-  prompt = np.tile(np.asarray(prompt or [vocab.bos_id], np.int32), (batch_size, 1))
+  pairs(rows) gives, decoded from `prompt` (default: the decoder's start token, BOS or else PAD
+  as the training targets are shifted: `vocab.decoder_start_id`) by generate(**keywords) ->
+  (B, N) new tokens (decode.generate's keywords) on batches of `batch_size`, the last filled up
+  with repeats so that every batch has one shape."""
+  prompt = np.tile(np.asarray(prompt or [decoder_start_id(vocab)], np.int32), (batch_size, 1))
   outputs = []
   for start in range(0, count, batch_size):
     batch = pairs([min(row, count - 1) for row in range(start, start + batch_size)])
@@ -134,7 +135,7 @@ class Seq2SeqTask:
     inputs = np.where(valid, symbols, self.vocab.pad_id)
     target = np.where(valid, self.transform(inputs, lengths), self.vocab.pad_id)
     targets = np.where(positions == lengths[:, None], self.vocab.eos_id, target)
-    bos = np.full((len(targets), 1), self.vocab.bos_id, np.int32)
+    start = np.full((len(targets), 1), decoder_start_id(self.vocab), np.int32)
     return {'inputs': inputs, 'input_valid': valid,
-            'decoder_inputs': np.concatenate([bos, targets[:, :-1]], axis=1), 'targets': targets,
+            'decoder_inputs': np.concatenate([start, targets[:, :-1]], axis=1), 'targets': targets,
             'weights': (positions <= lengths[:, None]).astype(np.float32)}

@@ -41,6 +41,7 @@ from transformer_jax.data import packing, rng, span_corruption, text_data, token
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.data.corpus import TextSettings
 from transformer_jax.data.settings import DataPart, DataSettings, register_part
+from transformer_jax.data.vocab import decoder_start_id
 from transformer_jax.errors import ConfigError
 from transformer_jax.ranges import Range
 
@@ -151,7 +152,7 @@ class SpanCorruptionTask:
     self.num_train_windows = self.train_windows.num_rows
     self.num_eval_examples = self.eval_windows.num_rows
     self.pad_id = tokenizer.pad_id or 0
-    self.start_id = self.pad_id if tokenizer.bos_id is None else tokenizer.bos_id
+    self.start_id = decoder_start_id(tokenizer)
     self.corrupt = functools.partial(
         span_corruption.span_corruption, vocab_size=tokenizer.size, eos_id=tokenizer.eos_id,
         num_sentinels=num_sentinels, noise_density=noise_density,

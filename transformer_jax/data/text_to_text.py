@@ -24,6 +24,7 @@ import numpy as np
 from transformer_jax.data import corpus as corpus_lib
 from transformer_jax.data import images, rng, seq2seq, sources, text_data
 from transformer_jax.data.settings import DataPart, DataSettings, register_part
+from transformer_jax.data.vocab import decoder_start_id
 from transformer_jax.errors import ConfigError
 
 __all__ = ['ClassificationAsTextTask', 'make_classification_as_text', 'pair_arrays',
@@ -121,8 +122,7 @@ class TokenPairsTask:
                decoded_len: int | None = None):
     self.vocab, self.token_bytes = tokenizer, tokenizer.token_bytes
     self.seq_len, self.seed, self.decoded_len = seq_len, seed, decoded_len or seq_len
-    pad_id = tokenizer.pad_id or 0
-    start_id = pad_id if tokenizer.bos_id is None else tokenizer.bos_id
+    pad_id, start_id = tokenizer.pad_id or 0, decoder_start_id(tokenizer)
     self.train, self.held_out = (pair_arrays(*pairs, seq_len, pad_id, start_id)
                                  for pairs in (train, held_out))
     self.num_eval_examples = len(self.held_out['inputs'])

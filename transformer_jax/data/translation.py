@@ -4,15 +4,16 @@ prepared in data.tfds_data_dir, from data.source_language to data.target_languag
 the config name reads, 'de-en' from de to en, 'pt_to_en' from pt to en).
 
 One tokenizer serves both sides: data.tokenizer 'bpe' (trained on both sides of the training
-pairs, cached as text_data caches it), a tokenizer.json with BOS and EOS, or the run's saved one.
+pairs, cached as text_data caches it), a tokenizer.json with EOS, or the run's saved one.
 Each side of each split is tokenized once into a token file (token_files), the targets each
 followed by EOS, and the pairs' rows are laid out once beside them (packing.cached_pairs),
 memory-mapped like the tokens. A pair whose source is empty is left out.
 
 Batches are Seq2SeqTask's: 'inputs' (the source, cut to seq_len), 'input_valid', 'targets' (the
-target and its EOS, cut to seq_len: a target that long loses its EOS), 'decoder_inputs' ([BOS] +
-targets[:-1]) and 'weights' (1.0 on the target and its EOS); data.task_prefix (T5's 'translate
-German to English: ') puts its tokens before each source, unpacked (the whole cut to seq_len).
+target and its EOS, cut to seq_len: a target that long loses its EOS), 'decoder_inputs' (the
+decoder's start token, BOS or else PAD as T5's, then targets[:-1]) and 'weights' (1.0 on the
+target and its EOS); data.task_prefix (T5's 'translate German to English: ') puts its tokens
+before each source, unpacked (the whole cut to seq_len).
 With data.packing, the pairs fill rows of seq_len tokens in both streams, in corpus order, a new
 row starting where either side would overflow (a side longer than seq_len is first cut to
 seq_len, as above); 'input_valid' gives way to 'input_segment_ids', 'input_positions',
@@ -37,6 +38,7 @@ from transformer_jax.data import (packing, rng, seq2seq, sources, text_data, tex
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.data.settings import DataPart, DataSettings, register_part
 from transformer_jax.data.corpus import TextSettings
+from transformer_jax.data.vocab import decoder_start_id
 from transformer_jax.errors import ConfigError
 from transformer_jax.ranges import Range
 
@@ -44,9 +46,9 @@ __all__ = ['bleu', 'languages', 'make_translation_task', 'TranslationTask']
 
 # A config name that says the direction: 'de-en' (WMT's), 'pt_to_en' (ted_hrlr_translate's).
 _DIRECTION = re.compile(r'([a-z]+)(?:-|_to_)([a-z]+)')
-_NEEDS_BOS_AND_EOS = ('An encoder-decoder writes each translation from BOS to EOS, which the {} '
-                      "tokenizer lacks: use data.tokenizer='bpe' (a byte-level BPE trained on "
-                      'both sides) or a tokenizer.json that has both.')
+_NEEDS_EOS = ('An encoder-decoder writes each translation up to EOS, which the {} tokenizer '
+              "lacks: use data.tokenizer='bpe' (a byte-level BPE trained on both sides) or a "
+              'tokenizer.json that has one.')
 
 
 @register_part
@@ -74,12 +76,12 @@ def make_translation_task(settings: DataSettings, seed: int, *, vocab_size: int 
   saved = tokenizer_dir and tokenizer_lib.saved(tokenizer_dir)
   text_settings, own = settings.part(TextSettings), settings.part(TranslationSettings)
   if text_settings.tokenizer == 'chars' and not saved:  # before reading every text for nothing
-    raise ConfigError(_NEEDS_BOS_AND_EOS.format("data.tokenizer='chars'"))
+    raise ConfigError(_NEEDS_EOS.format("data.tokenizer='chars'"))
   tokenizer = text_data.resolve_tokenizer(settings, _both(*train), _both(*held_out), mask=False,
                                           separated=True, vocab_size=vocab_size,
                                           saved_dir=tokenizer_dir)
-  if tokenizer.bos_id is None or tokenizer.eos_id is None:
-    raise ConfigError(_NEEDS_BOS_AND_EOS.format(tokenizer.kind))
+  if tokenizer.eos_id is None:
+    raise ConfigError(_NEEDS_EOS.format(tokenizer.kind))
   prefix = settings.part(text_to_text.TextToTextSettings).task_prefix
   if prefix and text_settings.packing:
     raise ConfigError(f'data.task_prefix={prefix!r} goes before each unpacked source: set '
@@ -198,7 +200,7 @@ class TranslationTask:
     return self._batch(self.held_out, [int(i) for i in indices], self.packed)
 
   def _batch(self, split: _Split, rows: list[int], packed: bool) -> dict:
-    settings = dict(start_id=self.vocab.bos_id, pad_id=self.pad_id)
+    settings = dict(start_id=decoder_start_id(self.vocab), pad_id=self.pad_id)
     source = packing.packed_rows(split.sources, split.source_tokens, rows, self.seq_len,
                                  **settings)
     target = packing.packed_rows(split.targets, split.target_tokens, rows, self.seq_len,

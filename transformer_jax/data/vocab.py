@@ -9,11 +9,21 @@ import numpy as np
 
 from transformer_jax.data import files
 
-__all__ = ['CHARS_FILE', 'Vocab']
+__all__ = ['CHARS_FILE', 'decoder_start_id', 'Vocab']
 
 PAD, BOS, EOS, MASK = '<pad>', '<bos>', '<eos>', '<mask>'
 SPECIALS = (PAD, BOS, EOS, MASK)
 CHARS_FILE = 'chars.json'  # a saved Vocab, in a run's workdir/tokenizer
+
+
+def decoder_start_id(tokenizer) -> int:
+  """The token an encoder-decoder's decoder starts from, before the first target token, in
+  training (the targets shifted right) and in decoding alike: the tokenizer's BOS, else its PAD
+  (0 where it has none), as T5 starts (decoder_start_token_id = pad_token_id = 0; T5's
+  tokenizer has no BOS)."""
+  if tokenizer.bos_id is not None:
+    return tokenizer.bos_id
+  return tokenizer.pad_id or 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,11 +31,12 @@ def sample_text(model, params, vocab: TextVocab, settings: SampleSettings, *,
 
   The sample mode calls sample_text(model, params, vocab, SampleSettings.of(config.sample),
   seq_len=config.data.seq_len). A decoder-only model continues the prompt; an encoder-decoder
-  reads it as its encoder input and writes from `vocab.bos_id`. settings.window: as in
-  `generate`, 0 the whole context; unset, `seq_len` (the context the model trained on), or the
-  whole context without one. An encoder-decoder given `inputs` (one example, batch axis first:
-  a speech model's features) reads them instead of the prompt, and writes from `start_ids`
-  where given (Whisper's prompt) instead of BOS.
+  reads it as its encoder input and writes from `start_ids` (the sample mode passes the token
+  its decoder was trained to start from: BOS, or T5's PAD), else `vocab.bos_id`.
+  settings.window: as in `generate`, 0 the whole context; unset, `seq_len` (the context the
+  model trained on), or the whole context without one. An encoder-decoder given `inputs` (one
+  example, batch axis first: a speech model's features) reads them instead of the prompt
+  (Whisper's `start_ids` are its decoder prompt).
   """
   encoder_decoder = decoding_of(model) == 'encoder_decoder'
   ids = [] if inputs is not None else list(vocab.encode(settings.prompt))
@@ -47,8 +48,9 @@ def sample_text(model, params, vocab: TextVocab, settings: SampleSettings, *,
   if encoder_decoder:
     bos_id = getattr(vocab, 'bos_id', None)
     if bos_id is None and not start_ids:
-      raise ValueError('An encoder-decoder starts its output from a BOS token: the vocabulary '
-                       'needs a bos_id.')
+      raise ValueError('An encoder-decoder starts its output from start_ids, else the '
+                       "vocabulary's BOS, which this one lacks: pass start_ids (T5 starts from "
+                       'its pad id, 0).')
     extra['inputs'] = (jnp.asarray([ids] * rows, jnp.int32) if inputs is None
                        else jnp.repeat(jnp.asarray(inputs), rows, axis=0))
     ids = list(start_ids or [bos_id])

@@ -11,6 +11,12 @@ weighs every key alike. The gradient reaches the bias as well. A kernel that tak
 (splash) runs XLA's attention when given one; a function of one's own need only take `bias`
 if the model passes one (a kernel is called without it when there is none).
 
+Dropout of the attention probabilities (in training, T5's and BERT's) needs a kernel that
+computes them: one marked `reference.takes_dropout` takes `dropout_rate` and `dropout_rng`
+keywords ('reference'; 'auto', which then runs it on every platform). A kernel is called without
+them where nothing is dropped; a layer refuses a kernel that cannot drop together with a rate
+(`layers.attention.check_dropout`).
+
 Kernels by name:
   'reference'  plain einsums (`reference.attention`): the definition the others are tested by.
   'xla'        `jax.nn.dot_product_attention(implementation='xla')`: any platform.
@@ -18,7 +24,8 @@ Kernels by name:
   'cudnn'      `implementation='cudnn'` where cuDNN takes the case, else 'xla' (`cudnn`): GPUs.
   'splash'     Pallas splash attention where it runs, else 'xla' (`splash`): TPUs.
   'auto'       the kernel of the platform the step is compiled for: resolved by name for a
-               known platform (`resolve(kernel, platform)`), else when the step is lowered.
+               known platform (`resolve(kernel, platform)`), else when the step is lowered;
+               'reference' wherever attention probabilities are dropped.
 A function of that signature may be passed wherever a name is, or registered under a name of its
 own (`register`) so that a config can select it (`--config.model.attention_kernel=NAME`); with
 a platform, `auto` then picks it there. A kernel marked `masks.takes_structure` (cudnn, splash)
@@ -37,8 +44,9 @@ import jax
 
 from transformer_jax.kernels import cache, contraction, cpu, cudnn, masks, reference, xla
 
-__all__ = ['bias_argument', 'Choice', 'Kernel', 'cache', 'contraction', 'current_name',
-           'function', 'keeps_weights', 'masks', 'names', 'reference', 'register', 'resolve']
+__all__ = ['bias_argument', 'Choice', 'Kernel', 'cache', 'contraction',
+           'current_name', 'dropout_argument', 'function', 'keeps_weights', 'masks', 'names',
+           'reference', 'register', 'resolve', 'takes_dropout']
 
 Kernel = Callable  # (q, k, v, mask=None, *, scale, bias=None) -> out
 
@@ -47,6 +55,13 @@ def bias_argument(bias) -> dict:
   """The keyword arguments that pass `bias` to a kernel: none without one, so that a kernel of
   one's own that takes no bias keeps working where there is none."""
   return {} if bias is None else {'bias': bias}
+
+
+def dropout_argument(rate: float, rng) -> dict:
+  """The keyword arguments that make a kernel drop attention probabilities at `rate` with the
+  key `rng`: none where nothing is dropped (rate 0, or no key: deterministic), so that every
+  kernel keeps working there."""
+  return {} if rate == 0 or rng is None else {'dropout_rate': rate, 'dropout_rng': rng}
 
 
 @masks.takes_structure
@@ -72,9 +87,14 @@ _AUTO_DEFAULT = ('xla', 'no kernel of its own is registered for this platform')
 _RENAMED = {'dot_product_attention': 'auto', 'heads_first': 'cpu', 'einsum': 'reference'}
 
 
+@reference.takes_dropout
 @masks.takes_structure
-def _auto(q, k, v, mask=None, *, scale, bias=None):
-  """Each platform's kernel, the one of the platform the computation is lowered for."""
+def _auto(q, k, v, mask=None, *, scale, bias=None, dropout_rate: float = 0.0, dropout_rng=None):
+  """Each platform's kernel, the one of the platform the computation is lowered for; the
+  reference kernel on every platform where probabilities are dropped."""
+  if dropout_rate > 0:
+    return reference.attention(q, k, v, masks.dense(mask, q.shape[1], k.shape[1]), scale=scale,
+                               bias=bias, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
   def bound(name):
     fn = _KERNELS[name]
     return lambda q, k, v: fn(q, k, v, masks.for_kernel(fn, mask, q.shape[1], k.shape[1]),
@@ -114,6 +134,11 @@ def keeps_weights(name: str, q, k, v) -> bool:
   return True
 
 
+def takes_dropout(kernel: str | Kernel) -> bool:
+  """Whether a kernel (a name or a function) drops attention probabilities when asked."""
+  return getattr(function(kernel), 'takes_dropout', False)
+
+
 def current_name(name: str) -> str:
   """A kernel's name today: a former name (saved by earlier configs) becomes its kernel's."""
   return _RENAMED.get(name, name)
@@ -140,10 +165,17 @@ def function(kernel: str | Kernel) -> Kernel:
   return _KERNELS[name]
 
 
-def resolve(kernel: str | Kernel, platform: str | None = None) -> Choice:
+def resolve(kernel: str | Kernel, platform: str | None = None,
+            dropout_rate: float = 0.0) -> Choice:
   """The kernel to run for `platform` ('cpu', 'gpu', 'tpu': the platform of the devices the step
   is compiled for, which need not be the machine's own). Only 'auto' reads the platform; without
-  one, 'auto' is the kernel of whichever platform the step is lowered for."""
+  one, 'auto' is the kernel of whichever platform the step is lowered for. Where the model drops
+  attention probabilities in training (`dropout_rate` > 0), 'auto' is the reference kernel on
+  every platform."""
+  if dropout_rate > 0 and isinstance(kernel, str) and current_name(kernel) == 'auto':
+    return Choice('reference', _KERNELS['reference'],
+                  'auto with attention dropout: the reference kernel forms the probabilities it '
+                  'drops')
   if callable(kernel):
     return Choice(getattr(kernel, '__name__', repr(kernel)), kernel, 'passed as a function')
   name = current_name(kernel)

@@ -11,8 +11,8 @@ from transformer_jax.layers import axes
 from transformer_jax.layers.embeddings import apply_rope, default_positions
 from transformer_jax.layers.linear import Linear
 
-__all__ = ['Attention', 'causal_mask', 'check_kv_heads', 'check_rope', 'padding_mask',
-           'segment_mask']
+__all__ = ['Attention', 'causal_mask', 'check_dropout', 'check_kv_heads', 'check_rope',
+           'padding_mask', 'segment_mask']
 
 
 def causal_mask(query_slots: jax.Array, positions: jax.Array, kv_len: int,
@@ -74,6 +74,16 @@ def check_rope(head_dim: int, rope_base: float, prefix: str = '') -> None:
                       f'{rope_base}).')
 
 
+def check_dropout(kernel: str | kernels.Kernel, rate: float) -> None:
+  """Attention probabilities dropped at `rate` > 0 need a kernel that forms them
+  (`kernels.takes_dropout`); a fused one never does."""
+  if rate > 0 and not kernels.takes_dropout(kernel):
+    name = kernel if isinstance(kernel, str) else getattr(kernel, '__name__', repr(kernel))
+    raise ConfigError(f'The attention kernel {name!r} cannot drop attention probabilities, which '
+                      f"the model drops at rate {rate} in training: choose 'auto' or 'reference' "
+                      '(model.attention_kernel), or set model.attention_dropout=0.')
+
+
 class Attention(nn.Module):
   """softmax(Q K^T / sqrt(head_dim) + bias + mask) V over `num_heads` query heads and `num_kv_heads`
   key-value heads (MHA; GQA; MQA with one), self- or cross-attention, with its KV cache.
@@ -93,7 +103,10 @@ class Attention(nn.Module):
   draws the kernels LeCun-normal. `scale_logits` False leaves out the 1 / sqrt(head_dim) and
   folds it into the initialization of the queries, as T5 does. Where the 'intermediates'
   collection is mutable, the layer sows the attention weights (B, heads, T, S) there, computed
-  by the reference kernel.
+  by the reference kernel. `dropout_rate` > 0 drops attention probabilities where the call is
+  not `deterministic` (T5's and BERT's attention dropout, with the 'dropout' rng): there the
+  kernel must take it (`kernels.takes_dropout`: 'auto' and 'reference'; another fails when the
+  call is traced, before anything compiles), while deterministic calls run any kernel.
 
   With `cache_index` set, the 'cache' collection holds the keys and values in `cache_layout`
   (`kernels.cache.LAYOUTS`; 'folded', every platform's, is (B * num_kv_heads, S, head_dim)):
@@ -117,6 +130,7 @@ class Attention(nn.Module):
   cache_layout: str = 'folded'
   init_std: float | None = 0.02
   scale_logits: bool = True
+  dropout_rate: float = 0.0  # of the attention probabilities, in training
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
 
@@ -128,6 +142,8 @@ class Attention(nn.Module):
     if self.rope_base is not None:
       check_rope(self.head_dim, self.rope_base)
     kernels.function(self.kernel)  # an unknown name fails here
+    if not 0 <= self.dropout_rate < 1:
+      raise ValueError(f'Attention dropout_rate={self.dropout_rate} must be in [0, 1).')
     kernels.cache.check_layout(self.cache_layout)
     super().__post_init__()
 
@@ -137,7 +153,7 @@ class Attention(nn.Module):
 
   @nn.compact
   def __call__(self, x, kv_inputs=None, *, mask=None, positions=None, cache_index=None,
-               bias=None):
+               bias=None, deterministic=True):
     """x (B, T, D) -> (B, T, out_features).
 
     kv_inputs (B, S, D'): cross-attention's keys and values (None in a cached decoding step,
@@ -146,7 +162,8 @@ class Attention(nn.Module):
     (B | 1, heads | 1, T, S) added to the scaled logits (over the S cache slots when decoding),
     or None. positions
     (B, T): RoPE's token positions. cache_index: the cache slot of the first of the T queries
-    (decoding), or None (no cache).
+    (decoding), or None (no cache). deterministic: False drops attention probabilities at
+    `dropout_rate` (never over the cache: decoding is deterministic).
     """
     kernels.masks.check(mask)
     dense = lambda heads, axis, name, gain=1.0: Linear(
@@ -176,8 +193,12 @@ class Attention(nn.Module):
                                     scale=scale, bias=bias, layout=self.cache_layout)
     else:
       fn = kernels.function(self.kernel)
+      rng = None
+      if not deterministic and self.dropout_rate:  # when traced: a kernel that cannot fails
+        check_dropout(self.kernel, self.dropout_rate)
+        rng = self.make_rng('dropout')
       out = fn(q, k, v, kernels.masks.for_kernel(fn, mask, q.shape[1], k.shape[1]), scale=scale,
-               **kernels.bias_argument(bias))
+               **kernels.bias_argument(bias), **kernels.dropout_argument(self.dropout_rate, rng))
       if self.is_mutable_collection('intermediates'):
         dense_mask = kernels.masks.dense(mask, q.shape[1], k.shape[1])
         self.sow('intermediates', 'attention_weights',

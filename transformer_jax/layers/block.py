@@ -46,10 +46,13 @@ class Block(nn.Module):
 
   `attention`, `mlp`, `cross_attention` and `norm` are module factories, called with the
   sublayer's name ('attn', 'cross_attn', 'mlp'; norms '<sublayer>_norm'): pass your own module to
-  try a new sublayer. `cross_attention` None: a block without one; `norm` None: no norms. The
-  ablations keep a sublayer's place but make it write nothing: use_attention=False or
-  use_mlp=False adds zero to the residual stream (a post-LN block still normalizes there), and
-  use_residual=False drops the `x +` of every sublayer.
+  try a new sublayer. A sublayer whose __call__ takes `deterministic` is called with the
+  block's (its own dropout: Attention's of the probabilities, MLP's of the hidden activation);
+  one of your own need not take it. `dropout_rate` drops each sublayer's output before the
+  residual add. `cross_attention` None: a block without one;
+  `norm` None: no norms. The ablations keep a sublayer's place but make it write nothing:
+  use_attention=False or use_mlp=False adds zero to the residual stream (a post-LN block still
+  normalizes there), and use_residual=False drops the `x +` of every sublayer.
 
   A conditioned norm (a class with `conditioned = True`, such as AdaLNZero: DiT's adaLN-Zero)
   is called as norm(x, encoded) -> (h, gate), `encoded` being the conditioning vector (B, C),
@@ -94,17 +97,23 @@ class Block(nn.Module):
     cross-attention takes none), or None.
     """
     x = axes.constrain(x, axes.EMBED)  # the residual stream between blocks
-    attend = lambda h: self.attention(name='attn')(
+    attend = lambda h: self._called(self.attention(name='attn'))(
         h, mask=mask, positions=positions, cache_index=cache_index,
         **({} if bias is None else {'bias': bias}))
     x = self._sublayer(x, attend, 'attn', self.use_attention, encoded)
     if self.cross_attention is not None:
-      cross = lambda h: self.cross_attention(name='cross_attn')(
+      cross = lambda h: self._called(self.cross_attention(name='cross_attn'))(
           h, encoded, mask=cross_mask, cache_index=cache_index)
       x = self._sublayer(x, cross, 'cross_attn', self.use_attention)
-    x = axes.constrain(self._sublayer(x, self.mlp(name='mlp'), 'mlp', self.use_mlp, encoded),
-                       axes.EMBED)
+    x = axes.constrain(self._sublayer(x, self._called(self.mlp(name='mlp')), 'mlp', self.use_mlp,
+                                      encoded), axes.EMBED)
     return (x, None) if self.scanned else x
+
+  def _called(self, sublayer: nn.Module) -> Callable:
+    """The sublayer, given the block's `deterministic` where its __call__ takes one."""
+    if 'deterministic' in inspect.signature(type(sublayer).__call__).parameters:
+      return functools.partial(sublayer, deterministic=self.deterministic)
+    return sublayer
 
   def _sublayer(self, x, fn, name, present, encoded=None):
     norm = (lambda h: h) if self.norm is None else self.norm(name=f'{name}_norm')

@@ -34,13 +34,16 @@ class MLP(nn.Module):
     mlp = MLP(hidden=512, activation='swiglu')
     y = mlp.apply(mlp.init(rng, x), x)  # x (..., D) -> (..., out_features or D)
 
-  `activation` is one of KINDS; `init_std` None draws the kernels LeCun-normal.
+  `activation` is one of KINDS; `init_std` None draws the kernels LeCun-normal. `dropout_rate`
+  drops the hidden activation (after the activation or the gate's product, before the down
+  projection: T5's) where the call is not `deterministic`, with the 'dropout' rng.
   """
   hidden: int
   activation: str = 'gelu'
   out_features: int | None = None  # None: the input's width
   use_bias: bool = True
   init_std: float | None = 0.02
+  dropout_rate: float = 0.0  # of the hidden activation, in training
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
 
@@ -49,11 +52,14 @@ class MLP(nn.Module):
       raise ValueError(f'Unknown MLP activation {self.activation!r}: use one of {list(KINDS)}.')
     if self.hidden < 1:
       raise ValueError(f'MLP hidden={self.hidden} must be at least 1.')
+    if not 0 <= self.dropout_rate < 1:
+      raise ValueError(f'MLP dropout_rate={self.dropout_rate} must be in [0, 1).')
     super().__post_init__()
 
   @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
-    """x (..., D) -> (..., out_features or D), in `dtype`."""
+  def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
+    """x (..., D) -> (..., out_features or D), in `dtype`; deterministic False drops the hidden
+    activation at `dropout_rate`."""
     dense = lambda features, in_axis, out_axis, name: Linear(
         (features,), (in_axis,), (out_axis,), use_bias=self.use_bias, init_std=self.init_std,
         dtype=self.dtype, param_dtype=self.param_dtype, name=name)
@@ -62,5 +68,5 @@ class MLP(nn.Module):
       h = GATED[self.activation](gate) * dense(self.hidden, 'embed', 'mlp', 'up')(x)
     else:
       h = ACTIVATIONS[self.activation](dense(self.hidden, 'embed', 'mlp', 'up')(x))
-    h = axes.constrain(h, axes.MLP)
+    h = nn.Dropout(self.dropout_rate)(axes.constrain(h, axes.MLP), deterministic=deterministic)
     return dense(self.out_features or x.shape[-1], 'mlp', 'embed', 'down')(h)

@@ -60,8 +60,10 @@ def family_of(model: ModelConfig | Mapping[str, Any]) -> registry.Family:
 def attention_kernel(model: ModelConfig | Mapping[str, Any],
                      platform: str | None = None) -> kernels.Choice:
   """The attention kernel `model` runs when compiled for `platform` ('cpu', 'gpu', 'tpu'; None:
-  whichever the step is lowered for, for 'auto')."""
-  return kernels.resolve(model_config(model).attention_kernel, platform)
+  whichever the step is lowered for, for 'auto'): the reference kernel where the model drops
+  attention probabilities in training."""
+  cfg = model_config(model)
+  return kernels.resolve(cfg.attention_kernel, platform, cfg.attention_dropout_rate)
 
 
 def resolved(model: ModelConfig | Mapping[str, Any], platform: str

@@ -2,7 +2,10 @@
 every decoder block. T5 (Raffel et al. 2020) is a style of it (models/styles.py): with
 positions='relative', each stack computes its relative position bias once, before its first
 block, and every self-attention of that stack adds it (bidirectional buckets in the encoder,
-causal ones in the decoder; cross-attention takes none)."""
+causal ones in the decoder; cross-attention takes none), and in training drops at
+model.dropout_rate everywhere T5 does: the embeddings, the attention probabilities, the MLP's
+hidden activation, each sublayer's output and each stack's final-norm output
+(model.final_dropout)."""
 import dataclasses
 import functools
 from typing import ClassVar
@@ -17,7 +20,7 @@ from transformer_jax.kernels import masks
 from transformer_jax.layers.relative_position import (RelativePositionBias, cached_key_positions,
                                                       check_relative_buckets)
 from transformer_jax.models import common, registry
-from transformer_jax.ranges import Range
+from transformer_jax.ranges import OPTIONAL_FRACTION, Range
 
 __all__ = ['EncoderDecoder', 'EncoderDecoderConfig', 'FAMILY', 'forward_flops', 'param_counts',
            'relative_bias_params']
@@ -37,8 +40,10 @@ class EncoderDecoderConfig(common.TextConfig):
   relative_max_distance: int = 128
   # The decoder's output times width^-0.5 before the tied unembedding (T5 1.0).
   scale_tied_head: bool = False
+  # Dropout of each stack's output after its final norm, in training (T5's); None: dropout_rate.
+  final_dropout: float | None = 0.0
 
-  RANGES: ClassVar = {**common.TextConfig.RANGES,
+  RANGES: ClassVar = {**common.TextConfig.RANGES, 'final_dropout': OPTIONAL_FRACTION,
                       'num_decoder_layers': Range(1, integer=True, optional=True),
                       'relative_buckets': Range(1, integer=True),
                       'relative_max_distance': Range(1, integer=True)}
@@ -66,6 +71,14 @@ class EncoderDecoderConfig(common.TextConfig):
   def decoder_layers(self) -> int:
     return self.num_decoder_layers or self.num_layers
 
+  @property
+  def final_dropout_rate(self) -> float:
+    return self.dropout_rate if self.final_dropout is None else self.final_dropout
+
+  @property
+  def dropout_rates(self) -> dict[str, float]:
+    return {**super().dropout_rates, 'final_dropout': self.final_dropout_rate}
+
 
 class EncoderDecoder(nn.Module):
   """inputs (B, S), targets (B, T) -> float32 logits (B, T, V) of the next target token.
@@ -81,6 +94,7 @@ class EncoderDecoder(nn.Module):
     cfg = self.cfg
     self.embed = common.text_embed(cfg)
     self.dropout = nn.Dropout(cfg.dropout_rate)
+    self.final_dropout = nn.Dropout(cfg.final_dropout_rate)
     self.encoder = common.stack(cfg, cfg.num_layers)
     self.encoder_norm = common.norm(cfg)() if cfg.final_norm else None
     self.decoder = common.stack(cfg, cfg.decoder_layers, cross_attention=True)
@@ -109,7 +123,13 @@ class EncoderDecoder(nn.Module):
       slots = np.arange(inputs.shape[1])
       bias = self.encoder_position_bias(slots, slots)
     x = self.encoder(x, mask, positions, bias=bias, deterministic=deterministic)
-    return x if self.encoder_norm is None else self.encoder_norm(x)
+    return self.encoder_output(x, deterministic)
+
+  def encoder_output(self, x, deterministic=True):
+    """The encoder stack's output x (B, S, D) through its final norm and final dropout."""
+    if self.encoder_norm is not None:
+      x = self.encoder_norm(x)
+    return self.final_dropout(x, deterministic=deterministic)
 
   def decode(self, targets, encoded, input_valid=None, positions=None, *, attention_mask=None,
              cross_mask=None, cache_index=None, deterministic=True):
@@ -132,7 +152,7 @@ class EncoderDecoder(nn.Module):
                      deterministic=deterministic)
     if self.decoder_norm is not None:
       x = self.decoder_norm(x)
-    return self.head(x, self.embed)
+    return self.head(self.final_dropout(x, deterministic=deterministic), self.embed)
 
   def _decoder_bias(self, num_queries: int, mask, cache_index):
     """The decoder's relative bias (1, heads, T, S) over its own T tokens, or with a cache over

@@ -23,15 +23,18 @@ STYLES = {
     # Raffel et al. 2020: pre-norm RMS norms without mean or bias (T5's LayerNorm), no biases,
     # a ReLU MLP, relative position biases, unscaled attention logits (the scale is folded into
     # the LeCun-normal initialization of the queries), embeddings of unit variance added
-    # unscaled, and a tied head whose input is scaled by width^-0.5. T5 1.1: a gated-GELU MLP
-    # and an untied head.
+    # unscaled, a tied head whose input is scaled by width^-0.5, and dropout at the one
+    # dropout_rate everywhere (the attention probabilities, the MLP's hidden activation and each
+    # stack's final-norm output too). T5 1.1: a gated-GELU MLP and an untied head.
     't5': dict(norm='rmsnorm', norm_eps=1e-6, mlp='relu', positions='relative', use_bias=False,
                tie_embeddings=True, scale_tied_head=True, norm_position='pre',
-               scale_attention=False, init_std=None, embed_init_std=1.0, scale_embeddings=False),
+               scale_attention=False, init_std=None, embed_init_std=1.0, scale_embeddings=False,
+               attention_dropout=None, mlp_dropout=None, final_dropout=None),
     't5_v1_1': dict(norm='rmsnorm', norm_eps=1e-6, mlp='gated-gelu', positions='relative',
                     use_bias=False, tie_embeddings=False, scale_tied_head=False,
                     norm_position='pre', scale_attention=False, init_std=None,
-                    embed_init_std=1.0, scale_embeddings=False),
+                    embed_init_std=1.0, scale_embeddings=False, attention_dropout=None,
+                    mlp_dropout=None, final_dropout=None),
     # Radford et al. 2022: pre-LN, exact GELU, no bias on the key projections, a tied output.
     'whisper': dict(norm='layernorm', norm_eps=1e-5, mlp='gelu', positions='learned',
                     use_bias=True, key_bias=False, tie_embeddings=True, norm_position='pre'),

@@ -114,7 +114,7 @@ class Whisper(EncoderDecoder):
     x = self.dropout(x, deterministic=deterministic)
     mask = common.both_masks(common.key_mask(input_valid), attention_mask)
     x = self.encoder(x, mask, positions, deterministic=deterministic)
-    return x if self.encoder_norm is None else self.encoder_norm(x)
+    return self.encoder_output(x, deterministic)
 
   def encoder_input(self, batch_size: int, source_len: int) -> jax.ShapeDtypeStruct:
     """The features whose encoding has `source_len` positions (the cache protocol's optional

@@ -62,8 +62,8 @@ class StepSettings:
     training = settings.training
     return cls(seed=settings.seed, grad_accum_steps=training.grad_accum_steps,
                label_smoothing=training.label_smoothing,
-               dropout=settings.model.dropout_rate > 0, parallelism=settings.parallelism,
-               rules=settings.rules, ema_decay=training.ema_decay)
+               dropout=any(rate > 0 for rate in settings.model.dropout_rates.values()),
+               parallelism=settings.parallelism, rules=settings.rules, ema_decay=training.ema_decay)
 
 
 def _microbatches(batch, num: int):
@@ -172,12 +172,16 @@ def make_stacked_train_step(model, family: Family, make_optimizer, mesh, stacked
 
 
 def _dropout_keeping(keep_prob):
-  """A method interceptor that makes every nn.Dropout keep `keep_prob` (a traced scalar: one
-  run's 1 - dropout_rate) instead of its own constant rate, drawing the same mask from the same
-  key as nn.Dropout does (bernoulli(rng, keep_prob, shape): uniform draws below keep_prob)."""
+  """A method interceptor that makes every nn.Dropout that drops (rate > 0: those of
+  model.dropout_rate; a rate of its own, such as model.mlp_dropout, is refused in a vmapped sweep)
+  keep `keep_prob` (a traced scalar: one run's 1 - dropout_rate) instead of its own constant
+  rate, drawing the same mask from the same key as nn.Dropout does (bernoulli(rng, keep_prob,
+  shape): uniform draws below keep_prob). One at rate 0 (an MLP's without model.mlp_dropout)
+  keeps everything, as it would alone."""
   def intercept(call, args, kwargs, context):
     dropout = context.module
-    if not isinstance(dropout, nn.Dropout) or context.method_name != '__call__':
+    if (not isinstance(dropout, nn.Dropout) or context.method_name != '__call__'
+        or dropout.rate == 0):
       return call(*args, **kwargs)
     inputs, *rest = args
     deterministic = nn.merge_param('deterministic', dropout.deterministic,

@@ -26,6 +26,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from transformer_jax import config_lib
+from transformer_jax.errors import ConfigError
 from transformer_jax.train import checkpoint, loop, optim, setup, workdir_lock
 from transformer_jax.train.setup import Run
 from transformer_jax.train.sharding import DATA_AXIS
@@ -108,6 +109,17 @@ class _Program:
                    out_shardings=self.state_sharding)(*states)
 
 
+def _check_dropout(cfg) -> None:
+  """The stacked step traces one number for dropout, model.dropout_rate, which every nn.Dropout
+  takes: a model that also drops at a rate of its own (attention probabilities in the kernel, an
+  MLP's activation, a stack's output) fails, naming it."""
+  extra = [name for name, rate in cfg.dropout_rates.items() if name != 'dropout_rate' and rate]
+  if extra:
+    raise ConfigError(f'A vmapped sweep traces model.dropout_rate only, and model.{extra[0]} '
+                      f'drops at {cfg.dropout_rates[extra[0]]}: set model.{extra[0]}=0, or train '
+                      'the runs one after another (vmap=False).')
+
+
 def _batch_of(batches: list[dict], mesh) -> dict:
   """The runs' batches (each this process's rows) as global arrays (runs, batch, ...), the batch
   axis split over the mesh's data axis."""
@@ -120,6 +132,7 @@ def lowered_step(runs: list[Run], batch: dict):
   """The stacked step of `runs` (one group) lowered for the runs' devices (a target's
   compile-only devices where they were built on them, as aot.compiled_stacked_step does) on
   abstract states and numbers, `batch` giving one run's batch as ShapeDtypeStructs."""
+  _check_dropout(runs[0].model_config)
   program = _Program.of(runs)
   stacked = lambda a, s: jax.ShapeDtypeStruct((len(runs), *a.shape), a.dtype, sharding=s)
   state = jax.tree.map(stacked, runs[0].abstract_state, program.state_sharding)
@@ -157,6 +170,7 @@ def train_group(configs, workdirs: list[str]) -> list[str | None]:
     raise ValueError('These runs differ in more than the vmapped numbers '
                      f'({", ".join(VMAPPED_KEYS)}): split them with vmapped.groups.')
   runs = [setup.build_run(c, w) for c, w in zip(configs, workdirs)]
+  _check_dropout(runs[0].model_config)
   with contextlib.ExitStack() as stack:
     for workdir in workdirs:
       stack.enter_context(workdir_lock.held(workdir))
