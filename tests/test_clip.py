@@ -268,6 +268,8 @@ def test_hf_dual_encoders_import_and_export_with_transformers_logits(make, tmp_p
     ({'projection_size': 16}, {}, 'text_config.projection_size=16'),
     ({}, {'vision_use_head': False}, 'vision_use_head=False'),
     ({'hidden_act': 'gelu'}, {}, "vision_config.hidden_act='gelu_pytorch_tanh'"),
+    ({'attention_dropout': 0.1}, {},
+     'text_config.attention_dropout=0.1, vision_config.attention_dropout=0.0'),
 ])
 def test_a_siglip_checkpoint_we_cannot_express_fails_naming_the_option(text, vision, fix):
   with pytest.raises(convert.CheckpointError, match=fix):

@@ -13,6 +13,7 @@ import safetensors.numpy
 import tokenizers
 import torch
 import transformers
+from flax import linen as nn
 from flax import traverse_util
 
 from helpers import ROOT, load_config
@@ -141,6 +142,61 @@ def test_export_round_trips_through_transformers(checkpoint, family, tmp_path):
   assert_same_tree(convert.load_params(tmp_path), params)
 
 
+TOWER = dict(hidden_size=WIDTH, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64)
+TOWERS = dict(text_config=dict(TOWER, vocab_size=VOCAB, max_position_embeddings=9),
+              vision_config=dict(TOWER, image_size=8, patch_size=4))
+# Each class's dropouts at rates other than its defaults: (a small config of the class, the rates
+# in config.json as transformers reads them back (a dual encoder's in each tower), ours as
+# model.dropout_rates gives them).
+DROPOUTS = {
+    'GPT2LMHeadModel': (SPECS['gpt2'][1], dict(embd_pdrop=0.2, resid_pdrop=0.2, attn_pdrop=0.3),
+                        dict(dropout_rate=0.2, attention_dropout=0.3, mlp_dropout=0.0)),
+    'LlamaForCausalLM': (SPECS['llama'][1], dict(attention_dropout=0.3),
+                         dict(dropout_rate=0.0, attention_dropout=0.3, mlp_dropout=0.0)),
+    'BertForMaskedLM': (SPECS['bert'][1], dict(hidden_dropout_prob=0.2,
+                                               attention_probs_dropout_prob=0.3),
+                        dict(dropout_rate=0.2, attention_dropout=0.3, mlp_dropout=0.0)),
+    'ViTForImageClassification': (
+        SPECS['vit'][1], dict(hidden_dropout_prob=0.2, attention_probs_dropout_prob=0.3),
+        dict(dropout_rate=0.2, attention_dropout=0.3, mlp_dropout=0.0)),
+    'WhisperForConditionalGeneration': (
+        transformers.WhisperConfig(
+            vocab_size=VOCAB, num_mel_bins=12, d_model=WIDTH, encoder_layers=1, decoder_layers=1,
+            encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+            decoder_ffn_dim=64, max_source_positions=8, max_target_positions=10),
+        dict(dropout=0.2, attention_dropout=0.3, activation_dropout=0.4),
+        dict(dropout_rate=0.2, attention_dropout=0.3, mlp_dropout=0.4, final_dropout=0.0)),
+    'CLIPModel': (transformers.CLIPConfig(**TOWERS, projection_dim=8), dict(attention_dropout=0.3),
+                  dict(dropout_rate=0.0, attention_dropout=0.3, mlp_dropout=0.0)),
+    'SiglipModel': (transformers.SiglipConfig(**TOWERS), dict(attention_dropout=0.3),
+                    dict(dropout_rate=0.0, attention_dropout=0.3, mlp_dropout=0.0)),
+}
+
+
+def parts(config) -> list:
+  """The configs that hold the dropout rates: a dual encoder's two towers, else `config`."""
+  return ([config.text_config, config.vision_config] if hasattr(config, 'vision_config')
+          else [config])
+
+
+@pytest.mark.parametrize('name', list(DROPOUTS))
+def test_dropout_rates_import_as_our_settings_and_export_back(name, tmp_path):
+  """config.json's dropout rates are our model's (T5's: test_t5_convert), and the export of that
+  model writes them back as transformers' config class reads them. No dropout moves the eval
+  logits, which the other tests compare."""
+  config, rates, ours = DROPOUTS[name]
+  values = dict(config.to_dict(), architectures=[name])
+  for part in [values[key] for key in TOWERS if key in values] or [values]:
+    part.update(rates)
+  fields = convert.model_config_of(values)
+  assert models.model_config(fields).dropout_rates == ours
+  shapes = nn.meta.unbox(models.abstract_variables(fields)['params'])
+  convert.save(tmp_path, fields, jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes))
+  assert convert.load_model_config(tmp_path) == fields
+  for part in parts(type(config).from_pretrained(tmp_path)):
+    assert {key: getattr(part, key) for key in rates} == rates
+
+
 def flat(tree):
   return traverse_util.flatten_dict(tree, sep='/')
 
@@ -263,6 +319,8 @@ def test_an_unsupported_architecture_fails_naming_the_supported_ones(checkpoint,
     ('llama', dict(head_dim=16), 'head_dim=16'),
     ('gpt2', dict(activation_function='silu'), "activation_function='silu'"),
     ('gpt2', dict(scale_attn_by_inverse_layer_idx=True), 'scale_attn_by_inverse_layer_idx=True'),
+    ('gpt2', dict(embd_pdrop=0.2), r'embd_pdrop=0.2, resid_pdrop=0.1, but .* one '
+     'model.dropout_rate: give them one rate'),
     ('vit', dict(qkv_bias=False), 'qkv_bias=False'),
     ('vit', dict(image_size=[8, 12]), r'image_size=\(8, 12\)'),
     ('bert', dict(position_embedding_type='relative_key'),
@@ -283,6 +341,9 @@ def test_export_fails_where_the_class_cannot_express_the_model(checkpoint, tmp_p
   with pytest.raises(convert.CheckpointError, match="LlamaForCausalLM cannot express .*"
                      "model.positions='learned' where LlamaForCausalLM has 'rope'"):
     convert.save(tmp_path, fields, params, architecture='LlamaForCausalLM')
+  with pytest.raises(convert.CheckpointError, match='GPT2LMHeadModel cannot express '
+                     'model.mlp_dropout=0.3 where GPT2LMHeadModel has 0.0'):
+    convert.save(tmp_path, dict(fields, mlp_dropout=0.3), params)
 
 
 def test_from_hf_config_samples_what_transformers_generates(checkpoint, tmp_path):

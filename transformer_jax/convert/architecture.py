@@ -8,8 +8,8 @@ from transformer_jax.errors import UserError
 from transformer_jax.model_config import ModelConfig
 
 __all__ = [
-    'ACTIVATIONS', 'Architecture', 'CheckpointError', 'hf_activation', 'HF_ACTIVATIONS',
-    'HfConfig', 'NO_ABLATIONS']
+    'ACTIVATIONS', 'ATTENTION_DROPOUT_ONLY', 'Architecture', 'CheckpointError', 'hf_activation',
+    'HF_ACTIVATIONS', 'HfConfig', 'NO_ABLATIONS']
 
 # HF's activation names (transformers.activations.ACT2FN) -> our model.mlp, and back.
 ACTIVATIONS = {'gelu': 'gelu', 'gelu_new': 'gelu_tanh', 'gelu_pytorch_tanh': 'gelu_tanh',
@@ -19,6 +19,9 @@ HF_ACTIVATIONS = {'gelu': 'gelu', 'gelu_tanh': 'gelu_new', 'relu': 'relu',
 # Every HF class here has every sublayer, norm and residual (none of our ablations); the text
 # ones add their embedding rows unscaled (scale_embeddings=False).
 NO_ABLATIONS = dict(use_attention=True, use_mlp=True, use_norm=True, use_residual=True)
+# The dropout of an HF class that drops the attention probabilities only (LLaMA, CLIP, SigLIP):
+# none of the embeddings, the residual branches or the MLP's hidden activation.
+ATTENTION_DROPOUT_ONLY = dict(dropout_rate=0.0, mlp_dropout=0.0)
 
 
 class CheckpointError(UserError, ValueError):
@@ -52,6 +55,20 @@ class HfConfig:
           f'{what_we_do} (supported: {list(supported)}); the converted model would compute '
           'something else, so nothing was converted. Add the option to the shared layers first.')
     return value
+
+  def rate(self, key: str, default: float) -> float:
+    """A dropout probability, which transformers' configs may hold as an int (0)."""
+    return float(self.get(key, default))
+
+  def one_rate(self, rates: dict[str, float], setting: str) -> float:
+    """The one dropout rate of config.json's `rates` ({key: value}), which our model.`setting`
+    applies at every place where transformers applies one of them: they must be equal."""
+    if len(set(rates.values())) > 1:
+      given = ', '.join(f'{key}={rate!r}' for key, rate in rates.items())
+      raise CheckpointError(
+          f'{self.architecture}: config.json sets {given}, but transformer_jax drops at all '
+          f'these places at one model.{setting}: give them one rate in config.json.')
+    return float(next(iter(rates.values())))
 
   def activation(self, key: str, default: str) -> str:
     """Our model.mlp for HF's activation name."""

@@ -2,7 +2,13 @@
 LayerNorm, and the MLM head (dense + activation + LayerNorm, the decoder tied to the token
 embedding, an output bias). BERT's pooler and next-sentence head are not part of it. BertModel,
 the same without the MLM head, is read (not written) as a headless architecture: a dual
-encoder's text tower starts from it (LiT, Zhai et al. 2022)."""
+encoder's text tower starts from it (LiT, Zhai et al. 2022).
+
+Dropout, as transformers' BERT applies it in training: hidden_dropout_prob of the embeddings
+(after their LayerNorm) and of each sublayer's output before its residual add is
+model.dropout_rate, attention_probs_dropout_prob of the attention probabilities
+model.attention_dropout; BERT has no dropout of the MLP's hidden activation (model.mlp_dropout
+0). classifier_dropout belongs to the classification heads, which BertForMaskedLM has not."""
 from transformer_jax.convert.architecture import (NO_ABLATIONS, Architecture, HfConfig,
                                                   hf_activation)
 from transformer_jax.convert.tensors import Tensor, linear, norm
@@ -12,7 +18,7 @@ __all__ = ['BERT', 'BERT_MODEL', 'FIXED', 'hf_config', 'model_fields', 'NAME', '
 NAME = 'BertForMaskedLM'
 FIXED = dict(family='encoder', norm='layernorm', norm_bias=True, norm_position='post',
              positions='learned', use_bias=True, num_kv_heads=None, embed_norm=True,
-             scale_embeddings=False, **NO_ABLATIONS)
+             scale_embeddings=False, mlp_dropout=0.0, **NO_ABLATIONS)
 
 
 def model_fields(c: HfConfig) -> dict:
@@ -26,7 +32,9 @@ def model_fields(c: HfConfig) -> dict:
               type_vocab_size=c.get('type_vocab_size', 2),
               norm_eps=float(c.get('layer_norm_eps', 1e-12)),
               mlp=c.activation('hidden_act', 'gelu'),
-              tie_embeddings=c.get('tie_word_embeddings', True))
+              tie_embeddings=c.get('tie_word_embeddings', True),
+              dropout_rate=c.rate('hidden_dropout_prob', 0.1),
+              attention_dropout=c.rate('attention_probs_dropout_prob', 0.1))
 
 
 def hf_config(cfg) -> dict:
@@ -35,7 +43,8 @@ def hf_config(cfg) -> dict:
               vocab_size=cfg.vocab_size, max_position_embeddings=cfg.max_len,
               type_vocab_size=cfg.type_vocab_size, layer_norm_eps=cfg.norm_eps,
               hidden_act=hf_activation(cfg, NAME), position_embedding_type='absolute',
-              tie_word_embeddings=cfg.tie_embeddings)
+              tie_word_embeddings=cfg.tie_embeddings, hidden_dropout_prob=cfg.dropout_rate,
+              attention_probs_dropout_prob=cfg.attention_dropout_rate)
 
 
 def tensors(cfg) -> list[Tensor]:

@@ -6,19 +6,26 @@ activation and the LayerNorm eps here. transformers pools the text at the highes
 row (not the first EOS) when eos_token_id is 2, as configs written before it had an EOS id do:
 that is the first EOS of OpenAI's vocabulary, whose EOS is its last id, so eos_id is read as
 vocab_size - 1 there.
+
+Dropout: transformers' CLIP (and SigLIP) drop the attention probabilities only, at each tower's
+attention_dropout: model.attention_dropout, which our towers share, so the two must be equal.
+Nothing else drops (model.dropout_rate and model.mlp_dropout 0): the `dropout` that older
+configs hold is applied nowhere in transformers' model, so it is not read.
 """
-from transformer_jax.convert.architecture import (NO_ABLATIONS, Architecture, CheckpointError,
-                                                  HfConfig, hf_activation)
+from transformer_jax.convert.architecture import (ATTENTION_DROPOUT_ONLY, NO_ABLATIONS,
+                                                  Architecture, CheckpointError, HfConfig,
+                                                  hf_activation)
 from transformer_jax.convert.tensors import Array, Tensor, Vectors, linear, norm
 
-__all__ = ['CLIP', 'encoder_blocks', 'FIXED', 'hf_config', 'model_fields', 'NAME', 'SHARED_BLOCKS',
-           'shared_option', 'tensors', 'towers']
+__all__ = ['attention_dropout', 'CLIP', 'encoder_blocks', 'FIXED', 'hf_config', 'model_fields',
+           'NAME', 'SHARED_BLOCKS', 'shared_option', 'tensors', 'towers']
 
 NAME = 'CLIPModel'
 # Both towers' blocks alike, the text tower without BERT's ends (a LiT tower from a BERT has
-# them, which neither CLIPModel nor SiglipModel holds).
+# them, which neither CLIPModel nor SiglipModel holds), dropping attention probabilities only.
 SHARED_BLOCKS = dict(text_norm_position=None, text_norm_eps=None, text_mlp=None,
-                     text_embed_norm=False, text_type_vocab_size=0, text_pad_id=None)
+                     text_embed_norm=False, text_type_vocab_size=0, text_pad_id=None,
+                     **ATTENTION_DROPOUT_ONLY)
 FIXED = dict(family='clip', norm='layernorm', norm_bias=True, norm_position='pre',
              positions='learned', use_bias=True, num_kv_heads=None, image_pool='cls',
              pre_norm=True, patch_bias=False, text_causal=True, text_pool='eos', text_head=False,
@@ -40,6 +47,13 @@ def shared_option(text: HfConfig, vision: HfConfig, key: str, default, what: str
                       f'gives both towers one {what}')
 
 
+def attention_dropout(text: HfConfig, vision: HfConfig) -> float:
+  """model.attention_dropout: the one attention_dropout of the towers' configs."""
+  rates = {f'{name}_config.attention_dropout': tower.rate('attention_dropout', 0.0)
+           for name, tower in (('text', text), ('vision', vision))}
+  return text.one_rate(rates, 'attention_dropout')
+
+
 def model_fields(c: HfConfig) -> dict:
   text, vision = towers(c)
   vocab_size = text.get('vocab_size', 49408)
@@ -58,14 +72,16 @@ def model_fields(c: HfConfig) -> dict:
               text_d_ff=text.get('intermediate_size', 2048), vocab_size=vocab_size,
               max_len=text.get('max_position_embeddings', 77),
               eos_id=vocab_size - 1 if eos == _LEGACY_EOS else eos,
-              embed_dim=c.get('projection_dim', 512))
+              embed_dim=c.get('projection_dim', 512),
+              attention_dropout=attention_dropout(text, vision))
 
 
 def hf_config(cfg) -> dict:
   if not cfg.embed_dim:
     raise CheckpointError(f'{NAME} projects both towers: set model.embed_dim.')
   act = hf_activation(cfg, NAME)
-  shared = dict(hidden_act=act, layer_norm_eps=cfg.norm_eps)
+  shared = dict(hidden_act=act, layer_norm_eps=cfg.norm_eps,
+                attention_dropout=cfg.attention_dropout_rate)
   return dict(
       projection_dim=cfg.embed_dim,
       text_config=dict(shared, hidden_size=cfg.text_width, num_hidden_layers=cfg.text_layers,

@@ -1,6 +1,11 @@
 """GPT2LMHeadModel: pre-LN LayerNorm blocks, learned positions, Conv1D layers ((in, out) kernels)
 with q, k and v fused into one c_attn, and the head tied to the token embedding (an lm_head of
-its own where tie_word_embeddings is false)."""
+its own where tie_word_embeddings is false).
+
+Dropout, as transformers' GPT-2 applies it in training: attn_pdrop of the attention probabilities
+is model.attention_dropout; embd_pdrop of the embeddings and resid_pdrop of each sublayer's output
+are our one model.dropout_rate, so they must be equal (the hub's are 0.1); GPT-2 has no dropout
+of the MLP's hidden activation (model.mlp_dropout 0)."""
 from transformer_jax.convert.architecture import (NO_ABLATIONS, Architecture, HfConfig,
                                                   hf_activation)
 from transformer_jax.convert.tensors import Tensor, decoder_ends, linear, norm, tied_to
@@ -10,7 +15,8 @@ __all__ = ['FIXED', 'GPT2', 'hf_config', 'model_fields', 'NAME', 'tensors']
 NAME = 'GPT2LMHeadModel'
 FIXED = dict(family='decoder', norm='layernorm', norm_bias=True, norm_position='pre',
              positions='learned', use_bias=True, num_kv_heads=None, scale_embeddings=False,
-             **NO_ABLATIONS)
+             mlp_dropout=0.0, **NO_ABLATIONS)
+_DROPOUT_DEFAULT = 0.1  # GPT2Config's of each dropout
 
 
 def model_fields(c: HfConfig) -> dict:
@@ -23,14 +29,18 @@ def model_fields(c: HfConfig) -> dict:
               d_ff=c.get('n_inner', 4 * width), vocab_size=c.get('vocab_size', 50257),
               max_len=c.get('n_positions', 1024), norm_eps=float(c.get('layer_norm_epsilon', 1e-5)),
               mlp=c.activation('activation_function', 'gelu_new'),
-              tie_embeddings=c.get('tie_word_embeddings', True))
+              tie_embeddings=c.get('tie_word_embeddings', True),
+              dropout_rate=c.one_rate({key: c.rate(key, _DROPOUT_DEFAULT)
+                                       for key in ('embd_pdrop', 'resid_pdrop')}, 'dropout_rate'),
+              attention_dropout=c.rate('attn_pdrop', _DROPOUT_DEFAULT))
 
 
 def hf_config(cfg) -> dict:
   return dict(n_embd=cfg.width, n_layer=cfg.num_layers, n_head=cfg.num_heads,
               n_inner=cfg.hidden_dim, vocab_size=cfg.vocab_size, n_positions=cfg.max_len,
               layer_norm_epsilon=cfg.norm_eps, activation_function=hf_activation(cfg, NAME),
-              tie_word_embeddings=cfg.tie_embeddings)
+              tie_word_embeddings=cfg.tie_embeddings, embd_pdrop=cfg.dropout_rate,
+              resid_pdrop=cfg.dropout_rate, attn_pdrop=cfg.attention_dropout_rate)
 
 
 def tensors(cfg) -> list[Tensor]:

@@ -1,13 +1,16 @@
 """LlamaForCausalLM: pre-LN RMSNorm blocks, SwiGLU, RoPE (HF's rotate_half is our half-split
-rotation), grouped-query attention, an untied or tied head."""
-from transformer_jax.convert.architecture import NO_ABLATIONS, Architecture, HfConfig
+rotation), grouped-query attention, an untied or tied head. Its one dropout, attention_dropout of
+the attention probabilities, is model.attention_dropout; it drops nothing else in training
+(model.dropout_rate and model.mlp_dropout 0)."""
+from transformer_jax.convert.architecture import (ATTENTION_DROPOUT_ONLY, NO_ABLATIONS,
+                                                  Architecture, HfConfig)
 from transformer_jax.convert.tensors import Tensor, decoder_ends, linear, norm, tied_to
 
 __all__ = ['FIXED', 'hf_config', 'LLAMA', 'model_fields', 'NAME', 'rope_base', 'tensors']
 
 NAME = 'LlamaForCausalLM'
 FIXED = dict(family='decoder', norm='rmsnorm', norm_position='pre', mlp='swiglu',
-             positions='rope', scale_embeddings=False, **NO_ABLATIONS)
+             positions='rope', scale_embeddings=False, **ATTENTION_DROPOUT_ONLY, **NO_ABLATIONS)
 
 
 def rope_base(c: HfConfig) -> float:
@@ -31,7 +34,8 @@ def model_fields(c: HfConfig) -> dict:
               d_ff=c.get('intermediate_size', 11008), vocab_size=c.get('vocab_size', 32000),
               max_len=c.get('max_position_embeddings', 2048),
               norm_eps=float(c.get('rms_norm_eps', 1e-6)), rope_base=rope_base(c), use_bias=bias,
-              tie_embeddings=c.get('tie_word_embeddings', False))
+              tie_embeddings=c.get('tie_word_embeddings', False),
+              attention_dropout=c.rate('attention_dropout', 0.0))
 
 
 def hf_config(cfg) -> dict:
@@ -41,7 +45,7 @@ def hf_config(cfg) -> dict:
               max_position_embeddings=cfg.max_len, rms_norm_eps=cfg.norm_eps, hidden_act='silu',
               rope_parameters=dict(rope_type='default', rope_theta=cfg.rope_base),
               attention_bias=cfg.use_bias, mlp_bias=cfg.use_bias,
-              tie_word_embeddings=cfg.tie_embeddings)
+              tie_word_embeddings=cfg.tie_embeddings, attention_dropout=cfg.attention_dropout_rate)
 
 
 def tensors(cfg) -> list[Tensor]:

@@ -4,12 +4,15 @@ through a linear head; no projections, and the sigmoid loss's logit scale and bi
 
 transformers' torch.nn.MultiheadAttention in the pooling head stores q|k|v as one in_proj
 tensor. The text pooling reads no EOS id, so eos_token_id is not a model option here (export
-writes model.eos_id, where set, for the tokenizer's sake).
+writes model.eos_id, where set, for the tokenizer's sake). Dropout is CLIP's (convert/clip.py):
+the towers' one attention_dropout; the pooling head's attention drops nothing, in transformers'
+model (torch.nn.MultiheadAttention's dropout 0) as in ours.
 """
 from transformer_jax.convert import vit
 from transformer_jax.convert.architecture import (NO_ABLATIONS, Architecture, CheckpointError,
                                                   HfConfig, hf_activation)
-from transformer_jax.convert.clip import SHARED_BLOCKS, encoder_blocks, shared_option, towers
+from transformer_jax.convert.clip import (SHARED_BLOCKS, attention_dropout, encoder_blocks,
+                                          shared_option, towers)
 from transformer_jax.convert.tensors import Array, Dense, Tensor, Vectors, linear, norm
 
 __all__ = ['FIXED', 'hf_config', 'model_fields', 'NAME', 'SIGLIP', 'tensors']
@@ -42,14 +45,16 @@ def model_fields(c: HfConfig) -> dict:
               text_heads=text.get('num_attention_heads', 12),
               text_d_ff=text.get('intermediate_size', 3072),
               vocab_size=text.get('vocab_size', 32000),
-              max_len=text.get('max_position_embeddings', 64))
+              max_len=text.get('max_position_embeddings', 64),
+              attention_dropout=attention_dropout(text, vision))
 
 
 def hf_config(cfg) -> dict:
   if cfg.embed_dim or cfg.width != cfg.text_width:
     raise CheckpointError(f'{NAME} compares the towers without projections: set '
                           'model.embed_dim=0 and model.text_width=model.width.')
-  shared = dict(hidden_act=hf_activation(cfg, NAME), layer_norm_eps=cfg.norm_eps)
+  shared = dict(hidden_act=hf_activation(cfg, NAME), layer_norm_eps=cfg.norm_eps,
+                attention_dropout=cfg.attention_dropout_rate)
   return dict(
       text_config=dict(shared, hidden_size=cfg.text_width, num_hidden_layers=cfg.text_layers,
                        num_attention_heads=cfg.text_heads,

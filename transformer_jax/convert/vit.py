@@ -1,6 +1,11 @@
 """ViTForImageClassification: pre-LN LayerNorm blocks, a [CLS] token and learned positions,
 the patch convolution stored (D, C, P, P) for NCHW images (ours is (P, P, C, D) for NHWC),
-and a linear classifier on the final [CLS] vector."""
+and a linear classifier on the final [CLS] vector.
+
+Dropout, as transformers' ViT applies it in training: hidden_dropout_prob of the embeddings (the
+patches, [CLS] and positions) and of each sublayer's output before its residual add is
+model.dropout_rate, attention_probs_dropout_prob of the attention probabilities
+model.attention_dropout; ViT has no dropout of the MLP's hidden activation (model.mlp_dropout 0)."""
 from transformer_jax.convert.architecture import (NO_ABLATIONS, Architecture, HfConfig,
                                                   hf_activation)
 from transformer_jax.convert.tensors import Array, Tensor, linear, norm
@@ -9,7 +14,8 @@ __all__ = ['FIXED', 'hf_config', 'model_fields', 'NAME', 'square', 'tensors', 'V
 
 NAME = 'ViTForImageClassification'
 FIXED = dict(family='vit', norm='layernorm', norm_bias=True, norm_position='pre',
-             positions='learned', use_bias=True, num_kv_heads=None, pool='cls', **NO_ABLATIONS)
+             positions='learned', use_bias=True, num_kv_heads=None, pool='cls', mlp_dropout=0.0,
+             **NO_ABLATIONS)
 
 
 def square(c: HfConfig, key: str, default: int) -> int:
@@ -29,7 +35,9 @@ def model_fields(c: HfConfig) -> dict:
               mlp=c.activation('hidden_act', 'gelu'),
               image_size=square(c, 'image_size', 224), patch_size=square(c, 'patch_size', 16),
               num_channels=c.get('num_channels', 3),
-              num_classes=len(labels) if labels else c.get('num_labels', 2))
+              num_classes=len(labels) if labels else c.get('num_labels', 2),
+              dropout_rate=c.rate('hidden_dropout_prob', 0.0),
+              attention_dropout=c.rate('attention_probs_dropout_prob', 0.0))
 
 
 def hf_config(cfg) -> dict:
@@ -37,7 +45,8 @@ def hf_config(cfg) -> dict:
               num_attention_heads=cfg.num_heads, intermediate_size=cfg.hidden_dim,
               layer_norm_eps=cfg.norm_eps, hidden_act=hf_activation(cfg, NAME), qkv_bias=True,
               image_size=cfg.image_size, patch_size=cfg.patch_size,
-              num_channels=cfg.num_channels,
+              num_channels=cfg.num_channels, hidden_dropout_prob=cfg.dropout_rate,
+              attention_probs_dropout_prob=cfg.attention_dropout_rate,
               id2label={str(i): f'LABEL_{i}' for i in range(cfg.num_classes)},
               label2id={f'LABEL_{i}': i for i in range(cfg.num_classes)})
 

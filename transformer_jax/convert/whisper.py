@@ -1,7 +1,14 @@
 """WhisperForConditionalGeneration: the convolutional stem, fixed sinusoidal encoder positions
 (stored in the checkpoint, as HF's embed_positions), pre-LN blocks with the exact GELU and no key
 bias, learned decoder positions, and proj_out tied to the decoder's token embedding. HF's
-input_features are (mels, frames); ours are (frames, mels)."""
+input_features are (mels, frames); ours are (frames, mels).
+
+Dropout, as transformers' Whisper applies it in training: dropout of the embeddings (each
+stack's, with their positions) and of each sublayer's output before its residual add is
+model.dropout_rate, attention_dropout of the self- and cross-attention probabilities
+model.attention_dropout, activation_dropout of the MLP's hidden activation model.mlp_dropout;
+Whisper drops nothing after a stack's final norm (model.final_dropout 0). encoder_layerdrop and
+decoder_layerdrop (skipping whole layers in training) have no setting here and are not read."""
 from transformer_jax.convert.architecture import (NO_ABLATIONS, Architecture, CheckpointError,
                                                   HfConfig, hf_activation)
 from transformer_jax.convert.tensors import Array, Tensor, linear, norm
@@ -11,7 +18,8 @@ __all__ = ['FIXED', 'hf_config', 'model_fields', 'NAME', 'tensors', 'WHISPER']
 NAME = 'WhisperForConditionalGeneration'
 FIXED = dict(family='whisper', norm='layernorm', norm_eps=1e-5, norm_bias=True,
              norm_position='pre', positions='learned', use_bias=True, key_bias=False,
-             num_kv_heads=None, scale_embeddings=False, tie_embeddings=True, **NO_ABLATIONS)
+             num_kv_heads=None, scale_embeddings=False, tie_embeddings=True, final_dropout=0.0,
+             **NO_ABLATIONS)
 # transformers' WhisperConfig defaults (the multilingual vocabulary's ids), which a config.json
 # without these keys takes.
 SPECIAL_IDS = dict(pad_token_id=50256, bos_token_id=50256, eos_token_id=50256,
@@ -35,7 +43,10 @@ def model_fields(c: HfConfig) -> dict:
               vocab_size=c.get('vocab_size', 51865), num_mels=c.get('num_mel_bins', 80),
               num_frames=2 * c.get('max_source_positions', 1500),
               max_len=c.get('max_target_positions', 448),
-              mlp=c.activation('activation_function', 'gelu'))
+              mlp=c.activation('activation_function', 'gelu'),
+              dropout_rate=c.rate('dropout', 0.0),
+              attention_dropout=c.rate('attention_dropout', 0.0),
+              mlp_dropout=c.rate('activation_dropout', 0.0))
 
 
 def hf_config(cfg) -> dict:
@@ -48,7 +59,9 @@ def hf_config(cfg) -> dict:
               decoder_ffn_dim=cfg.hidden_dim, vocab_size=cfg.vocab_size,
               num_mel_bins=cfg.num_mels, max_source_positions=cfg.source_positions,
               max_target_positions=cfg.max_len, activation_function=hf_activation(cfg, NAME),
-              scale_embedding=False, tie_word_embeddings=True, **_special_ids(cfg))
+              scale_embedding=False, tie_word_embeddings=True, dropout=cfg.dropout_rate,
+              attention_dropout=cfg.attention_dropout_rate, activation_dropout=cfg.mlp_dropout_rate,
+              **_special_ids(cfg))
 
 
 def _special_ids(cfg) -> dict:
