@@ -23,7 +23,8 @@ from transformer_jax.train import setup
 
 VOCAB, WIDTH = 64, 32
 # Tiny models with non-default options wherever one would hide a mistake: eps of 1e-2 so that a
-# misread eps moves the logits, grouped-query attention and a rope_theta of 500 for LLaMA.
+# misread eps moves the logits, grouped-query attention and a rope_theta of 500 for LLaMA, and
+# dropout in every model (GPT-2's and BERT's by default), which eval and decoding do not apply.
 SPECS = {
     'gpt2': (transformers.GPT2LMHeadModel, transformers.GPT2Config(
         vocab_size=VOCAB, n_positions=48, n_embd=WIDTH, n_layer=2, n_head=4, n_inner=48,
@@ -31,10 +32,12 @@ SPECS = {
     'llama': (transformers.LlamaForCausalLM, transformers.LlamaConfig(
         vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=56, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, rope_theta=500.0, rms_norm_eps=1e-2,
-        max_position_embeddings=64, bos_token_id=None, eos_token_id=None, pad_token_id=None)),
+        max_position_embeddings=64, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        attention_dropout=0.2)),
     'vit': (transformers.ViTForImageClassification, transformers.ViTConfig(
         image_size=8, patch_size=4, hidden_size=WIDTH, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=64, num_labels=5, layer_norm_eps=1e-2)),
+        intermediate_size=64, num_labels=5, layer_norm_eps=1e-2, hidden_dropout_prob=0.2,
+        attention_probs_dropout_prob=0.2)),
     'bert': (transformers.BertForMaskedLM, transformers.BertConfig(
         vocab_size=VOCAB, hidden_size=WIDTH, num_hidden_layers=2, num_attention_heads=4,
         intermediate_size=64, max_position_embeddings=16, layer_norm_eps=1e-2)),
