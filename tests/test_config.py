@@ -115,6 +115,18 @@ def test_sequences_longer_than_the_learned_position_table_are_refused():
   train.resolve(config)
 
 
+def test_a_read_only_mode_drops_nothing_so_auto_keeps_the_platforms_kernel():
+  """An imported GPT-2 or T5 trains at its dropout rates, which make 'auto' the reference kernel
+  (it forms the probabilities it drops); eval and sample drop nothing and keep the platform's."""
+  config = small_config('encoder_decoder', **{'model.dropout_rate': 0.1,
+                                              'model.attention_dropout': None})
+  trains = train.resolve(config, 'gpu')
+  assert (trains.kernel.name, trains.model.attention_dropout_rate) == ('reference', 0.1)
+  reads = train.resolve(config, 'gpu', deterministic=True)
+  assert reads.kernel.name == 'cudnn'
+  assert set(reads.model.dropout_rates.values()) == {0.0}
+
+
 def test_the_saved_config_is_the_default_and_flags_win(tmp_path):
   trained = small_config(**{'data.name': 'text_file', 'data.path': '/some/text.txt'})
   (tmp_path / 'config.json').write_text(trained.to_json_best_effort())

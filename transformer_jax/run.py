@@ -89,7 +89,8 @@ def run(config, workdir: str | None, mode: str):
     raise errors.ConfigError('--mode=compile needs --config.compile.target: a TPU topology '
                              "('v5e:2x2'), a Cloud TPU type ('v4-8') or GPUs ('h100x8').")
   on_target = target and mode in ('describe', 'compile')
-  settings = train.resolve(config, targets.target(target).platform if on_target else None)
+  settings = train.resolve(config, targets.target(target).platform if on_target else None,
+                           deterministic=mode in ('eval', 'sample'))
   if mode == 'describe':
     print(describe.describe(settings))
     return None

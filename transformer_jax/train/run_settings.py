@@ -57,10 +57,14 @@ class RunSettings:
 
 
 def resolve(config: 'ml_collections.ConfigDict | RunSettings',
-            platform: str | None = None) -> RunSettings:
+            platform: str | None = None, deterministic: bool = False) -> RunSettings:
   """The settings of `config` on `platform` ('cpu', 'gpu', 'tpu'; default: this machine's
   devices'), every key checked before anything is read or compiled: a ConfigError names the
-  key and a value that works. RunSettings are returned as they are."""
+  key and a value that works. RunSettings are returned as they are.
+
+  `deterministic`: for a mode that never trains (eval, sample), the model's dropout rates are
+  set to 0, so that none of them makes 'auto' pick the reference attention kernel (an imported
+  GPT-2's attention dropout would otherwise sample on the reference kernel of a GPU)."""
   if isinstance(config, RunSettings):
     if platform and platform != config.platform:
       raise ValueError(f'The settings were resolved for {config.platform}, not {platform}: '
@@ -72,6 +76,8 @@ def resolve(config: 'ml_collections.ConfigDict | RunSettings',
   cfg = models.model_config(config.model)
   family = models.registry.get(cfg.family)
   cfg = family.follow_data(cfg, data.stated_sizes(), 'The data settings')
+  if deterministic:
+    cfg = dataclasses.replace(cfg, **dict.fromkeys(cfg.dropout_rates, 0.0))
   cfg, kernel, dtype_reason = models.resolved(cfg, platform)
   mesh = MeshSettings.of(config.mesh)
   _check_rules(config, mesh)
