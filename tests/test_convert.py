@@ -349,13 +349,19 @@ def test_export_fails_where_the_class_cannot_express_the_model(checkpoint, tmp_p
     convert.save(tmp_path, dict(fields, mlp_dropout=0.3), params)
 
 
+def with_word_tokenizer(path, directory, vocab_size: int, unk_token: str):
+  """The checkpoint at `path` copied to `directory` with a tokenizer.json of the words w0 ..
+  w{vocab_size - 1} (ids 0 ..), split at whitespace: prompts written as ids."""
+  shutil.copytree(path, directory, dirs_exist_ok=True)
+  words = tokenizers.Tokenizer(tokenizers.models.WordLevel(
+      {f'w{i}': i for i in range(vocab_size)}, unk_token=unk_token))
+  words.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+  words.save(str(directory / 'tokenizer.json'))
+
+
 def test_from_hf_config_samples_what_transformers_generates(checkpoint, tmp_path):
   model, path = checkpoint('gpt2')
-  shutil.copytree(path, tmp_path, dirs_exist_ok=True)
-  words = tokenizers.Tokenizer(tokenizers.models.WordLevel(
-      {f'w{i}': i for i in range(VOCAB)}, unk_token='w0'))
-  words.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-  words.save(str(tmp_path / 'tokenizer.json'))
+  with_word_tokenizer(path, tmp_path, VOCAB, unk_token='w0')
   config = load_config(ROOT / 'configs' / 'from_hf.py', f'path={tmp_path}')
   assert config.model.to_dict() == dict(config.model.to_dict(), **convert.load_model_config(path))
   config.sample.update(prompt='w3 w14 w15 w9', max_new_tokens=8, temperature=0.0)

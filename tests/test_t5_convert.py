@@ -3,18 +3,16 @@
 tokens and parameter counts as the converted ones, exports load in transformers, and how the
 head is tied and scaled follows the checkpoint as transformers reads it."""
 import json
-import shutil
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import safetensors.numpy
-import tokenizers
 import torch
 import transformers
 
 from helpers import ROOT, load_config
-from test_convert import assert_same_tree, flat
+from test_convert import assert_same_tree, flat, with_word_tokenizer
 from train_helpers import small_config
 from transformer_jax import accounting, convert, decode, models, run, train
 from transformer_jax.models import styles
@@ -261,11 +259,7 @@ def test_from_hf_samples_a_t5_without_bos_from_its_decoder_start_as_transformers
   """--mode=sample of a T5 checkpoint whose tokenizer.json has no BOS (T5's has none): the
   decoder writes from config.json's decoder_start_token_id (0), greedy as transformers."""
   model, path = checkpoint('t5')
-  shutil.copytree(path, tmp_path, dirs_exist_ok=True)
-  words = tokenizers.Tokenizer(tokenizers.models.WordLevel(
-      {f'w{i}': i for i in range(VOCAB)}, unk_token='w2'))
-  words.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
-  words.save(str(tmp_path / 'tokenizer.json'))
+  with_word_tokenizer(path, tmp_path, VOCAB, unk_token='w2')
   config = load_config(ROOT / 'configs' / 'from_hf.py', f'path={tmp_path}')
   config.sample.update(prompt='w3 w14 w15 w9 w30', max_new_tokens=8, temperature=0.0)
   (text,) = run.run(config, None, 'sample')
