@@ -38,11 +38,12 @@ import jax
 import numpy as np
 import soundfile
 
+import step_timing
 from transformer_jax import data, run as run_lib, sweep
 from transformer_jax.data import audio, speech
 from transformer_jax.errors import UserError
 from transformer_jax.layers import log_mel
-from transformer_jax.train import cpu_runtime, setup, sharding
+from transformer_jax.train import cpu_runtime
 
 NAME = 'speech_digits'
 TITLE = 'Spoken digit strings: the reference Whisper on speech espeak-ng synthesizes'
@@ -231,29 +232,11 @@ def pipeline_rate(made_data, batches: int) -> float:
 
 
 def step_seconds(configs: list, batches: int) -> list[float]:
-  """The train step's median seconds of each config, on four batches made ahead each; the
+  """The train step's median seconds of each config, on batches made ahead (step_timing); the
   configs' steps are timed in turn, so that a shared machine's changing load falls on each."""
-  steps = [timed_step(config) for config in configs]
+  steps = [step_timing.timed_step(config) for config in configs]
   times = [[step(i) for step in steps] for i in range(batches + 2)]
   return [statistics.median(row[n] for row in times[2:]) for n in range(len(steps))]
-
-
-def timed_step(config):
-  """step(i) -> the seconds of one train step of `config` on its batch i % 4 (made ahead)."""
-  run_ = setup.build_run(config)
-  init = functools.partial(setup.initial_state, run_.model, run_.tx,
-                           run_.family.example_inputs(run_.model_config))
-  state = [jax.jit(init, out_shardings=run_.state_sharding)(jax.random.key(0))]
-  ready = [sharding.global_batch(run_.data.train_batch(i), run_.mesh) for i in range(4)]
-  compiled = run_.train_step.lower(state[0], ready[0]).compile()
-
-  def step(i: int) -> float:
-    start = time.perf_counter()
-    state[0], metrics = compiled(state[0], ready[i % 4])
-    jax.block_until_ready(metrics)
-    return time.perf_counter() - start
-
-  return step
 
 
 def main(argv=None):

@@ -3,6 +3,7 @@ import contextlib
 import functools
 import importlib.util
 import pathlib
+import sys
 from unittest import mock
 
 import flax.linen as nn
@@ -64,7 +65,10 @@ def init(cfg, rng, *inputs):
 
 
 def load_experiment(name):
-  """The module of experiments/NAME.py."""
+  """The module of experiments/NAME.py, its folder on the import path as when run as a script
+  (the experiments share modules such as step_timing)."""
+  if str(ROOT / 'experiments') not in sys.path:
+    sys.path.insert(0, str(ROOT / 'experiments'))
   spec = importlib.util.spec_from_file_location(name, ROOT / 'experiments' / f'{name}.py')
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
