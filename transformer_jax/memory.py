@@ -189,12 +189,10 @@ def activation_bytes(terms: dict[str, float], platform: str) -> int:
 
 def encoder_positions(cfg: ModelConfig, seq_len: int) -> int | None:
   """The encoder outputs an encoder-decoder's cache holds beside `seq_len` decoded tokens: the
-  positions of its first stack (the source's tokens, an audio window's frames); None for a
-  decoder."""
-  family = models.registry.get(cfg.family)
-  if family.decoding != 'encoder_decoder':
-    return None
-  return family.stacks(cfg, seq_len)[0].tokens
+  keys of the cross-attention of the family's stacks (the source's tokens, an audio window's
+  frames); None for a model without cross-attention."""
+  stacks = models.registry.get(cfg.family).stacks(cfg, seq_len)
+  return next((stack.keys[1] for stack in stacks if len(stack.keys) > 1), None)
 
 
 def kv_cache_bytes(cfg: ModelConfig, seq_len: int, dtype: str) -> int:
