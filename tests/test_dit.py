@@ -1,10 +1,18 @@
 """The DiT family: DiT-XL/2's parameter count, its 2-D positions, its loss, training through the
 run with an EMA, --mode=sample, and the settings it refuses."""
+import json
+import os
 import pathlib
+import re
+import subprocess
+import sys
+import threading
+import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from PIL import Image
 import pytest
 
 from transformer_jax import accounting, aot, config_lib, data, diffusion, models, run, train
@@ -214,7 +222,7 @@ def small(workdir_steps=4):
   return config
 
 
-@pytest.mark.slow  # about 100 s on 2 shared cores: two compiles of the step, the sampler
+@pytest.mark.slow  # two compiles of the step, the sampler, two launch.py --mode=sample: 3 min
 def test_it_trains_with_an_ema_and_samples_through_the_run(tmp_path):
   workdir = str(tmp_path)
   run.run(small(), workdir, 'train')
@@ -234,3 +242,69 @@ def test_it_trains_with_an_ema_and_samples_through_the_run(tmp_path):
   np.testing.assert_array_equal(saved['labels'], [0, 1, 2])
   assert {p.name for p in pathlib.Path(folder).glob('*.png')} == {
       'sample_0.png', 'sample_1.png', 'sample_2.png', 'grid.png'}
+  # Two --mode=sample commands at once, as a user trying two seeds in two terminals runs them:
+  # each names the folder it wrote, which holds all of its files.
+  command = [sys.executable, str(CONFIGS.parent / 'launch.py'),
+             f'--config={CONFIGS / "dit_reference.py"}', f'--workdir={workdir}', '--mode=sample']
+  runs = {seed: subprocess.Popen([*command, f'--config.sample.seed={seed}'], text=True,
+                                 stderr=subprocess.PIPE, env={'JAX_PLATFORMS': 'cpu', 'PATH': ''})
+          for seed in (1, 2)}
+  for seed, process in runs.items():
+    log = process.communicate(timeout=600)[1]
+    assert process.returncode == 0, log[-3000:]
+    (written,) = re.findall(r'Wrote 3 samples of step 4 \(.*\) to (.*)\.$', log, re.M)
+    assert written.startswith(f'{workdir}/samples/') and written.endswith(f'-seed{seed}')
+    assert sorted(os.listdir(written)) == ['grid.png', 'sample.json', 'sample_0.png',
+                                           'sample_1.png', 'sample_2.png', 'samples.npz']
+    assert not (np.load(f'{written}/samples.npz')['images'] == saved['images']).all()
+
+
+def test_two_sample_runs_at_once_each_write_a_whole_folder_of_their_own(tmp_path, monkeypatch,
+                                                                         caplog):
+  """--mode=sample twice on one workdir at the same second (the function in two threads, each
+  held with its files half-written until the other has its own half-written too): two folders,
+  each holding all of its run's files and nothing of the other's; a third run of the first's
+  settings in that second takes the name with -2."""
+  def draw(model, params, labels, wanted, batch_size):  # images that tell the runs apart
+    del model, params, batch_size
+    return np.random.default_rng(wanted.seed).integers(0, 256, (len(labels), 8, 8, 3), np.uint8)
+  both_half_written, real_grid = threading.Barrier(2), dit.grid
+
+  def grid(images):  # called between the PNGs and grid.png
+    both_half_written.wait(timeout=60)
+    return real_grid(images)
+  monkeypatch.setattr(dit, 'draw', draw)
+  monkeypatch.setattr(dit, 'grid', grid)
+  monkeypatch.setattr(dit, 'time', types.SimpleNamespace(strftime=lambda form: '20250102-030405'))
+  model = types.SimpleNamespace(cfg=tiny())
+  wanted = {seed: dit.SampleSettings(num_samples=3, steps=5, guidance_scale=2.0, seed=seed)
+            for seed in (0, 1)}
+  folders = {}
+  caplog.set_level('INFO', logger='transformer_jax')
+  threads = [threading.Thread(target=lambda s=seed: folders.update(
+      {s: dit.sample(model, None, 7, wanted[s], str(tmp_path))})) for seed in (0, 1)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join(timeout=120)
+  monkeypatch.setattr(dit, 'grid', real_grid)
+  again = dit.sample(model, None, 7, wanted[0], str(tmp_path))
+  samples = tmp_path / 'samples'
+  assert folders == {seed: str(samples / f'20250102-030405-step7-ddpm-5steps-g2-seed{seed}')
+                     for seed in (0, 1)}
+  assert again == f'{folders[0]}-2'
+  assert sorted(p.name for p in samples.iterdir()) == sorted(  # no partial folder is left
+      pathlib.Path(f).name for f in (*folders.values(), again))
+  for seed, folder in ((0, folders[0]), (1, folders[1]), (0, again)):
+    images = draw(None, None, np.zeros(3), wanted[seed], 3)
+    saved = np.load(f'{folder}/samples.npz')
+    np.testing.assert_array_equal(saved['images'], images)
+    np.testing.assert_array_equal(saved['labels'], [0, 1, 2])
+    for number in range(3):
+      np.testing.assert_array_equal(np.asarray(Image.open(f'{folder}/sample_{number}.png')),
+                                    images[number])
+    np.testing.assert_array_equal(np.asarray(Image.open(f'{folder}/grid.png')), dit.grid(images))
+    assert json.loads(pathlib.Path(f'{folder}/sample.json').read_text()) == {
+        'step': 7, 'num_samples': 3, 'classes': [], 'steps': 5, 'sampler': 'ddpm',
+        'guidance_scale': 2.0, 'seed': seed, 'clip_denoised': True}
+    assert sum(record.getMessage().endswith(f' to {folder}.') for record in caplog.records) == 1

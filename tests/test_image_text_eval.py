@@ -188,14 +188,19 @@ with mock_tfds(24, equal_lengths=True), mock.patch.object(sources, 'prepare_cifa
 """
 
 
-def launch(workdir, *flags, mode='train'):
-  """launch.py on TFDS's mock data: (the metrics rows it wrote, its log)."""
+def launched(workdir, *flags, mode='train') -> subprocess.CompletedProcess:
+  """launch.py on TFDS's mock data, as a user runs it, its output captured."""
   script = LAUNCH.format(tests=str(ROOT / 'tests'), root=str(ROOT))
-  result = subprocess.run(
+  return subprocess.run(
       [sys.executable, '-c', script, f'--config={ROOT / "configs" / "clip_reference.py"}:smoke',
        f'--workdir={workdir}', f'--mode={mode}', '--config.model.num_layers=1',
        '--config.model.text_layers=1', *flags],
       capture_output=True, text=True, timeout=600, env={'JAX_PLATFORMS': 'cpu', 'PATH': ''})
+
+
+def launch(workdir, *flags, mode='train'):
+  """launch.py on TFDS's mock data: (the metrics rows it wrote, its log)."""
+  result = launched(workdir, *flags, mode=mode)
   assert result.returncode == 0, result.stderr[-3000:]
   rows = [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
   return rows, result.stderr
@@ -277,6 +282,106 @@ def _noise_pairs(folder: pathlib.Path, count: int) -> pathlib.Path:
     lines.append(json.dumps({'image': f'{i}.png', 'text': [f'picture {i}', f'number {i % 7}']}))
   (folder / 'pairs.jsonl').write_text('\n'.join(lines))
   return folder / 'pairs.jsonl'
+
+
+def _with_line(jsonl: pathlib.Path, number: int, line: str) -> None:
+  """Line `number` (from 1) of `jsonl` replaced by `line`."""
+  lines = jsonl.read_text().splitlines()
+  lines[number - 1] = line
+  jsonl.write_text('\n'.join(lines))
+
+
+# (line, what is written there, the message that refuses it as the JSONL is opened); the first
+# four are a user's mistakes that once ended in a traceback or a line naming no file.
+BAD_RECORDS = [
+    (3, json.dumps({'image': 'lost.png', 'text': 'x'}),
+     "{jsonl}:3: the image {folder}/lost.png does not exist: fix the path (a relative one is "
+     "from the JSONL's folder), or drop the line."),
+    (4, '{"image": "3.png", "text": "unterminated}',
+     '{jsonl}:4 is not JSON (Unterminated string starting at: column 28): data.name=jsonl reads '
+     'one JSON object per line.'),
+    (5, json.dumps({'image': '4.png', 'caption': 'x'}),
+     "{jsonl}:5 has no caption under data.text_key='text' (its keys: ['caption', 'image']): "
+     'set --config.data.text_key.'),
+    (6, json.dumps({'image': '5.png', 'text': []}),
+     "{jsonl}:6 has an empty list of captions under data.text_key='text': caption its image, "
+     'or drop the line.'),
+    (7, json.dumps({'picture': '6.png', 'text': 'x'}),
+     "{jsonl}:7 has no image path under data.image_key='image' (its keys: ['picture', 'text']): "
+     'set --config.data.image_key.'),
+    (8, json.dumps({'image': 7, 'text': 'x'}),
+     "{jsonl}:8: its image path under data.image_key='image' is 7: write a string there."),
+    (9, json.dumps({'image': '8.png', 'text': ['x', None]}),
+     '{jsonl}:9: its caption under data.text_key=\'text\' is ["x", null]: write a string or a '
+     'list of strings there.'),
+    (10, '["9.png", "x"]',
+     '{jsonl}:10 is ["9.png", "x"], not a JSON object: data.name=jsonl reads one JSON object per '
+     'line.'),
+]
+
+
+@pytest.mark.parametrize('number, line, message', BAD_RECORDS)
+def test_a_bad_record_of_an_image_text_jsonl_is_refused_at_open_naming_its_line(
+    number, line, message, tmp_path):
+  jsonl = _noise_pairs(tmp_path, 20)
+  _with_line(jsonl, number, line)
+  with pytest.raises(ConfigError) as error:
+    pairs({'name': 'jsonl', 'path': str(jsonl), 'batch_size': 4})
+  assert str(error.value) == message.format(jsonl=jsonl, folder=tmp_path)
+
+
+def test_an_image_that_does_not_decode_is_named_by_its_path_and_line_when_read(tmp_path):
+  jsonl = _noise_pairs(tmp_path, 20)  # records 0 and 10 held out, the other 18 train
+  (tmp_path / '6.png').write_text('not an image')
+  encoded = (tmp_path / '10.png').read_bytes()
+  (tmp_path / '10.png').write_bytes(encoded[:len(encoded) // 2])
+  made = pairs({'name': 'jsonl', 'path': str(jsonl), 'batch_size': 18, 'eval_batch_size': 2})
+  not_an_image = (f'{jsonl}:7: the image {tmp_path}/6.png does not decode (not a format Pillow '
+                  'reads): replace it with an image file (PNG, JPEG, ...), or drop the line.')
+  # Batch 0 is the first epoch, every training record; read as training reads it, in grain's
+  # threads, the error reaches the caller as it was raised.
+  with pytest.raises(UserError) as error:
+    next(made.train_iterator())
+  assert str(error.value) == not_an_image
+  with pytest.raises(UserError) as error:
+    made.task.eval_examples(np.array([1]))  # the second held-out record, line 11
+  assert str(error.value) == (
+      f'{jsonl}:11: the image {tmp_path}/10.png does not decode (image file is truncated): '
+      'replace it with an image file (PNG, JPEG, ...), or drop the line.')
+  (tmp_path / '6.png').unlink()  # gone after the file was opened
+  with pytest.raises(UserError) as error:
+    made.train_batch(0)
+  assert str(error.value) == (f'{jsonl}:7: the image {tmp_path}/6.png cannot be read (No such '
+                              'file or directory): restore it, or drop the line.')
+
+
+@pytest.mark.slow  # six launch.py processes, about 100 s on 2 shared cores
+def test_a_bad_jsonl_ends_launch_in_one_line_and_the_corrected_file_trains_in_its_workdir(
+    tmp_path):
+  jsonl = _noise_pairs(tmp_path, 20)
+  good = jsonl.read_text()
+  workdir = tmp_path / 'run'
+  flags = ['--config.data.name=jsonl', f'--config.data.path={jsonl}',
+           '--config.data.batch_size=18', '--config.data.eval_batch_size=2']
+
+  def refused(message):
+    result = launched(workdir, *flags)
+    assert result.returncode == 1 and 'Traceback' not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.splitlines()[-1] == message
+
+  for number, line, message in BAD_RECORDS[:4]:
+    _with_line(jsonl, number, line)
+    refused(message.format(jsonl=jsonl, folder=tmp_path))
+    assert not workdir.exists()  # refused as the data was opened, before anything was written
+    jsonl.write_text(good)
+  picture = (tmp_path / '6.png').read_bytes()
+  (tmp_path / '6.png').write_text('not an image')
+  refused(f'{jsonl}:7: the image {tmp_path}/6.png does not decode (not a format Pillow reads): '
+          'replace it with an image file (PNG, JPEG, ...), or drop the line.')
+  (tmp_path / '6.png').write_bytes(picture)
+  rows, _ = launch(workdir, *flags)
+  final = [row for row in rows if 'eval_loss' in row][-1]
+  assert final['step'] == 4 and np.isfinite(final['eval_loss'])
 
 
 @pytest.mark.slow

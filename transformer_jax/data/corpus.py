@@ -16,7 +16,8 @@ from transformer_jax.data.settings import DataPart, DataSettings, register_part
 from transformer_jax.errors import ConfigError
 from transformer_jax.ranges import Range
 
-__all__ = ['Corpus', 'open_corpus', 'tfds_split', 'TextSettings']
+__all__ = ['Corpus', 'field_error', 'jsonl_records', 'open_corpus', 'tfds_split',
+           'TextSettings']
 
 JSONL_HELD_OUT_EVERY = 10  # without data.eval_path, every tenth JSONL document is held out
 
@@ -118,25 +119,49 @@ def _jsonl(settings: DataSettings) -> tuple[Corpus, Corpus]:
 
 
 def _records(files: list[str], text_key: str) -> Iterator[str]:
-  """The text of each non-blank line of `files`, naming the file and line of a bad one."""
+  """The text of each record of `files`, naming the file and line of a bad one."""
   for file in files:
-    with open(file, 'rb') as lines:
-      offset = 0
-      for number, data in enumerate(lines, 1):
-        line = sources.decode_utf8(data, file, offset)
-        offset += len(data)
-        if not line.strip():
-          continue
-        try:
-          record = json.loads(line)
-        except json.JSONDecodeError as error:
-          raise ConfigError(f'{file}:{number} is not JSON ({error.msg}): data.name=jsonl reads '
-                            'one JSON object per line.') from None
-        if not isinstance(record, dict) or not isinstance(record.get(text_key), str):
-          keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-          raise ConfigError(f'{file}:{number} has no text under data.text_key={text_key!r} '
-                            f'(its keys: {keys}): set --config.data.text_key.')
-        yield record[text_key]
+    for number, record in jsonl_records(file):
+      if not isinstance(record.get(text_key), str):
+        raise field_error(file, number, record, 'text', 'text_key', text_key)
+      yield record[text_key]
+
+
+def jsonl_records(file) -> Iterator[tuple[int, dict]]:
+  """(line number, record) of each non-blank line of the JSONL `file`: a ConfigError naming the
+  file and line of one that is not UTF-8 or not a JSON object."""
+  with open(file, 'rb') as lines:
+    offset = 0
+    for number, data in enumerate(lines, 1):
+      line = sources.decode_utf8(data, file, offset)
+      offset += len(data)
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line.rstrip('\r\n'))  # an unterminated string ends at the line's end
+      except json.JSONDecodeError as error:
+        raise ConfigError(f'{file}:{number} is not JSON ({error.msg}: column {error.colno}): '
+                          'data.name=jsonl reads one JSON object per line.') from None
+      if not isinstance(record, dict):
+        raise ConfigError(f'{file}:{number} is {_shown(record)}, not a JSON object: '
+                          'data.name=jsonl reads one JSON object per line.')
+      yield number, record
+
+
+def field_error(file, number: int, record: dict, what: str, key: str, value: str,
+                kinds: str = 'a string') -> ConfigError:
+  """The error for line `number` of `file`, whose record holds no `what` (one of `kinds`) under
+  data.`key` (= `value`): naming its keys, or what it holds there instead."""
+  if value in record:
+    return ConfigError(f'{file}:{number}: its {what} under data.{key}={value!r} is '
+                       f'{_shown(record[value])}: write {kinds} there.')
+  return ConfigError(f'{file}:{number} has no {what} under data.{key}={value!r} (its keys: '
+                     f'{sorted(record)}): set --config.data.{key}.')
+
+
+def _shown(value) -> str:
+  text = json.dumps(value)
+  return text if len(text) <= 40 else f'{text[:37]}...'
 
 
 def tfds_split(settings: DataSettings, name: str, key: str, text_key: str | None = None) -> Corpus:

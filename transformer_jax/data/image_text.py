@@ -4,7 +4,9 @@
 Sources (data.name):
 - 'synthetic': generated images of data.caption_classes colours, captioned by class name;
 - 'jsonl': a JSONL file of {"image": path, "text": caption} records (paths relative to the file;
-  the keys are data.image_key and data.text_key; a record's text may be a list of captions);
+  the keys are data.image_key and data.text_key; a record's text may be a list of captions),
+  every record checked when the file is opened (JSON, keys, captions, the image file's
+  existence), an image that does not decode named by its path and line when it is read;
 - any other name, a TFDS dataset: with data.captions='text' its Image feature data.image_key and
   Text feature data.text_key (a Text, a Sequence of Text, or a Text inside a Sequence of
   features, named by its path: 'captions/text' for coco_captions); with data.captions='label'
@@ -23,14 +25,14 @@ caption too long for them fails in the batch that reads it (the first batch is r
 anything compiles).
 """
 import dataclasses
-import json
 import os
 import pathlib
 from typing import Any, Callable
 
 import numpy as np
+from PIL import Image, UnidentifiedImageError
 
-from transformer_jax.data import image_text_eval, images, rng, sources
+from transformer_jax.data import corpus, image_text_eval, images, preprocess, rng, sources
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.data.corpus import TextSettings
 from transformer_jax.data.pipeline import Task, image_preprocessing, register_task
@@ -51,6 +53,7 @@ TEMPLATES = ('a photo of a {}.', 'a {} in the picture.', 'this is a {}', 'my {}.
 _SYNTHETIC_SIZE = 32  # the side of generated images for a model that states none
 _ASCII = ''.join(map(chr, range(32, 127)))  # always in a character vocabulary
 _TOKENIZER_RECORDS = 1024  # the training records of a TFDS dataset a vocabulary is built from
+_DECODE = preprocess.Decode()  # a JSONL's image files, as they are read
 
 
 @register_part
@@ -246,17 +249,37 @@ def _classification_dataset(settings: DataSettings, name: str, train_split: str,
 
 
 class _ImageFiles:
-  """Image files and their captions, read by index: the file's encoded bytes."""
+  """The image files and captions of a JSONL's records, read by index: each image decoded (as
+  the preprocessing's decode does), a file that cannot be read or decoded named with its record's
+  line."""
 
-  def __init__(self, pairs: list[tuple[str, list[str]]]):
-    self.pairs = pairs
+  def __init__(self, jsonl: pathlib.Path, pairs: list[tuple[str, list[str], int]]):
+    self.jsonl, self.pairs = jsonl, pairs  # (image path, captions, line number)
 
   def __len__(self) -> int:
     return len(self.pairs)
 
   def __getitems__(self, indices: list[int]) -> list[dict]:
-    return [{'image': pathlib.Path(self.pairs[i][0]).read_bytes(), 'captions': self.pairs[i][1]}
-            for i in indices]
+    records = []
+    for i in indices:
+      path, captions, line = self.pairs[i]
+      records.append({'image': self._image(path, line), 'captions': captions})
+    return records
+
+  def _image(self, path: str, line: int) -> np.ndarray:
+    where = f'{self.jsonl}:{line}: the image {path}'
+    try:
+      data = pathlib.Path(path).read_bytes()
+    except OSError as error:
+      raise UserError(f'{where} cannot be read ({error.strerror}): restore it, or drop the '
+                      'line.') from None
+    try:
+      return _DECODE(data, None)
+    except (OSError, Image.DecompressionBombError) as error:  # Pillow's: bytes it cannot decode
+      reason = ('not a format Pillow reads' if isinstance(error, UnidentifiedImageError)
+                else str(error))
+      raise UserError(f'{where} does not decode ({reason}): replace it with an image file '
+                      '(PNG, JPEG, ...), or drop the line.') from None
 
 
 def encode_captions(captions: list[str], tokenizer, length: int, truncate: bool) -> np.ndarray:
@@ -326,31 +349,58 @@ def _by_class(class_names, templates) -> list[list[str]]:
 
 def _jsonl(settings: DataSettings):
   """Every record of data.path (training) and data.eval_path (held out; None: every tenth
-  record of data.path)."""
+  record of data.path), each checked as the file is opened (_checked_pairs)."""
   text, image_key = settings.part(TextSettings), settings.part(images.ImageSettings).image_key
   if not text.path:
     raise ConfigError('data.name="jsonl" reads image-text records from data.path: set it to a '
                       'JSONL file of {"image": path, "text": caption} lines.')
 
-  def records(path):
-    path = pathlib.Path(os.path.expanduser(path))
+  def opened(key: str) -> _ImageFiles:
+    path = pathlib.Path(os.path.expanduser(getattr(text, key)))
     if not path.is_file():
-      raise ConfigError(f'data.path={path}: no such file; give a JSONL file of image-text records.')
-    rows = [json.loads(line) for line in path.read_text(encoding='utf-8').splitlines() if line]
-    missing = [key for key in (image_key, text.text_key) if rows and key not in rows[0]]
-    if missing:
-      raise ConfigError(f'{path}: the records have no {missing[0]!r} key: set data.image_key and '
-                        f'data.text_key to the keys of the image path and the caption.')
-    captions = lambda row: row if isinstance(row, list) else [row]
-    return [(str(path.parent / row[image_key]), captions(row[text.text_key])) for row in rows]
+      raise ConfigError(f'data.{key}={path}: no such file; give a JSONL file of image-text '
+                        'records.')
+    return _ImageFiles(path, _checked_pairs(path, image_key, text.text_key))
 
-  train = records(text.path)
-  held_out = records(text.eval_path) if text.eval_path else train[::10]
-  if not text.eval_path:
-    train = [pair for i, pair in enumerate(train) if i % 10]
-  splits = tuple(PairSplit(_ImageFiles(pairs), lambda record: record['captions'])
-                 for pairs in (train, held_out))
-  return splits, [c for _, captions in train for c in captions], {}
+  train = opened('path')
+  if text.eval_path:
+    held_out = opened('eval_path')
+  else:
+    train, held_out = (_ImageFiles(train.jsonl, [pair for i, pair in enumerate(train.pairs)
+                                                 if (i % 10 == 0) == held])
+                       for held in (False, True))
+  splits = tuple(PairSplit(files, lambda record: record['captions'])
+                 for files in (train, held_out))
+  return splits, [c for _, captions, _ in train.pairs for c in captions], {}
+
+
+def _checked_pairs(path: pathlib.Path, image_key: str,
+                   text_key: str) -> list[tuple[str, list[str], int]]:
+  """(image path, captions, line number) of each record of the JSONL `path`, every one checked
+  as the file is read: JSON, an image path under data.image_key naming a file (relative to the
+  JSONL's folder), a caption or a non-empty list of them under data.text_key. A bad record is a
+  ConfigError naming the file, the line and the fix."""
+  folder, pairs = str(path.parent), []
+  for number, record in corpus.jsonl_records(path):
+    image, captions = record.get(image_key), record.get(text_key)
+    if not isinstance(image, str):
+      raise corpus.field_error(path, number, record, 'image path', 'image_key', image_key)
+    captions = [captions] if isinstance(captions, str) else captions
+    if not isinstance(captions, list) or not all(isinstance(c, str) for c in captions):
+      raise corpus.field_error(path, number, record, 'caption', 'text_key', text_key,
+                               'a string or a list of strings')
+    if not captions:
+      raise ConfigError(f'{path}:{number} has an empty list of captions under '
+                        f'data.text_key={text_key!r}: caption its image, or drop the line.')
+    file = os.path.join(folder, image)
+    if not os.path.isfile(file):
+      raise ConfigError(f'{path}:{number}: the image {file} does not exist: fix the path (a '
+                        "relative one is from the JSONL's folder), or drop the line.")
+    pairs.append((file, captions, number))
+  if not pairs:
+    raise ConfigError(f'{path} holds no records: give a JSONL file of {{"{image_key}": path, '
+                      f'"{text_key}": caption}} lines.')
+  return pairs
 
 
 def _labelled(settings: DataSettings):

@@ -5,10 +5,15 @@ to the predicted noise (and, with learn_sigma, the variance interpolation of Nic
 2021). It trains on the 'image' task (values in [-1, 1]) with the diffusion loss of
 transformer_jax.diffusion, and --mode=sample draws images with its samplers (`sample`)."""
 import dataclasses
+import errno
 import functools
+import json
 import logging
 import os
+import shutil
+import time
 from typing import ClassVar
+import uuid
 
 import flax.linen as nn
 import jax
@@ -320,21 +325,51 @@ def grid(images: np.ndarray) -> np.ndarray:
 def sample(model, params, step: int, wanted: 'SampleSettings', workdir: str) -> str:
   """--mode=sample: images from `params` (the workdir's latest checkpoint, its moving average
   where it keeps one), drawn in one batch (the images that an evaluation scoring as many
-  samples in batches at least that large scores), written to WORKDIR/samples: samples.npz
-  (images uint8 (N, H, W, 3), labels (N,)), sample_<i>.png each and grid.png; returns the
-  folder."""
+  samples in batches at least that large scores), written to a folder of this run's own,
+  WORKDIR/samples/<time>-step<step>-<sampler>-<steps>steps-g<guidance>-seed<seed> (with -2,
+  -3, ... where another run took the name first): samples.npz (images uint8 (N, H, W, 3),
+  labels (N,)), sample_<i>.png each, grid.png and sample.json (config.sample and the step).
+  The folder is filled under a hidden name and renamed into place whole, so that runs at the
+  same time never mix their files and a killed run leaves no folder that looks complete;
+  returns it."""
   from PIL import Image  # pylint: disable=import-outside-toplevel
+  started = time.strftime('%Y%m%d-%H%M%S')
   labels = wanted.labels(model.cfg.num_classes)
   images = draw(model, params, labels, wanted, batch_size=len(labels))
-  folder = os.path.join(workdir, 'samples')
-  os.makedirs(folder, exist_ok=True)
-  np.savez(os.path.join(folder, 'samples.npz'), images=images, labels=labels)
-  for number, image in enumerate(images):
-    Image.fromarray(image).save(os.path.join(folder, f'sample_{number}.png'))
-  Image.fromarray(grid(images)).save(os.path.join(folder, 'grid.png'))
+  samples = os.path.join(workdir, 'samples')
+  partial = os.path.join(samples, f'.{started}.{uuid.uuid4().hex}.partial')
+  os.makedirs(partial)
+  try:
+    np.savez(os.path.join(partial, 'samples.npz'), images=images, labels=labels)
+    for number, image in enumerate(images):
+      Image.fromarray(image).save(os.path.join(partial, f'sample_{number}.png'))
+    Image.fromarray(grid(images)).save(os.path.join(partial, 'grid.png'))
+    with open(os.path.join(partial, 'sample.json'), 'w', encoding='utf-8') as f:
+      json.dump({'step': step, **dataclasses.asdict(wanted)}, f, indent=1)
+    folder = _renamed(partial, os.path.join(
+        samples, f'{started}-step{step}-{wanted.sampler}-{wanted.steps}steps-'
+        f'g{wanted.guidance_scale:g}-seed{wanted.seed}'))
+  except BaseException:
+    shutil.rmtree(partial, ignore_errors=True)
+    raise
   log.info('Wrote %d samples of step %d (%s, %d steps, guidance %g) to %s.', len(images), step,
            wanted.sampler, wanted.steps, wanted.guidance_scale, folder)
   return folder
+
+
+def _renamed(partial: str, name: str) -> str:
+  """`partial` renamed to `name`, else to the first of name-2, name-3, ... no other folder has:
+  a rename is atomic, and is refused where the name holds another run's files."""
+  folder, number = name, 1
+  while True:
+    try:
+      os.rename(partial, folder)
+      return folder
+    except OSError as error:
+      if error.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+        raise
+    number += 1
+    folder = f'{name}-{number}'
 
 
 @dataclasses.dataclass(frozen=True)

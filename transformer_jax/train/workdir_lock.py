@@ -6,9 +6,10 @@ file holds the holder's host and pid, for the message that refuses a second run.
 one multi-process run share its workdir: process 0 takes the lock and tells the others whether it
 got it.
 
-Only training takes the lock. eval, sample, describe and compile write nothing to the workdir;
-export writes WORKDIR/hf alone, from a finished checkpoint, which a training run never writes, so
-a run's latest checkpoint can be exported while it trains.
+Only training takes the lock. eval, describe and compile write nothing to the workdir; a DiT's
+sample writes a folder of its own under WORKDIR/samples, renamed into place whole; export writes
+WORKDIR/hf alone, from a finished checkpoint, which a training run never writes, so a run's
+latest checkpoint can be exported while it trains.
 """
 import contextlib
 import errno
