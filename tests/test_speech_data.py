@@ -106,9 +106,10 @@ def write_folder(directory, count, corrupt=()):
 
 
 def launch(*flags, timeout=600):
+  """tests/mock_launch.py with `flags`, this checkout's package imported (not an installed one)."""
   return subprocess.run([sys.executable, str(ROOT / 'tests' / 'mock_launch.py'), *flags],
                         capture_output=True, text=True, timeout=timeout,
-                        env={'JAX_PLATFORMS': 'cpu', 'PATH': ''})
+                        env={'JAX_PLATFORMS': 'cpu', 'PATH': '', 'PYTHONPATH': str(ROOT)})
 
 
 REFERENCE = [f'--config={ROOT / "configs" / "whisper_reference.py"}:steps=2',
