@@ -350,6 +350,67 @@ def test_a_folder_is_refused_at_opening_in_one_line_naming_the_file_and_fix(tmp_
   assert message.startswith(expected) and '\n' not in message
 
 
+def test_every_transcript_is_checked_at_opening_naming_the_longest_and_the_seq_len_it_needs(
+    tmp_path):
+  """The longest transcript, 12 characters, is the held-out one (the last of four): [BOS] and
+  its 12 characters are 13 decoder inputs, so it needs data.seq_len=13 (the decoder's
+  model.max_len=24 has them); 30 characters need 31, over model.max_len too."""
+  split(tmp_path, ['ab', 'abababab', 'ba', 'ab' * 6])
+  with pytest.raises(UserError) as raised:
+    audio_task(name='audiofolder', audio_dir=str(tmp_path), seq_len=8)
+  assert str(raised.value) == (
+      f'2 of 4 transcripts are over data.seq_len=8 tokens; the longest, of {tmp_path / "3.wav"} '
+      f'({tmp_path / "metadata.csv"}:5), is 13 tokens with its EOS: set data.seq_len=13.')
+  task = audio_task(name='audiofolder', audio_dir=str(tmp_path), seq_len=13)
+  assert task.vocab.decode(task.eval_examples(np.arange(1))['targets'][0]) == 'ab' * 6
+  split(tmp_path, ['ab', 'ab' * 15])
+  with pytest.raises(UserError, match=r'is 31 tokens with its EOS: set data.seq_len=31 and '
+                     r"model.max_len=31 \(the decoder's positions, 24 now\), or shorten that "
+                     'transcript.$'):
+    audio_task(name='audiofolder', audio_dir=str(tmp_path), seq_len=8)
+
+
+@pytest.mark.slow
+def test_a_users_folder_is_refused_one_fault_a_line_then_trains_in_the_same_workdir(tmp_path):
+  """launch.py on a folder of split folders as a user's first tries go: each fault ends the
+  command before it starts, with one line naming the folder, file and line, or the setting, and
+  the fix, and nothing written in the workdir; corrected, the folder trains there, test/ held
+  out."""
+  folder, workdir = tmp_path / 'speech', tmp_path / 'run'
+  split(folder / 'train', ['ab', 'ba', 'abba', 'b'] * 4)
+  tone_file(folder / 'test' / '0.wav')
+  command = [*REFERENCE, f'--workdir={workdir}', '--config.data.name=audiofolder',
+             f'--config.data.audio_dir={folder}', '--config.model.vocab_size=5',
+             '--config.model.max_len=8']
+
+  def refused(expected):
+    result = launch(*command, '--config.data.seq_len=3')
+    assert result.returncode == 1 and 'Traceback' not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == expected
+    assert not workdir.exists()
+
+  train, test = folder / 'train', folder / 'test'
+  refused(f'The split folder {test} has no metadata.csv (or metadata.jsonl) naming its audio '
+          'files and their transcripts: write one (columns file_name, transcription).')
+  split(test, ['ab', 'ba'] * 3 + ['b', 'ababab'])
+  (train / '2.wav').write_text('file_name,transcription\n')
+  refused(f'cannot read the audio file {train / "2.wav"} (named by {train / "metadata.csv"}:4): '
+          'Format not recognised; convert it to WAV or FLAC, or remove that line')
+  tone_file(train / '2.wav')
+  (train / '5.wav').unlink()
+  refused(f'no audio file at {train / "5.wav"} (named by {train / "metadata.csv"}:7): check the '
+          'path (or the metadata naming it)')
+  tone_file(train / '5.wav')
+  refused(f'5 of 24 transcripts are over data.seq_len=3 tokens; the longest, of {test / "7.wav"} '
+          f'({test / "metadata.csv"}:9), is 7 tokens with its EOS: set data.seq_len=7.')
+  result = launch(*command, '--config.data.seq_len=7')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'train/ (16 files) trains, test/ (8) is held out' in result.stderr
+  rows = [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
+  assert [row['step'] for row in rows if 'loss' in row] == [1, 2]
+  assert [row['step'] for row in rows if 'eval_loss' in row] == [2]
+
+
 @pytest.fixture(scope='module')
 def speech_digits():
   """experiments/speech_digits.py, loaded once (it defines absl flags)."""

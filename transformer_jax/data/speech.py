@@ -5,7 +5,8 @@ targets, from an `audiofolder`, a TFDS speech dataset, or generated.
     metadata.csv (or .jsonl) whose `file_name` and `transcription` columns name each audio file
     and give its text: DIR's own, its last tenth held out, or one in each split folder
     (DIR/train, DIR/test or DIR/validation). audiofolder.py reads it, checking every row and
-    every file's header when it is opened.
+    every file's header when it is opened; the task then checks that every transcript fits
+    data.seq_len, naming the longest and the value that fits it.
   data.name=NAME of a TFDS dataset (librispeech, speech_commands, ...) prepared in
     data.tfds_data_dir: its Audio feature data.audio_key and its Text (or ClassLabel, whose
     names are the words) feature data.transcript_key, each unset for the dataset's only one;
@@ -209,7 +210,7 @@ class AudioTask:
 
   def __init__(self, settings, seed: int, *, num_mels: int, num_frames: int, max_len: int):
     part = settings.part(AudioSettings)
-    self.part, self.seed, self.seq_len = part, seed, settings.seq_len
+    self.part, self.seed, self.seq_len, self.max_len = part, seed, settings.seq_len, max_len
     self.num_mels = part.n_mels or num_mels
     frames = (round(part.window_seconds * audio.SAMPLE_RATE / audio.HOP_LENGTH)
               if part.window_seconds else num_frames)
@@ -237,6 +238,8 @@ class AudioTask:
       self.num_eval_examples = len(self.held_out)
     self.vocab = transcript_tokenizer(settings.part(corpus.TextSettings).tokenizer, alphabet)
     self.prompt = decoder_prompt(self.vocab, part.language, part.whisper_task)
+    if settings.name == 'audiofolder':
+      self._check_transcripts()
     self.pad_id = self.vocab.eos_id if self.vocab.pad_id is None else self.vocab.pad_id
     self.token_bytes = self.vocab.token_bytes
     self.info = {'vocab_size': self.vocab.size, 'num_mels': self.num_mels,
@@ -304,10 +307,28 @@ class AudioTask:
     return (FolderSplit(train, part.sample_rate), FolderSplit(held_out, part.sample_rate),
             alphabet)
 
+  def _check_transcripts(self) -> None:
+    """Every transcript of the folder, as `_sequence` makes it, fits data.seq_len; else a
+    UserError naming the longest (its file, metadata line and tokens) and the seq_len it needs."""
+    rows = self.train.rows + self.held_out.rows
+    lengths = [len(self._sequence(row.text)) - 1 for row in rows]  # the decoder's inputs
+    over = sum(length > self.seq_len for length in lengths)
+    if not over:
+      return
+    needed = max(lengths)
+    row = rows[lengths.index(needed)]
+    prompt = f' after a prompt of {len(self.prompt)}' if len(self.prompt) > 1 else ''
+    fix = (f'set data.seq_len={needed}' if needed <= self.max_len else
+           f'set data.seq_len={needed} and model.max_len={needed} (the decoder\'s positions, '
+           f'{self.max_len} now), or shorten that transcript')
+    raise UserError(f'{over} of {len(rows)} transcripts are over data.seq_len={self.seq_len} '
+                    f'tokens; the longest, of {row.path} ({row.origin}), is '
+                    f'{needed + 1 - len(self.prompt)} tokens with its EOS{prompt}: {fix}.')
+
   def _batch(self, utterances, augment: np.random.Generator | None) -> dict:
     waveforms = [audio.pad_or_trim(waveform, self.num_samples) for waveform, _ in utterances]
     masks = None if augment is None else [self._masks(augment) for _ in utterances]
-    ids = [self._sequence(text) for _, text in utterances]
+    ids = [self._fitted(text) for _, text in utterances]
     sequences = np.array([row + [self.pad_id] * (self.seq_len + 1 - len(row)) for row in ids],
                          np.int32)
     positions = np.arange(self.seq_len)
@@ -326,8 +347,13 @@ class AudioTask:
     return tuple(audio.as_bands(bands) for bands in masks)
 
   def _sequence(self, text: str) -> list[int]:
-    """The prompt, the transcript's ids and EOS; a UserError if over data.seq_len + 1."""
-    ids = self.prompt + self.vocab.encode(text) + [self.vocab.eos_id]
+    """The prompt, the transcript's ids and EOS."""
+    return self.prompt + self.vocab.encode(text) + [self.vocab.eos_id]
+
+  def _fitted(self, text: str) -> list[int]:
+    """`_sequence`, or a UserError if over data.seq_len + 1 (a TFDS dataset's transcripts are
+    not read ahead; a folder's were all checked when it was opened)."""
+    ids = self._sequence(text)
     if len(ids) - 1 > self.seq_len:
       prompt = f' after a prompt of {len(self.prompt)}' if len(self.prompt) > 1 else ''
       raise UserError(f'The transcript {text[:40]!r} is {len(ids) - len(self.prompt)} tokens with '
