@@ -40,7 +40,7 @@ import soundfile
 
 import step_timing
 from transformer_jax import data, run as run_lib, sweep
-from transformer_jax.data import audio, speech
+from transformer_jax.data import audio, audiofolder, speech
 from transformer_jax.errors import UserError
 from transformer_jax.layers import log_mel
 from transformer_jax.train import cpu_runtime
@@ -104,7 +104,7 @@ def synthesize(directory: str, count: int) -> dict:
   """The audiofolder of `count` utterances in `directory` (kept where its metadata.csv already
   lists them); returns {'utterances', 'hours', 'longest_seconds'} of its clips."""
   directory = pathlib.Path(directory)
-  metadata = directory / speech.METADATA
+  metadata = directory / audiofolder.METADATA
   rows = utterances(count)
   if not (metadata.exists() and len(metadata.read_text().splitlines()) == count + 1):
     program = espeak()

@@ -1,5 +1,6 @@
 """Speech data from TFDS by name (TFDS's mock records of the real builders' features: integer
-audio of random lengths), integer waveforms' scale, and bad input reported as one line."""
+audio of random lengths) and from folders of Hugging Face's audiofolder layouts, integer
+waveforms' scale, and bad input reported as one line."""
 import json
 import shutil
 import subprocess
@@ -106,9 +107,10 @@ def write_folder(directory, count, corrupt=()):
 
 
 def launch(*flags, timeout=600):
+  """tests/mock_launch.py with `flags`, this checkout's package imported (not an installed one)."""
   return subprocess.run([sys.executable, str(ROOT / 'tests' / 'mock_launch.py'), *flags],
                         capture_output=True, text=True, timeout=timeout,
-                        env={'JAX_PLATFORMS': 'cpu', 'PATH': ''})
+                        env={'JAX_PLATFORMS': 'cpu', 'PATH': '', 'PYTHONPATH': str(ROOT)})
 
 
 REFERENCE = [f'--config={ROOT / "configs" / "whisper_reference.py"}:steps=2',
@@ -136,17 +138,20 @@ def test_launch_trains_on_tfds_speech_commands_and_librispeech(tmp_path):
 
 @pytest.mark.slow
 def test_a_corrupt_file_among_thousands_is_one_line_naming_it(tmp_path):
-  """Launch on a folder of 2,000 files, one of the held-out ones (the last 200) corrupt: the
-  evaluation, whose batches grain's threads read, ends the run with one line naming that file,
-  not a traceback."""
+  """Launch on a folder of 2,000 files, one of the held-out ones (the last 200, which only the
+  evaluation reads) corrupt: opening the folder reads every header, so the run ends before it
+  starts with one line naming that file and its metadata line, not a traceback, and writes
+  nothing."""
   write_folder(tmp_path, 2000, corrupt={1900})
   result = launch(*REFERENCE, f'--workdir={tmp_path / "run"}', '--config.data.name=audiofolder',
                   f'--config.data.audio_dir={tmp_path}', '--config.model.vocab_size=5',
                   '--config.data.num_threads=2')
   assert result.returncode == 1
-  last = result.stderr.strip().splitlines()[-1]
-  assert last.startswith(f'cannot read the audio file {tmp_path / "1900.wav"}')
-  assert 'Traceback' not in result.stderr
+  assert result.stderr.strip().splitlines()[-1] == (
+      f'cannot read the audio file {tmp_path / "1900.wav"} (named by '
+      f'{tmp_path / "metadata.csv"}:1902): Error in WAV/W64/RF64 file. Malformed \'fmt \' chunk; '
+      'convert it to WAV or FLAC, or remove that line')
+  assert 'Traceback' not in result.stderr and not (tmp_path / 'run').exists()
 
 
 def test_a_tfds_audio_feature_without_a_sample_rate_needs_the_setting(monkeypatch):
@@ -161,17 +166,249 @@ def test_a_tfds_audio_feature_without_a_sample_rate_needs_the_setting(monkeypatc
 
 
 def test_a_corrupt_file_read_in_a_training_thread_raises_its_own_error(tmp_path):
-  """grain's threads read the training batches: the UserError naming the file reaches the loop
-  as it is (run.errors_as_messages prints it as one line)."""
-  write_folder(tmp_path, 20, corrupt={3})
+  """grain's threads read the training batches: the UserError naming a file that broke after
+  the folder was opened (its header checked) reaches the loop as it is (run.errors_as_messages
+  prints it as one line)."""
+  write_folder(tmp_path, 20)
   made = data.make_data({'name': 'audiofolder', 'audio_dir': str(tmp_path), 'seq_len': 4,
                          'batch_size': 8, 'eval_batch_size': 2, 'num_threads': 2}, 'audio',
                         seed=0, process_index=0, process_count=1, num_mels=8, num_frames=20,
                         max_len=8)
+  (tmp_path / '3.wav').write_bytes(b'RIFF....WAVEfmt broken')
   batches = made.train_iterator(0)
   with pytest.raises(UserError, match=f'cannot read the audio file {tmp_path / "3.wav"}'):
     for _ in range(20):  # 160 draws of 18 training files: 3.wav among them
       next(batches)
+
+
+def tone_file(path):
+  """A 50 ms WAV file at 8 kHz, its folders made."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  soundfile.write(path, 0.1 * np.ones(400, np.float32), 8000)
+
+
+def split(directory, texts, *, jsonl=False, under=''):
+  """A folder of a WAV file per transcript (in its subfolder `under`) and the metadata.csv (or
+  metadata.jsonl) naming them; returns the files' paths."""
+  names = [f'{under}{i}.wav' for i in range(len(texts))]
+  for name in names:
+    tone_file(directory / name)
+  if jsonl:
+    lines = [json.dumps({'file_name': n, 'transcription': t}) for n, t in zip(names, texts)]
+    (directory / 'metadata.jsonl').write_text('\n'.join(lines) + '\n')
+  else:
+    lines = ['file_name,transcription'] + [f'{n},{t}' for n, t in zip(names, texts)]
+    (directory / 'metadata.csv').write_text('\n'.join(lines) + '\n')
+  return [str(directory / name) for name in names]
+
+
+def test_split_folders_are_the_splits_test_held_out_before_validation(tmp_path):
+  """Hugging Face's audiofolder with split folders: train/ (here a metadata.jsonl naming files
+  in a subfolder) trains; test/ is held out where there is one, validation/ where
+  data.eval_split names it; a lone train/ holds out its last tenth, as a flat folder does."""
+  train = split(tmp_path / 'train', ['ab', 'ba', 'a', 'b'], jsonl=True, under='clips/')
+  test = split(tmp_path / 'test', ['aab', 'abb'])
+  validation = split(tmp_path / 'validation', ['bba'])
+  task = audio_task(name='audiofolder', audio_dir=str(tmp_path))
+  assert [row.path for row in task.train.rows] == train
+  assert task.train.rows[2].origin == f'{tmp_path / "train" / "metadata.jsonl"}:3'
+  assert [row.path for row in task.held_out.rows] == test and task.num_eval_examples == 2
+  held_out = task.eval_examples(np.arange(2))
+  assert [task.vocab.decode(row) for row in held_out['targets']] == ['aab', 'abb']
+  chosen = audio_task(name='audiofolder', audio_dir=str(tmp_path), eval_split='validation')
+  assert [row.path for row in chosen.held_out.rows] == validation
+  lone = split(tmp_path / 'lone' / 'train', ['a'] * 20)
+  task = audio_task(name='audiofolder', audio_dir=str(tmp_path / 'lone'))
+  assert [row.path for row in task.train.rows] == lone[:18]
+  assert [row.path for row in task.held_out.rows] == lone[18:]
+
+
+def test_the_transcript_column_is_data_transcript_key(tmp_path):
+  """Common Voice's metadata names its transcripts `sentence`: data.transcript_key reads it."""
+  split(tmp_path, ['ab', 'ba'])
+  (tmp_path / 'metadata.csv').write_text('file_name,sentence\n0.wav,ab\n1.wav,"b, a"\n')
+  with pytest.raises(UserError, match=r"has no column transcription \(it has \['file_name', "
+                     r"'sentence'\]\).*or set data.transcript_key"):
+    audio_task(name='audiofolder', audio_dir=str(tmp_path))
+  task = audio_task(name='audiofolder', audio_dir=str(tmp_path), transcript_key='sentence')
+  assert [row.text for row in task.train.rows + task.held_out.rows] == ['ab', 'b, a']
+
+
+def _no_metadata(d):
+  tone_file(d / '0.wav')
+  return {}, (f'no metadata.csv (or metadata.jsonl) in data.audio_dir={d} nor in a split folder '
+              'of it: an audiofolder is DIR/metadata.csv')
+
+
+def _split_without_metadata(d):
+  split(d / 'train', ['a', 'b'])
+  tone_file(d / 'test' / '0.wav')
+  return {}, (f'The split folder {d / "test"} has no metadata.csv (or metadata.jsonl) naming its '
+              'audio files and their transcripts: write one (columns file_name, transcription).')
+
+
+def _two_metadata_files(d):
+  split(d, ['a', 'b'])
+  split(d, ['a', 'b'], jsonl=True)
+  return {}, f'{d} holds both metadata.csv and metadata.jsonl: keep the one that lists its files.'
+
+
+def _parquet(d):
+  (d / 'metadata.parquet').write_bytes(b'PAR1')
+  return {}, (f'{d / "metadata.parquet"}: Parquet metadata is not read; write it as '
+              'metadata.csv')
+
+
+def _metadata_beside_split_folders(d):
+  split(d, ['a', 'b'])
+  split(d / 'train', ['a', 'b'])
+  return {}, (f'{d} holds metadata.csv and split folders holding their own (train): keep one '
+              'layout')
+
+
+def _dev_beside_train(d):
+  split(d / 'train', ['a', 'b'])
+  split(d / 'dev', ['a'])
+  return {}, (f'{d} has the split folder dev beside train, and no test or validation: set '
+              'data.eval_split=dev to hold it out.')
+
+
+def _eval_split_of_a_flat_folder(d):
+  split(d, ['a', 'b'])
+  return {'eval_split': 'validation'}, ("data.train_split='train' and "
+                                        "data.eval_split='validation' name split folders, and "
+                                        f'data.audio_dir={d} has one metadata.csv')
+
+
+def _eval_split_of_no_folder(d):
+  split(d / 'train', ['a', 'b'])
+  split(d / 'test', ['a'])
+  return {'eval_split': 'dev'}, (f"data.eval_split='dev': {d} has no split folder dev holding a "
+                                 'metadata file; its split folders: test, train.')
+
+
+def _fields_off_the_header(d):
+  split(d, ['a', 'b', 'a'])
+  (d / 'metadata.csv').write_text('file_name,transcription\n0.wav,a\n1.wav,a, b\n2.wav,a\n')
+  return {}, (f'{d / "metadata.csv"}:3 has 3 fields where its header has 2: quote a field that '
+              'holds a comma')
+
+
+def _a_line_that_is_not_json(d):
+  split(d, ['a', 'b', 'a'], jsonl=True)
+  (d / 'metadata.jsonl').write_text('{"file_name": "0.wav", "transcription": "a"}\n'
+                                    '{"file_name": "1.wav", "transcription": "b\n')
+  return {}, f'{d / "metadata.jsonl"}:2 is not JSON (Unterminated string'
+
+
+def _a_record_without_its_transcript(d):
+  split(d, ['a', 'b'], jsonl=True)
+  (d / 'metadata.jsonl').write_text('{"file_name": "0.wav", "transcription": "a"}\n\n'
+                                    '{"file_name": "1.wav", "text": "b"}\n')
+  return {}, (f"{d / 'metadata.jsonl'}:3 has no transcription (its keys: ['file_name', 'text']): "
+              'give each line file_name and transcription, or set data.transcript_key')
+
+
+def _no_file_name(d):
+  split(d, ['a', 'b'])
+  (d / 'metadata.csv').write_text('file_name,transcription\n0.wav,a\n,b\n')
+  return {}, f"{d / 'metadata.csv'}:3 names no audio file under file_name ('')"
+
+
+def _a_missing_file(d):
+  split(d, ['a', 'b', 'a'])
+  (d / '2.wav').unlink()
+  return {}, (f'no audio file at {d / "2.wav"} (named by {d / "metadata.csv"}:4): check the path '
+              '(or the metadata naming it)')
+
+
+def _a_text_file_renamed_wav(d):
+  split(d, ['a', 'b', 'a'])
+  (d / '1.wav').write_text('file_name,transcription\n')
+  return {}, (f'cannot read the audio file {d / "1.wav"} (named by {d / "metadata.csv"}:3): '
+              'Format not recognised; convert it to WAV or FLAC, or remove that line')
+
+
+def _a_file_without_samples(d):
+  split(d, ['a', 'b'])
+  soundfile.write(d / '0.wav', np.zeros(0, np.float32), 8000)
+  return {}, (f'the audio file {d / "0.wav"} (named by {d / "metadata.csv"}:2) holds no '
+              'samples: replace it, or remove that line')
+
+
+@pytest.mark.parametrize('make', [
+    _no_metadata, _split_without_metadata, _two_metadata_files, _parquet,
+    _metadata_beside_split_folders, _dev_beside_train, _eval_split_of_a_flat_folder,
+    _eval_split_of_no_folder, _fields_off_the_header, _a_line_that_is_not_json,
+    _a_record_without_its_transcript, _no_file_name, _a_missing_file, _a_text_file_renamed_wav,
+    _a_file_without_samples], ids=lambda make: make.__name__.strip('_'))
+def test_a_folder_is_refused_at_opening_in_one_line_naming_the_file_and_fix(tmp_path, make):
+  settings, expected = make(tmp_path)
+  with pytest.raises(UserError) as raised:
+    audio_task(name='audiofolder', audio_dir=str(tmp_path), **settings)
+  message = str(raised.value)
+  assert message.startswith(expected) and '\n' not in message
+
+
+def test_every_transcript_is_checked_at_opening_naming_the_longest_and_the_seq_len_it_needs(
+    tmp_path):
+  """The longest transcript, 12 characters, is the held-out one (the last of four): [BOS] and
+  its 12 characters are 13 decoder inputs, so it needs data.seq_len=13 (the decoder's
+  model.max_len=24 has them); 30 characters need 31, over model.max_len too."""
+  split(tmp_path, ['ab', 'abababab', 'ba', 'ab' * 6])
+  with pytest.raises(UserError) as raised:
+    audio_task(name='audiofolder', audio_dir=str(tmp_path), seq_len=8)
+  assert str(raised.value) == (
+      f'2 of 4 transcripts are over data.seq_len=8 tokens; the longest, of {tmp_path / "3.wav"} '
+      f'({tmp_path / "metadata.csv"}:5), is 13 tokens with its EOS: set data.seq_len=13.')
+  task = audio_task(name='audiofolder', audio_dir=str(tmp_path), seq_len=13)
+  assert task.vocab.decode(task.eval_examples(np.arange(1))['targets'][0]) == 'ab' * 6
+  split(tmp_path, ['ab', 'ab' * 15])
+  with pytest.raises(UserError, match=r'is 31 tokens with its EOS: set data.seq_len=31 and '
+                     r"model.max_len=31 \(the decoder's positions, 24 now\), or shorten that "
+                     'transcript.$'):
+    audio_task(name='audiofolder', audio_dir=str(tmp_path), seq_len=8)
+
+
+@pytest.mark.slow
+def test_a_users_folder_is_refused_one_fault_a_line_then_trains_in_the_same_workdir(tmp_path):
+  """launch.py on a folder of split folders as a user's first tries go: each fault ends the
+  command before it starts, with one line naming the folder, file and line, or the setting, and
+  the fix, and nothing written in the workdir; corrected, the folder trains there, test/ held
+  out."""
+  folder, workdir = tmp_path / 'speech', tmp_path / 'run'
+  split(folder / 'train', ['ab', 'ba', 'abba', 'b'] * 4)
+  tone_file(folder / 'test' / '0.wav')
+  command = [*REFERENCE, f'--workdir={workdir}', '--config.data.name=audiofolder',
+             f'--config.data.audio_dir={folder}', '--config.model.vocab_size=5',
+             '--config.model.max_len=8']
+
+  def refused(expected):
+    result = launch(*command, '--config.data.seq_len=3')
+    assert result.returncode == 1 and 'Traceback' not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == expected
+    assert not workdir.exists()
+
+  train, test = folder / 'train', folder / 'test'
+  refused(f'The split folder {test} has no metadata.csv (or metadata.jsonl) naming its audio '
+          'files and their transcripts: write one (columns file_name, transcription).')
+  split(test, ['ab', 'ba'] * 3 + ['b', 'ababab'])
+  (train / '2.wav').write_text('file_name,transcription\n')
+  refused(f'cannot read the audio file {train / "2.wav"} (named by {train / "metadata.csv"}:4): '
+          'Format not recognised; convert it to WAV or FLAC, or remove that line')
+  tone_file(train / '2.wav')
+  (train / '5.wav').unlink()
+  refused(f'no audio file at {train / "5.wav"} (named by {train / "metadata.csv"}:7): check the '
+          'path (or the metadata naming it)')
+  tone_file(train / '5.wav')
+  refused(f'5 of 24 transcripts are over data.seq_len=3 tokens; the longest, of {test / "7.wav"} '
+          f'({test / "metadata.csv"}:9), is 7 tokens with its EOS: set data.seq_len=7.')
+  result = launch(*command, '--config.data.seq_len=7')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'train/ (16 files) trains, test/ (8) is held out' in result.stderr
+  rows = [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
+  assert [row['step'] for row in rows if 'loss' in row] == [1, 2]
+  assert [row['step'] for row in rows if 'eval_loss' in row] == [2]
 
 
 @pytest.fixture(scope='module')

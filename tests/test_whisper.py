@@ -263,9 +263,9 @@ def test_an_audiofolder_holds_out_its_last_tenth_and_encodes_the_transcripts(tmp
 def test_a_corrupt_file_is_named_and_a_metadata_without_the_columns_is_refused(tmp_path):
   write_folder(tmp_path, [('0.wav', 0.1, 'a'), ('1.wav', 0.1, 'b')])
   (tmp_path / '1.wav').write_bytes(b'not audio')
-  task = audio_data(name='audiofolder', audio_dir=str(tmp_path))
-  with pytest.raises(UserError, match='1.wav'):
-    task.eval_examples(np.array([0]))
+  with pytest.raises(UserError, match=f'cannot read the audio file {tmp_path / "1.wav"} '
+                     f'\\(named by {tmp_path / "metadata.csv"}:3\\)'):
+    audio_data(name='audiofolder', audio_dir=str(tmp_path))  # the header, checked at opening
   write_folder(tmp_path, [('0.wav', 0.1, 'a'), ('1.wav', 0.1, 'b')], header='path,text')
   with pytest.raises(UserError, match='no column file_name or transcription'):
     audio_data(name='audiofolder', audio_dir=str(tmp_path))
@@ -278,9 +278,16 @@ def test_transcripts_longer_than_the_decoders_positions_are_refused_naming_the_f
 
 
 def test_a_transcript_longer_than_seq_len_fails_naming_the_fix(tmp_path):
-  write_folder(tmp_path, [('0.wav', 0.1, 'abcdefgh'), ('1.wav', 0.1, 'b')])
-  with pytest.raises(UserError, match='raise data.seq_len'):
-    audio_data(name='audiofolder', audio_dir=str(tmp_path)).train_batch(0, 4, slice(None))
+  """A folder's transcripts are all checked when it is opened; a generated (or TFDS) one when a
+  batch holds it: [BOS] 3 [EOS] is 2 decoder inputs, over data.seq_len=1."""
+  write_folder(tmp_path, [('0.wav', 0.1, 'abcdefg'), ('1.wav', 0.1, 'b')])
+  with pytest.raises(UserError, match=f'the longest, of {tmp_path / "0.wav"} '
+                     f'\\({tmp_path / "metadata.csv"}:2\\), is 8 tokens with its EOS: set '
+                     'data.seq_len=8.'):
+    audio_data(name='audiofolder', audio_dir=str(tmp_path))
+  with pytest.raises(UserError, match='is 2 tokens with its EOS, over data.seq_len=1: raise '
+                     'data.seq_len'):
+    audio_data(seq_len=1).train_batch(0, 4, slice(None))
 
 
 def test_the_reference_configs_step_makes_the_features_with_the_loss_of_the_hosts():
@@ -527,11 +534,10 @@ def test_whispers_tokens_without_the_language_fail_naming_the_setting(tmp_path):
 
 def test_a_transcript_over_seq_len_after_the_prompt_fails_naming_the_fix(tmp_path):
   write_folder(tmp_path, [('0.wav', 0.1, 'two three two'), ('1.wav', 0.1, 'two')])
-  made = audio_data(name='audiofolder', audio_dir=str(tmp_path), seq_len=6,
-                    tokenizer=whisper_tokenizer(tmp_path))
-  with pytest.raises(UserError, match='is 4 tokens with its EOS after a prompt of 4, over '
-                     'data.seq_len=6: raise data.seq_len'):
-    made.train_batch(0, 8, slice(None))
+  with pytest.raises(UserError, match='is 4 tokens with its EOS after a prompt of 4: set '
+                     'data.seq_len=7.'):
+    audio_data(name='audiofolder', audio_dir=str(tmp_path), seq_len=6,
+               tokenizer=whisper_tokenizer(tmp_path))
 
 
 def test_sample_mode_transcribes_with_an_imported_whisper_from_its_prompt(hf_whisper, tmp_path,

@@ -20,8 +20,8 @@ from transformer_jax.errors import ConfigError, UserError
 from transformer_jax.layers.log_mel import (HOP_LENGTH, mask_bands, mel_filters, N_FFT,
                                             SAMPLE_RATE, log_mel)
 
-__all__ = ['as_bands', 'CHUNK_SAMPLES', 'HOP_LENGTH', 'SAMPLE_RATE', 'load_audio',
-           'log_mel_spectrogram', 'mel_filters', 'pad_or_trim', 'spec_augment',
+__all__ = ['as_bands', 'check_audio', 'CHUNK_SAMPLES', 'HOP_LENGTH', 'SAMPLE_RATE',
+           'load_audio', 'log_mel_spectrogram', 'mel_filters', 'pad_or_trim', 'spec_augment',
            'spec_augment_masks', 'waveform_of']
 
 CHUNK_SAMPLES = 30 * SAMPLE_RATE  # Whisper's checkpoints read 30 s windows
@@ -86,18 +86,51 @@ def as_bands(masks: list[tuple[int, int]]) -> np.ndarray:
   return np.asarray(masks, np.int32).reshape(len(masks), 2)
 
 
-def load_audio(path: str | pathlib.Path, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
-  """The file's audio (any format libsndfile reads: WAV, FLAC, OGG, ...) as float32 mono (the
-  channels' mean) at sample_rate, resampled by soxr's high-quality resampler."""
+def load_audio(path: str | pathlib.Path, sample_rate: int = SAMPLE_RATE, *,
+               origin: str | None = None) -> np.ndarray:
+  """The file's audio (any format libsndfile reads: WAV, FLAC, OGG, MP3, ...) as float32 mono
+  (the channels' mean) at sample_rate, resampled by soxr's high-quality resampler. A file that
+  is not there or does not decode is a UserError naming it and `origin` (what names it: a
+  metadata file's 'path:line')."""
   _check_rate(sample_rate)
-  if not pathlib.Path(path).is_file():
-    raise UserError(f'no audio file at {path}: check the path (or the metadata naming it)')
   try:
     samples, file_rate = soundfile.read(path, dtype='float32', always_2d=True)
   except (soundfile.LibsndfileError, RuntimeError, OSError) as error:
-    raise UserError(f'cannot read the audio file {path} ({str(error).rstrip(".")}): convert it '
-                    'to WAV or FLAC, or remove it from the data') from error
+    raise _unreadable(path, origin, error) from error
   return waveform_of(samples, file_rate, sample_rate, source=str(path))
+
+
+def check_audio(path: str | pathlib.Path, origin: str | None = None) -> None:
+  """Reads the file's header alone (libsndfile opens it without decoding the samples): a
+  UserError as load_audio's where the file is not there or not audio libsndfile reads, or where
+  its header states no samples."""
+  try:
+    with soundfile.SoundFile(path) as opened:
+      frames = opened.frames
+  except (soundfile.LibsndfileError, RuntimeError, OSError) as error:
+    raise _unreadable(path, origin, error) from error
+  if not frames:
+    raise UserError(f'the audio file {path}{_named(origin)} holds no samples: replace it, or '
+                    f'{_remove(origin)}')
+
+
+def _unreadable(path, origin: str | None, error: Exception) -> UserError:
+  """The one line for a file not there or not decoded; libsndfile's reason without its prefix
+  (which names the file again)."""
+  if not pathlib.Path(path).is_file():
+    return UserError(f'no audio file at {path}{_named(origin)}: check the path (or the metadata '
+                     'naming it)')
+  reason = getattr(error, 'error_string', None) or str(error)
+  return UserError(f'cannot read the audio file {path}{_named(origin)}: {reason.rstrip(".")}; '
+                   f'convert it to WAV or FLAC, or {_remove(origin)}')
+
+
+def _named(origin: str | None) -> str:
+  return f' (named by {origin})' if origin else ''
+
+
+def _remove(origin: str | None) -> str:
+  return 'remove that line' if origin else 'remove it from the data'
 
 
 def waveform_of(samples: np.ndarray, rate: int, sample_rate: int = SAMPLE_RATE, *,

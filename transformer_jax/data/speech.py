@@ -1,9 +1,12 @@
 """Speech to text for Whisper: utterances as log-Mel features and their transcripts as decoder
 targets, from an `audiofolder`, a TFDS speech dataset, or generated.
 
-  data.name='audiofolder', data.audio_dir=DIR: audio files beside DIR/metadata.csv, whose
-    `file_name` and `transcription` columns name each file and give its text (the layout of
-    Hugging Face's audiofolder); the last tenth of the rows (at least one) are held out.
+  data.name='audiofolder', data.audio_dir=DIR: Hugging Face's audiofolder layout, a
+    metadata.csv (or .jsonl) whose `file_name` and `transcription` columns name each audio file
+    and give its text: DIR's own, its last tenth held out, or one in each split folder
+    (DIR/train, DIR/test or DIR/validation). audiofolder.py reads it, checking every row and
+    every file's header when it is opened; the task then checks that every transcript fits
+    data.seq_len, naming the longest and the value that fits it.
   data.name=NAME of a TFDS dataset (librispeech, speech_commands, ...) prepared in
     data.tfds_data_dir: its Audio feature data.audio_key and its Text (or ClassLabel, whose
     names are the words) feature data.transcript_key, each unset for the dataset's only one;
@@ -32,16 +35,14 @@ without them) starts the decoder from its BOS (<|startoftranscript|> where it ha
 transcripts of the first data.wer_examples held-out utterances, both sides lower-cased and
 stripped of punctuation.
 """
-import csv
 import dataclasses
-import pathlib
 import re
 import string
 
 import jiwer
 import numpy as np
 
-from transformer_jax.data import audio, corpus, rng, seq2seq, sources, tokenizer
+from transformer_jax.data import audio, audiofolder, corpus, rng, seq2seq, sources, tokenizer
 from transformer_jax.data.settings import DataPart, register_part
 from transformer_jax.data.vocab import Vocab
 from transformer_jax.errors import ConfigError, UserError
@@ -49,11 +50,9 @@ from transformer_jax.layers.log_mel import mask_bands
 from transformer_jax.ranges import COUNT, Range
 
 __all__ = ['AudioSettings', 'AudioTask', 'encoder_inputs', 'make_audio_task', 'normalized',
-           'read_metadata', 'SOURCES', 'transcript_tokenizer', 'word_error_rate']
+           'SOURCES', 'transcript_tokenizer', 'word_error_rate']
 
 SOURCES = ('synthetic', 'audiofolder')
-METADATA = 'metadata.csv'
-COLUMNS = ('file_name', 'transcription')
 DIGITS = '0123456789'
 # The characters a TFDS dataset's Text transcripts may hold with data.tokenizer='chars' (they are
 # not read ahead to find theirs): LibriSpeech's are upper-case letters, the apostrophe and space.
@@ -81,7 +80,9 @@ class AudioSettings(DataPart):
   tone_noise: float = 0.05  # the noise of generated tones (standard deviation)
   wer_examples: int = 0  # held-out utterances transcribed for eval_wer; 0: none
   audio_key: str | None = None  # a TFDS dataset's Audio feature; None: its only one
-  transcript_key: str | None = None  # its Text or ClassLabel feature; None: its only one
+  # Its Text or ClassLabel feature, None: its only one; an audiofolder's metadata column, None:
+  # 'transcription'.
+  transcript_key: str | None = None
   source_sample_rate: int | None = None  # a TFDS dataset's audio rate where it states none
   language: str = 'en'  # Whisper's language token <|en|>, where the tokenizer has Whisper's
   whisper_task: str = 'transcribe'  # Whisper's task token, where the tokenizer has Whisper's
@@ -121,24 +122,6 @@ def word_error_rate(hypotheses: list[str], references: list[str]) -> float:
   return edits / max(1, sum(len(r.split()) for r in references))
 
 
-def read_metadata(directory: str) -> list[tuple[str, str]]:
-  """(audio path, transcript) of each row of DIR/metadata.csv, in order."""
-  path = pathlib.Path(directory) / METADATA
-  if not path.is_file():
-    raise UserError(f'no {METADATA} in data.audio_dir={directory}: an audiofolder holds its audio '
-                    f'files beside a {METADATA} with the columns {", ".join(COLUMNS)}.')
-  with path.open(newline='', encoding='utf-8') as f:
-    reader = csv.DictReader(f)
-    missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
-    if missing:
-      raise UserError(f'{path} has no column {" or ".join(missing)} (it has {reader.fieldnames}): '
-                      f'name its columns {", ".join(COLUMNS)}.')
-    rows = [(str(path.parent / row['file_name']), row['transcription']) for row in reader]
-  if len(rows) < 2:
-    raise UserError(f'{path} lists {len(rows)} file(s): a folder needs at least 2 (one held out).')
-  return rows
-
-
 def transcript_tokenizer(name: str, alphabet: str):
   """data.tokenizer's tokenizer of transcripts: 'chars' (of `alphabet`), or a tokenizer.json
   with an EOS, its BOS being Whisper's <|startoftranscript|> where it has none."""
@@ -176,15 +159,15 @@ def decoder_prompt(vocab, language: str, task: str) -> list[int]:
 class FolderSplit:
   """An audiofolder's rows: [i] -> (waveform at sample_rate, transcript) of row i."""
 
-  def __init__(self, rows: list[tuple[str, str]], sample_rate: int):
+  def __init__(self, rows: list[audiofolder.Row], sample_rate: int):
     self.rows, self.sample_rate = rows, sample_rate
 
   def __len__(self) -> int:
     return len(self.rows)
 
   def __getitem__(self, index) -> tuple[np.ndarray, str]:
-    path, text = self.rows[int(index)]
-    return audio.load_audio(path, self.sample_rate), text
+    row = self.rows[int(index)]
+    return audio.load_audio(row.path, self.sample_rate, origin=row.origin), row.text
 
 
 class TFDSSplit:
@@ -227,7 +210,7 @@ class AudioTask:
 
   def __init__(self, settings, seed: int, *, num_mels: int, num_frames: int, max_len: int):
     part = settings.part(AudioSettings)
-    self.part, self.seed, self.seq_len = part, seed, settings.seq_len
+    self.part, self.seed, self.seq_len, self.max_len = part, seed, settings.seq_len, max_len
     self.num_mels = part.n_mels or num_mels
     frames = (round(part.window_seconds * audio.SAMPLE_RATE / audio.HOP_LENGTH)
               if part.window_seconds else num_frames)
@@ -237,7 +220,7 @@ class AudioTask:
                         f'model.max_len={max_len} positions: lower data.seq_len or raise '
                         'model.max_len.')
     if settings.name == 'audiofolder':
-      self.train, self.held_out, alphabet = self._folder(part)
+      self.train, self.held_out, alphabet = self._folder(settings, part)
       self.num_eval_examples = len(self.held_out)
     elif settings.name == 'synthetic':
       self.train = self.held_out = None
@@ -255,6 +238,8 @@ class AudioTask:
       self.num_eval_examples = len(self.held_out)
     self.vocab = transcript_tokenizer(settings.part(corpus.TextSettings).tokenizer, alphabet)
     self.prompt = decoder_prompt(self.vocab, part.language, part.whisper_task)
+    if settings.name == 'audiofolder':
+      self._check_transcripts()
     self.pad_id = self.vocab.eos_id if self.vocab.pad_id is None else self.vocab.pad_id
     self.token_bytes = self.vocab.token_bytes
     self.info = {'vocab_size': self.vocab.size, 'num_mels': self.num_mels,
@@ -309,22 +294,41 @@ class AudioTask:
     return waveform.astype(np.float32), DIGITS[digit]
 
   @staticmethod
-  def _folder(part: AudioSettings) -> tuple['FolderSplit', 'FolderSplit', str]:
-    """The training and held-out (the last tenth, at least one) rows of data.audio_dir, and
-    the characters of their transcripts."""
+  def _folder(settings, part: AudioSettings) -> tuple['FolderSplit', 'FolderSplit', str]:
+    """The training and held-out rows of data.audio_dir (audiofolder.open_folder), and the
+    characters of their transcripts."""
     if not part.audio_dir:
       raise ConfigError("data.name='audiofolder' reads data.audio_dir: set it to the folder "
-                        f'holding {METADATA}.')
-    rows = read_metadata(part.audio_dir)
-    held_out = max(1, len(rows) // 10)
-    alphabet = ''.join(sorted({c for _, text in rows for c in text}))
-    return (FolderSplit(rows[:-held_out], part.sample_rate),
-            FolderSplit(rows[-held_out:], part.sample_rate), alphabet)
+                        f'holding {audiofolder.METADATA} (or the split folders holding theirs).')
+    train, held_out = audiofolder.open_folder(
+        part.audio_dir, train_split=settings.train_split, eval_split=settings.eval_split,
+        transcript_key=part.transcript_key)
+    alphabet = ''.join(sorted({c for row in train + held_out for c in row.text}))
+    return (FolderSplit(train, part.sample_rate), FolderSplit(held_out, part.sample_rate),
+            alphabet)
+
+  def _check_transcripts(self) -> None:
+    """Every transcript of the folder, as `_sequence` makes it, fits data.seq_len; else a
+    UserError naming the longest (its file, metadata line and tokens) and the seq_len it needs."""
+    rows = self.train.rows + self.held_out.rows
+    lengths = [len(self._sequence(row.text)) - 1 for row in rows]  # the decoder's inputs
+    over = sum(length > self.seq_len for length in lengths)
+    if not over:
+      return
+    needed = max(lengths)
+    row = rows[lengths.index(needed)]
+    prompt = f' after a prompt of {len(self.prompt)}' if len(self.prompt) > 1 else ''
+    fix = (f'set data.seq_len={needed}' if needed <= self.max_len else
+           f'set data.seq_len={needed} and model.max_len={needed} (the decoder\'s positions, '
+           f'{self.max_len} now), or shorten that transcript')
+    raise UserError(f'{over} of {len(rows)} transcripts are over data.seq_len={self.seq_len} '
+                    f'tokens; the longest, of {row.path} ({row.origin}), is '
+                    f'{needed + 1 - len(self.prompt)} tokens with its EOS{prompt}: {fix}.')
 
   def _batch(self, utterances, augment: np.random.Generator | None) -> dict:
     waveforms = [audio.pad_or_trim(waveform, self.num_samples) for waveform, _ in utterances]
     masks = None if augment is None else [self._masks(augment) for _ in utterances]
-    ids = [self._sequence(text) for _, text in utterances]
+    ids = [self._fitted(text) for _, text in utterances]
     sequences = np.array([row + [self.pad_id] * (self.seq_len + 1 - len(row)) for row in ids],
                          np.int32)
     positions = np.arange(self.seq_len)
@@ -343,8 +347,13 @@ class AudioTask:
     return tuple(audio.as_bands(bands) for bands in masks)
 
   def _sequence(self, text: str) -> list[int]:
-    """The prompt, the transcript's ids and EOS; a UserError if over data.seq_len + 1."""
-    ids = self.prompt + self.vocab.encode(text) + [self.vocab.eos_id]
+    """The prompt, the transcript's ids and EOS."""
+    return self.prompt + self.vocab.encode(text) + [self.vocab.eos_id]
+
+  def _fitted(self, text: str) -> list[int]:
+    """`_sequence`, or a UserError if over data.seq_len + 1 (a TFDS dataset's transcripts are
+    not read ahead; a folder's were all checked when it was opened)."""
+    ids = self._sequence(text)
     if len(ids) - 1 > self.seq_len:
       prompt = f' after a prompt of {len(self.prompt)}' if len(self.prompt) > 1 else ''
       raise UserError(f'The transcript {text[:40]!r} is {len(ids) - len(self.prompt)} tokens with '
