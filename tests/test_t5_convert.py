@@ -257,14 +257,16 @@ def test_t5_dropout_rate_imports_as_every_dropout_of_t5_and_exports_back(checkpo
 def test_from_hf_samples_a_t5_without_bos_from_its_decoder_start_as_transformers(checkpoint,
                                                                                    tmp_path):
   """--mode=sample of a T5 checkpoint whose tokenizer.json has no BOS (T5's has none): the
-  decoder writes from config.json's decoder_start_token_id (0), greedy as transformers."""
+  encoder reads the prompt and EOS (config.json's eos_token_id, 1), as T5's `tokenizer(prompt)`
+  gives them, and the decoder writes from its decoder_start_token_id (0), greedy as
+  transformers."""
   model, path = checkpoint('t5')
   with_word_tokenizer(path, tmp_path, VOCAB, unk_token='w2')
   config = load_config(ROOT / 'configs' / 'from_hf.py', f'path={tmp_path}')
   config.sample.update(prompt='w3 w14 w15 w9 w30', max_new_tokens=8, temperature=0.0)
   (text,) = run.run(config, None, 'sample')
   with torch.no_grad():
-    tokens = model.generate(torch.tensor([[3, 14, 15, 9, 30]]), max_new_tokens=8,
+    tokens = model.generate(torch.tensor([[3, 14, 15, 9, 30, 1]]), max_new_tokens=8,
                             do_sample=False, use_cache=False)
   assert tokens[0, 0] == 0  # transformers starts from decoder_start_token_id
   assert text == ' '.join(f'w{i}' for i in tokens[0, 1:].tolist())

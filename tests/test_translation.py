@@ -71,11 +71,10 @@ def records(data_dir, split='test'):
 
 
 def expected_pairs(tokenizer, pairs, seq_len=32):
-  """(source ids, target ids + EOS), each cut to seq_len, of the pairs that have a source: the
-  config name 'de-en' reads from German to English."""
-  out = [(tokenizer.encode(de)[:seq_len], (tokenizer.encode(en) + [tokenizer.eos_id])[:seq_len])
-         for en, de in pairs]
-  return [(source, target) for source, target in out if source]
+  """(source ids + EOS, target ids + EOS), each cut to seq_len, of the pairs that have a source:
+  the config name 'de-en' reads from German to English."""
+  return [tuple((tokenizer.encode(text) + [tokenizer.eos_id])[:seq_len] for text in (de, en))
+          for en, de in pairs if de]
 
 
 def test_unpacked_batches_are_each_pair_tokenized_with_bos_and_eos(data_dir):
@@ -180,8 +179,8 @@ def test_a_mock_ted_hrlr_dataset_reads_its_direction_from_the_config_name():
     first = records[0]
   assert made.info['languages'] == ['pt', 'en']
   row = made.task.eval_examples(np.arange(1))
-  assert row['inputs'][0, row['input_segment_ids'][0] == 1].tolist() == made.vocab.encode(
-      first['pt'])[:24]
+  assert row['inputs'][0, row['input_segment_ids'][0] == 1].tolist() == (
+      made.vocab.encode(first['pt']) + [made.vocab.eos_id])[:24]
 
 
 def test_bleu_and_exact_match_of_the_translations_against_the_references(data_dir):

@@ -283,9 +283,10 @@ class _ImageFiles:
 
 
 def encode_captions(captions: list[str], tokenizer, length: int, truncate: bool) -> np.ndarray:
-  """int32 (N, length): each caption as [BOS] ids EOS (a tokenizer whose post-processor adds
-  them adds them once), then the pad id (EOS where the tokenizer has none). A caption longer than
-  `length` is cut to length - 1 ids and its EOS, or with `truncate` off refused."""
+  """int32 (N, length): each caption as [BOS] ids EOS (the tokenizer's own, BOS where it has
+  one: CLIP's <|startoftext|> caption <|endoftext|>, BERT's [CLS] caption [SEP]), then the pad id
+  (EOS where the tokenizer has none). A caption longer than `length` is cut to length - 1 ids and
+  its EOS, or with `truncate` off refused."""
   eos, bos = tokenizer.eos_id, tokenizer.bos_id
   pad = eos if tokenizer.pad_id is None else tokenizer.pad_id
   out = np.full((len(captions), length), pad, np.int32)
@@ -295,8 +296,7 @@ def encode_captions(captions: list[str], tokenizer, length: int, truncate: bool)
     except ValueError as error:  # a character vocabulary's unknown character
       raise ConfigError(f'Caption {caption[:40]!r}: {error} Use a tokenizer that covers them: '
                         "data.tokenizer='bpe' (bytes) or a tokenizer.json.") from None
-    ids = ([bos] if bos is not None and ids[:1] != [bos] else []) + ids
-    ids = ids + ([eos] if ids[-1:] != [eos] else [])
+    ids = ([] if bos is None else [bos]) + ids + [eos]
     if len(ids) > length:
       if not truncate:
         raise ConfigError(f'Caption {row} ({caption[:40]!r}...) is {len(ids)} tokens, more than '

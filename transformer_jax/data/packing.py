@@ -89,13 +89,15 @@ def cached(directory, starts: np.ndarray, length: int, chunk: int = 1 << 20) -> 
 
 
 def cached_pairs(directory, source_starts: np.ndarray, target_starts: np.ndarray, length: int,
-                 packed: bool, chunk: int = 1 << 20) -> tuple[Packing, Packing, np.ndarray]:
-  """(sources, targets, kept) of the pairs of two token files with a source: each pair one
-  piece per stream, cut to `length`; with `packed` rows filled until either stream would
-  overflow, else a row per pair. `kept`: the pairs' indices. Memory-mapped as `cached` is."""
+                 packed: bool, chunk: int = 1 << 20,
+                 empty: int = 0) -> tuple[Packing, Packing, np.ndarray]:
+  """(sources, targets, kept) of the pairs of two token files with a source (of more than
+  `empty` tokens: 1 where each source ends with EOS): each pair one piece per stream, cut to
+  `length`; with `packed` rows filled until either stream would overflow, else a row per pair.
+  `kept`: the pairs' indices. Memory-mapped as `cached` is."""
   def pieces(low: int, high: int):
     sources, targets = (np.asarray(s[low:high + 1]) for s in (source_starts, target_starts))
-    kept = np.flatnonzero(np.diff(sources) > 0)
+    kept = np.flatnonzero(np.diff(sources) > empty)
     source_lengths, target_lengths = (np.minimum(np.diff(s)[kept], length).astype(np.int32)
                                       for s in (sources, targets))
     return ({'kept': kept + low, 'source_starts': sources[:-1][kept],

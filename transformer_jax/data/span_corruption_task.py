@@ -3,7 +3,8 @@ in the encoder-decoder's batches. A run chooses it with data.task='span_corrupti
 
 Any text source of the data layer (data.name tiny_shakespeare, text_file, jsonl, or a TFDS
 dataset with a text feature) is tokenized once into token files, its documents one after
-another with nothing between them (as seqio's reduce_concat_tokens joins them). Each split's
+another with nothing between them (as seqio's reduce_concat_tokens joins them; not even the
+</s> that T5's tokenizer.json adds after a text, which `encode` leaves out). Each split's
 stream is cut into windows of R = raw_length(data.seq_len) tokens, and each window corrupted by
 `span_corruption.span_corruption`: its inputs fill data.seq_len, its targets
 data.span_targets_length (default: what a window's corruption needs; T5: R = 568 raw tokens for

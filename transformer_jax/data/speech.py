@@ -206,7 +206,16 @@ class AudioTask:
   padded to T + 1 (the prompt: `decoder_prompt`, [BOS] for a tokenizer without Whisper's
   tokens), the decoder inputs are all but its last token and the targets all but its first;
   the weights are 1.0 on the targets of the transcript and its EOS, 0.0 on the prompt's and the
-  padding. A batch is a pure function of (seed, step)."""
+  padding. A batch is a pure function of (seed, step).
+
+  The transcript is encoded alone (the tokenizer.json's post-processor adds Whisper's prompt and
+  <|endoftext|> again; `tokenizer.HFTokenizer.encode` leaves them out). With Whisper's tokenizer
+  the sequence is transformers' WhisperTokenizer's `tokenizer(text).input_ids` of its language
+  and task (WhisperProcessor's labels), and the batch its fine-tuning recipe's: the targets are
+  the labels less the <|startoftranscript|> its data collator drops, the decoder inputs those
+  labels shifted right by decoder_start_token_id. By design the weights differ: that recipe
+  scores the prompt's <|LANG|> <|TASK|> <|notimestamps|> too, which decoding is given, never
+  asked to write."""
 
   def __init__(self, settings, seed: int, *, num_mels: int, num_frames: int, max_len: int):
     part = settings.part(AudioSettings)

@@ -2,6 +2,14 @@
 rows. The tokenizer is the run's saved one where there is one (so a resumed run, `eval` and
 `sample` read the ids it trained on), else data.tokenizer: 'chars', 'bpe' (trained on the
 training documents, cached beside the token files) or a tokenizer.json path.
+
+A language model's documents (a corpus of several; one running text has neither token) are
+each the tokenizer's own BOS where it puts one before a text (`text_bos`: LLaMA's <s>, BERT's
+[CLS]), the text's ids, then EOS: LLaMA's pre-training stream `<s> doc </s> <s> doc </s>` (as
+torchtitan's `encode(bos=True, eos=True)` makes it), GPT-2's `doc <|endoftext|> doc
+<|endoftext|>` (its one token both ends and starts a document), and for a trained BPE or the
+characters, which put no BOS, `doc EOS doc EOS`. Packed next-token rows read each document's
+first token after BOS, else EOS (text.PackedNextTokenTask), so their documents hold none.
 """
 import hashlib
 import json
@@ -41,14 +49,16 @@ def make_text_task(settings: DataSettings, task: str, seed: int, *, vocab_size: 
   tokenizer = resolve_tokenizer(settings, train, held_out, mask=mask,
                                 separated=packed or not train.single, vocab_size=vocab_size,
                                 saved_dir=tokenizer_dir)
-  separator = None
+  separator = bos = None
   if not train.single:
     if tokenizer.eos_id is None:
       raise ConfigError(f'The {tokenizer.kind} tokenizer has no EOS token to end each document '
                         'of the corpus with: use one that has (</s>, <|endoftext|>, <eos>).')
     separator = tokenizer.eos_id
+    if not (packed and task == 'next_token'):  # the module docstring
+      bos = tokenizer.text_bos
   root = text_settings.token_dir or token_files.default_root()
-  train_tokens, held_out_tokens = (token_files.tokenized(c, tokenizer, root, separator)
+  train_tokens, held_out_tokens = (token_files.tokenized(c, tokenizer, root, separator, bos)
                                    for c in (train, held_out))
   if not packed:
     return _windows(task, train_tokens.tokens, held_out_tokens.tokens, tokenizer, settings, seed)

@@ -3,10 +3,11 @@
 `tokenized(corpus, tokenizer, root)` writes `root/NAME-SPLIT-KEY/` with `tokens.bin` (the ids of
 every document one after another, uint16 where the vocabulary fits, else uint32), `starts.bin`
 (int64: where each document starts, then the total) and `info.json`. KEY hashes the corpus's
-identity and the tokenizer's fingerprint, so a changed file or tokenizer never reuses stale
-tokens. The folder is written under a temporary name and renamed when complete: an interrupted
-tokenization leaves nothing that is read, and is redone. Memory holds one chunk of documents,
-and a packing of the documents (data.packing) is written beside them in the same way.
+identity, the tokenizer's fingerprint, the special tokens put around each document and the
+FORMAT, so a changed file, tokenizer or encoding never reuses stale tokens. The folder is
+written under a temporary name and renamed when complete: an interrupted tokenization leaves
+nothing that is read, and is redone. Memory holds one chunk of documents, and a packing of the
+documents (data.packing) is written beside them in the same way.
 """
 import hashlib
 import json
@@ -25,7 +26,9 @@ __all__ = ['default_root', 'TokenFile', 'tokenized']
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2  # bumped when the layout changes, so old folders are never misread
+# Bumped when the layout or the encoding changes, so old folders are never misread. 3: the
+# documents without the special tokens of a tokenizer.json's post-processor.
+FORMAT = 3
 _CHUNK = 1024  # documents tokenized at a time (in parallel by the tokenizers package)
 
 
@@ -58,24 +61,28 @@ def _dtype(vocab_size: int):
   return np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32
 
 
-def _key(corpus: Corpus, tokenizer, separator: int | None) -> str:
+def _key(corpus: Corpus, tokenizer, separator: int | None, bos: int | None) -> str:
   described = json.dumps({'format': FORMAT, 'corpus': corpus.identity, 'separator': separator,
-                          'tokenizer': tokenizer.fingerprint}, sort_keys=True)
+                          'bos': bos, 'tokenizer': tokenizer.fingerprint}, sort_keys=True)
   return hashlib.sha256(described.encode()).hexdigest()[:16]
 
 
-def tokenized(corpus: Corpus, tokenizer, root, separator: int | None) -> TokenFile:
+def tokenized(corpus: Corpus, tokenizer, root, separator: int | None,
+              bos: int | None = None) -> TokenFile:
   """The token file of `corpus` with `tokenizer` under `root`, tokenizing it first where no
-  complete one exists. Each document's ids are followed by `separator` (None: nothing)."""
-  key = _key(corpus, tokenizer, separator)
+  complete one exists. Each document is its text's ids (`tokenizer.encode`: no special token of
+  the tokenizer's own) after `bos` and before `separator` (None: nothing)."""
+  key = _key(corpus, tokenizer, separator, bos)
   name = corpus.name.replace('/', '_')  # a TFDS config: wiki40b/en
   directory = pathlib.Path(root) / f'{name}-{corpus.split}-{key}'
-  files.completed(directory, lambda folder: _write(corpus, tokenizer, folder, separator))
+  files.completed(directory, lambda folder: _write(corpus, tokenizer, folder, separator, bos))
   return TokenFile(directory)
 
 
-def _write(corpus: Corpus, tokenizer, directory: pathlib.Path, separator: int | None) -> dict:
+def _write(corpus: Corpus, tokenizer, directory: pathlib.Path, separator: int | None,
+           bos: int | None) -> dict:
   dtype = _dtype(tokenizer.size)
+  before, after = ([] if token is None else [token] for token in (bos, separator))
   encode = getattr(tokenizer, 'encode_batch', lambda texts: [tokenizer.encode(t) for t in texts])
   documents, total, num_bytes, began, shown = 0, 0, 0, time.monotonic(), time.monotonic()
   with open(directory / 'tokens.bin', 'wb') as out, open(directory / 'starts.bin', 'wb') as at:
@@ -83,7 +90,7 @@ def _write(corpus: Corpus, tokenizer, directory: pathlib.Path, separator: int | 
     for texts in _chunks(corpus.documents()):
       lengths = []
       for ids in encode(texts):
-        ids = np.asarray(ids + ([] if separator is None else [separator]), dtype)
+        ids = np.asarray(before + ids + after, dtype)
         out.write(ids.tobytes())
         lengths.append(len(ids))
       at.write((total + np.cumsum(lengths, dtype=np.int64)).tobytes())

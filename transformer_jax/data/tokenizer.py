@@ -1,11 +1,19 @@
 """Tokenizers: characters (data.vocab.Vocab), a byte-level BPE trained on the training documents,
 or any Hugging Face tokenizer.json (GPT-2's, LLaMA's, one's own), behind one interface.
 
-Every tokenizer has `size`, `encode(text) -> ids`, `decode(ids) -> text` (special tokens dropped,
-stopping at EOS), the ids of its special tokens where it has them (`pad_id`, `bos_id`, `eos_id`,
-`mask_id`; None where not), `token_bytes` (the UTF-8 bytes each id stands for, 0 for special
-tokens, which is what bits per byte divide by), a `fingerprint` that changes with any id, and
-`save(directory)`; `saved(directory)` reads back either kind.
+Every tokenizer has `size`, `encode(text) -> ids` (the text's own ids, no special token),
+`decode(ids) -> text` (special tokens dropped, stopping at EOS), the ids of its special tokens
+where it has them (`pad_id`, `bos_id`, `eos_id`, `mask_id`; None where not), `text_bos` (the BOS
+it puts before a text of its own accord, None where it puts none), `token_bytes` (the UTF-8
+bytes each id stands for, 0 for special tokens, which is what bits per byte divide by), a
+`fingerprint` that changes with any id, and `save(directory)`; `saved(directory)` reads back
+either kind.
+
+Special tokens are the task's to write, once: a tokenizer.json's post-processor adds its own
+(Whisper's `<|startoftranscript|> <|notimestamps|> $A <|endoftext|>`, T5's `$A </s>`, LLaMA's
+`<s> $A`), which `encode` leaves out (`add_special_tokens=False`), so that a task's prompt, EOS
+or sentinels are never doubled. The one thing of the post-processor a task may rely on is
+`text_bos`, and says so where it does (a language model's documents).
 """
 import functools
 import hashlib
@@ -29,10 +37,10 @@ __all__ = ['BPE_SPECIALS', 'HFTokenizer', 'save', 'saved', 'sentinel', 'sentinel
 # The special tokens of a trained BPE, ids 0..3, so that one vocabulary serves every family.
 BPE_SPECIALS = (vocab_lib.PAD, vocab_lib.BOS, vocab_lib.EOS, vocab_lib.MASK)
 # How the special tokens are spelled in the tokenizer.json files researchers bring, most common
-# first: ours, GPT-2's, LLaMA 1/2's (SentencePiece), LLaMA 3's, BERT's.
+# first: ours, GPT-2's, LLaMA 1/2's (SentencePiece), LLaMA 3's, BERT's, CLIP's.
 _SPECIAL_NAMES = {
     'pad_id': (vocab_lib.PAD, '[PAD]', '<|pad|>'),
-    'bos_id': (vocab_lib.BOS, '<s>', '<|begin_of_text|>', '[CLS]'),
+    'bos_id': (vocab_lib.BOS, '<s>', '<|begin_of_text|>', '[CLS]', '<|startoftext|>'),
     'eos_id': (vocab_lib.EOS, '<|endoftext|>', '</s>', '<|end_of_text|>', '[SEP]'),
     'mask_id': (vocab_lib.MASK, '[MASK]'),
 }
@@ -41,8 +49,8 @@ _BYTE_FALLBACK = re.compile(r'<0x[0-9A-Fa-f]{2}>')
 
 
 class HFTokenizer:
-  """A `tokenizers.Tokenizer` (no transformers needed). `encode` adds what its post-processor
-  adds (LLaMA's BOS); `decode` stops at EOS and drops special tokens."""
+  """A `tokenizers.Tokenizer` (no transformers needed). `encode` leaves out what its
+  post-processor adds (the module docstring); `decode` stops at EOS and drops special tokens."""
 
   def __init__(self, tokenizer: tokenizers.Tokenizer, eos_id: int | None = None):
     self._tokenizer = tokenizer
@@ -80,11 +88,27 @@ class HFTokenizer:
     """The id of `token` (a special token's spelling, such as '<|startoftranscript|>'), or None."""
     return self._tokenizer.token_to_id(token)
 
+  @functools.cached_property
+  def text_bos(self) -> int | None:
+    """The special token the post-processor puts first, before the text (LLaMA's BOS, BERT's
+    [CLS], CLIP's <|startoftext|>, Whisper's <|startoftranscript|>), or None where it puts the
+    text first or there is none (GPT-2's, T5's, a trained BPE)."""
+    processor = json.loads(self._tokenizer.to_str()).get('post_processor')
+    for step in filter(None, (processor or {}).get('processors') or [processor]):  # a Sequence's
+      if step['type'] in ('BertProcessing', 'RobertaProcessing'):
+        return step['cls'][1]  # (token, id)
+      if step['type'] == 'TemplateProcessing' and 'SpecialToken' in step['single'][0]:
+        return step['special_tokens'][step['single'][0]['SpecialToken']['id']]['ids'][0]
+    return None
+
   def encode(self, text: str) -> list[int]:
-    return self._tokenizer.encode(text).ids
+    """The ids of `text` alone, without the special tokens the post-processor adds."""
+    return self._tokenizer.encode(text, add_special_tokens=False).ids
 
   def encode_batch(self, texts: list[str]) -> list[list[int]]:
-    return [encoding.ids for encoding in self._tokenizer.encode_batch(texts)]
+    """`encode` of each text, in parallel."""
+    return [encoding.ids for encoding in
+            self._tokenizer.encode_batch(texts, add_special_tokens=False)]
 
   def decode(self, ids) -> str:
     ids = [int(i) for i in ids]

@@ -5,15 +5,18 @@ the config name reads, 'de-en' from de to en, 'pt_to_en' from pt to en).
 
 One tokenizer serves both sides: data.tokenizer 'bpe' (trained on both sides of the training
 pairs, cached as text_data caches it), a tokenizer.json with EOS, or the run's saved one.
-Each side of each split is tokenized once into a token file (token_files), the targets each
-followed by EOS, and the pairs' rows are laid out once beside them (packing.cached_pairs),
+Each side of each split is tokenized once into a token file (token_files), each text followed
+by EOS (as T5's inputs and targets end, and transformers' `tokenizer(source, text_target=target)`
+of T5's tokenizer), and the pairs' rows are laid out once beside them (packing.cached_pairs),
 memory-mapped like the tokens. A pair whose source is empty is left out.
 
-Batches are Seq2SeqTask's: 'inputs' (the source, cut to seq_len), 'input_valid', 'targets' (the
-target and its EOS, cut to seq_len: a target that long loses its EOS), 'decoder_inputs' (the
-decoder's start token, BOS or else PAD as T5's, then targets[:-1]) and 'weights' (1.0 on the
-target and its EOS); data.task_prefix (T5's 'translate German to English: ') puts its tokens
-before each source, unpacked (the whole cut to seq_len).
+Batches are Seq2SeqTask's: 'inputs' (the source and its EOS, cut to seq_len: a source that long
+loses its EOS), 'input_valid', 'targets' (the target and its EOS, cut likewise),
+'decoder_inputs' (the decoder's start token, BOS or else PAD as T5's, then targets[:-1]) and
+'weights' (1.0 on the target and its EOS). data.task_prefix, T5's
+'translate German to English: ', puts its tokens before each source, unpacked (the whole cut to
+seq_len); it is encoded on its own, so where a tokenizer would split the prefix and the source
+joined otherwise, the ids differ from transformers' `tokenizer(prefix + source)`.
 With data.packing, the pairs fill rows of seq_len tokens in both streams, in corpus order, a new
 row starting where either side would overflow (a side longer than seq_len is first cut to
 seq_len, as above); 'input_valid' gives way to 'input_segment_ids', 'input_positions',
@@ -88,9 +91,8 @@ def make_translation_task(settings: DataSettings, seed: int, *, vocab_size: int 
                       'data.packing=False, or leave data.task_prefix unset.')
   root = text_settings.token_dir or token_files.default_root()
 
-  def tokenized(sides):  # the targets end with EOS, the sources with nothing
-    return tuple(token_files.tokenized(side, tokenizer, root, separator)
-                 for side, separator in zip(sides, (None, tokenizer.eos_id)))
+  def tokenized(sides):
+    return tuple(token_files.tokenized(side, tokenizer, root, tokenizer.eos_id) for side in sides)
   return TranslationTask(tokenized(train), tokenized(held_out), tokenizer,
                          seq_len=settings.seq_len, seed=seed, packed=text_settings.packing,
                          bleu_examples=own.bleu_examples, references=held_out[1],
@@ -163,7 +165,7 @@ def _split(files, seq_len: int, packed: bool) -> _Split:
                      f'{target.directory} {target.num_documents} targets.')
   layout = f'pairs-{target.directory.name}-{seq_len}-{"packed" if packed else "rows"}'
   sources, targets, kept = packing.cached_pairs(source.directory / layout, source.starts,
-                                                target.starts, seq_len, packed)
+                                                target.starts, seq_len, packed, empty=1)
   if not len(kept):
     raise ConfigError(f'No pair of {source.directory.name} has a source: give a split with text '
                       '(data.train_split, data.eval_split).')

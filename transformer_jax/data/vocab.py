@@ -39,6 +39,7 @@ class Vocab:
     object.__setattr__(self, '_ids', {token: i for i, token in enumerate(self.tokens)})
 
   kind = 'chars'
+  text_bos = None  # no BOS of its own before a text (tokenizer.HFTokenizer's may have one)
 
   @classmethod
   def of_text(cls, text: str, mask: bool = False, eos: bool = False) -> 'Vocab':

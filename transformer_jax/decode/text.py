@@ -13,9 +13,11 @@ __all__ = ['sample_text', 'TextVocab']
 
 
 class TextVocab(Protocol):
-  """What sample_text needs of a tokenizer; `eos_id` (stop there), `bos_id` (the decoder prompt
-  of an encoder-decoder) and `size` (the ids it decodes; a model's larger vocabulary is never
-  drawn from past it) are optional attributes."""
+  """What sample_text needs of a tokenizer; `eos_id` (stop there, and end an encoder-decoder's
+  input), `bos_id` (the decoder prompt of an encoder-decoder), `text_bos` (the BOS before a
+  decoder's prompt) and `size` (the ids it decodes; a model's larger vocabulary is never drawn
+  from past it) are optional attributes. `encode` gives a text's ids alone, without special
+  tokens (data.tokenizer's)."""
 
   def encode(self, text: str) -> Sequence[int]: ...
 
@@ -30,9 +32,12 @@ def sample_text(model, params, vocab: TextVocab, settings: SampleSettings, *,
   settings unused).
 
   The sample mode calls sample_text(model, params, vocab, SampleSettings.of(config.sample),
-  seq_len=config.data.seq_len). A decoder-only model continues the prompt; an encoder-decoder
-  reads it as its encoder input and writes from `start_ids` (the sample mode passes the token
-  its decoder was trained to start from: BOS, or T5's PAD), else `vocab.bos_id`.
+  seq_len=config.data.seq_len). A decoder-only model continues the prompt, after the
+  tokenizer's own BOS where it has one (`text_bos`: LLaMA's <s>, with which a language model's
+  documents start, data.text_data); an encoder-decoder reads it and EOS as its encoder input
+  (as every text-to-text task's inputs end, and T5's `tokenizer(prompt)`) and writes from
+  `start_ids` (the sample mode passes the token its decoder was trained to start from: BOS, or
+  T5's PAD), else `vocab.bos_id`.
   settings.window: as in `generate`, 0 the whole context; unset, `seq_len` (the context the
   model trained on), or the whole context without one. An encoder-decoder given `inputs` (one
   example, batch axis first: a speech model's features) reads them instead of the prompt
@@ -42,7 +47,11 @@ def sample_text(model, params, vocab: TextVocab, settings: SampleSettings, *,
   ids = [] if inputs is not None else list(vocab.encode(settings.prompt))
   if not ids and inputs is None:
     raise ValueError('The prompt encodes to no tokens: give at least one character.')
-  eos_id = getattr(vocab, 'eos_id', None)
+  eos_id, text_bos = getattr(vocab, 'eos_id', None), getattr(vocab, 'text_bos', None)
+  if inputs is None and encoder_decoder and eos_id is not None:
+    ids = ids + [eos_id]
+  elif inputs is None and not encoder_decoder and text_bos is not None:
+    ids = [text_bos] + ids
   rows = 1 if settings.beam_size else settings.num_samples
   extra = {}
   if encoder_decoder:
