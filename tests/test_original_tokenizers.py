@@ -76,10 +76,10 @@ def test_whisper_batches_are_transformers_fine_tuning_labels_shifted_once(made, 
   transcripts = ['two dogs run far away', 'the cat sat', 'three birds sang']
   write_folder(tmp_path, [(f'{i}.wav', 0.1, text) for i, text in enumerate(transcripts)])
   settings = data.DataSettings.of({'name': 'audiofolder', 'audio_dir': str(tmp_path),
-                                   'tokenizer': str(directory), 'seq_len': 16,
+                                   'tokenizer': str(directory), 'seq_len': 24,
                                    'log_mel_on': 'host', 'language': 'en',
                                    'whisper_task': 'transcribe'})
-  task = speech.AudioTask(settings, seed=0, num_mels=8, num_frames=20, max_len=16)
+  task = speech.AudioTask(settings, seed=0, num_mels=8, num_frames=20, max_len=24)
   batch = task.eval_examples(np.array([0]))  # the held-out last row
   hf = transformers.WhisperTokenizer.from_pretrained(directory, language='en', task='transcribe')
   processor = transformers.WhisperProcessor(
@@ -94,7 +94,7 @@ def test_whisper_batches_are_transformers_fine_tuning_labels_shifted_once(made, 
   np.testing.assert_array_equal(batch['targets'][0, :count], labels)
   np.testing.assert_array_equal(batch['decoder_inputs'][0, :count], shifted[0].numpy())
   np.testing.assert_array_equal(batch['weights'][0], [0] * 3 + [1] * (count - 3)
-                                + [0] * (16 - count))
+                                + [0] * (24 - count))
   assert task.prompt == [start] + labels[:3]
 
 
