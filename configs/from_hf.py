@@ -17,8 +17,9 @@ fine-tuning it takes a text-to-text task (--config.data.name).
 A CLIPModel or SiglipModel sees the images its weights expect: data.pp_eval is the steps of the
 directory's preprocessor_config.json (resize, centre crop, normalisation; absent: its processor
 class's defaults), data.pp_train the training recipe's (CLIP: open_clip's random-resized crop of
-0.9-1 of the area, bicubic, then the same normalisation; SigLIP: the held-out steps, as
-big_vision trains it), both as convert.image_processor writes them. A CLIP fine-tunes with
+0.9-1 of the area, bicubic, then the same normalisation; SigLIP: the held-out steps,
+unaugmented, its recipe's augmentation not being public), both as convert.image_processor
+writes them. A CLIP fine-tunes with
 open_clip's weight decay (optimizer.decay_embeddings: every weight but the gains, biases, the
 class token and the temperature; open_clip's main.py); a SigLIP with the optimizer's defaults,
 big_vision's kernels only but the patch embedding's, which optimizer.decay_embeddings decides.

@@ -219,6 +219,19 @@ def test_generated_pairs_caption_their_class():
   assert pairs.info['eos_id'] == vocab.eos_id != vocab.pad_id
 
 
+def test_a_batch_through_open_clips_crop_is_a_function_of_seed_and_step():
+  """A CLIP's training pp (configs/clip_b32.py's at 16 pixels) draws its boxes as every
+  augmentation here does: the same (seed, step), the same batch."""
+  specs = convert.image_processor.specs(convert.clip.PROCESSOR, None, 16, 'DIR')
+  settings = {'name': 'synthetic', 'batch_size': 8, 'eval_examples': 16, 'caption_classes': 4,
+              'pp_train': specs[0], 'pp_eval': specs[1]}
+  pairs = make_pairs(settings, image_size=16, text_len=40)
+  batch = pairs.train_batch(3)
+  again = make_pairs(settings, image_size=16, text_len=40).train_batch(3)
+  np.testing.assert_array_equal(batch['image'], again['image'])
+  assert batch['image'].dtype == np.float32 and batch['image'].shape == (8, 16, 16, 3)
+
+
 def test_a_long_caption_is_cut_or_refused():
   vocab = data.Vocab.seq2seq('abc ')
   cut = image_text.encode_captions(['abcabc', 'ab'], vocab, 5, truncate=True)

@@ -8,8 +8,9 @@ side to S and the longer to int(S * long / short), resize_small(S, floor=True); 
 (x * rescale_factor - image_mean) / image_std, written in pixel units as normalize(image_mean /
 rescale_factor, image_std / rescale_factor). The training spec is the recipe the weights were
 trained with: for CLIP, open_clip's image_transform(is_train=True), a RandomResizedCrop(scale=(0.9,
-1.0)) resized bicubically, then the same normalisation; for SigLIP the held-out steps themselves
-(big_vision's SigLIP configs train on the resized image, unaugmented).
+1.0)) resized bicubically, then the same normalisation; for SigLIP the held-out steps themselves,
+unaugmented: the SigLIP recipe's augmentation is not public (big_vision's image-text configs
+feed their SigLIP models resize(224)|value_range(-1, 1), the processor's steps, at evaluation).
 
 Export writes the run's held-out spec back, read as the same steps. resize_small(S) without
 floor=True rounds the longer side where transformers rounds it down: where S * long / short has a

@@ -98,7 +98,7 @@ def tensors(cfg) -> list[Tensor]:
 
 
 # transformers' SiglipImageProcessor: the whole image resized to the image size, bicubic, to
-# [-1, 1]; big_vision's SigLIP configs train on the same, unaugmented.
+# [-1, 1] (big_vision's resize(224)|value_range(-1, 1)); trained on the same, unaugmented.
 PROCESSOR = ImageProcessor(
     'SiglipImageProcessor', lambda size: dict(
         do_resize=True, size={'height': size, 'width': size}, resample=3, do_rescale=True,

@@ -76,7 +76,8 @@ class ClipConfig(ModelConfig):
   # projections, and the towers' widths must be equal.
   embed_dim: int = 128
   # The loss (transformer_jax.contrastive): 'softmax' (CLIP) or 'sigmoid' (SigLIP), and the initial
-  # temperature exp(t) and bias; None: the paper's (1/0.07; 10 and -10).
+  # temperature exp(t) and bias; None: the paper's (1/0.07; 10 and -10). CLIP's temperature
+  # stays in [1, 100] (clamped after every update, as open_clip's).
   loss: str = 'softmax'
   temperature: float | None = None
   bias: float | None = None
