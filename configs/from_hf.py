@@ -14,6 +14,15 @@ Whisper model reads an audiofolder (set --config.data.audio_dir) with the checkp
 tokenizer.json (data.tokenizer: the directory) and its window and Mel bins.
 A T5ForConditionalGeneration (1.0 or 1.1) is an encoder-decoder of the T5 style: evaluating or
 fine-tuning it takes a text-to-text task (--config.data.name).
+A CLIPModel or SiglipModel sees the images its weights expect: data.pp_eval is the steps of the
+directory's preprocessor_config.json (resize, centre crop, normalisation; absent: its processor
+class's defaults), data.pp_train the training recipe's (CLIP: open_clip's random-resized crop of
+0.9-1 of the area, bicubic, then the same normalisation; SigLIP: the held-out steps,
+unaugmented, its recipe's augmentation not being public), both as convert.image_processor
+writes them. A CLIP fine-tunes with
+open_clip's weight decay (optimizer.decay_embeddings: every weight but the gains, biases, the
+class token and the temperature; open_clip's main.py); a SigLIP with the optimizer's defaults,
+big_vision's kernels only but the patch embedding's, which optimizer.decay_embeddings decides.
 Without a path the model is the shape of transformers' GPT2Config() defaults (GPT-2 small), so
 that --mode=describe has something to describe; sampling and evaluation need path=.
 """
@@ -36,6 +45,11 @@ def get_config(arg=None):
     config.data.update(name='audiofolder', seq_len=model.max_len, tokenizer=arg.path)
   else:
     config.data.seq_len = model.max_len
+  preprocessing = convert.image_preprocessing(arg.path) if arg.path else None
+  if preprocessing:
+    config.data.pp_train, config.data.pp_eval = preprocessing
+  if model.family == 'clip' and model.loss == 'softmax':
+    config.optimizer.decay_embeddings = True
   if model.family == 'decoder':
     config.sample.update(prompt='The meaning of life is', max_new_tokens=64)
   return config

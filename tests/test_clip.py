@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from transformer_jax import accounting, config_lib, convert, data, models, run, train
-from transformer_jax.data import image_text
+from transformer_jax.data import image_text, preprocess
 from transformer_jax.errors import ConfigError
 from transformer_jax.layers.mlp import ACTIVATIONS
 from transformer_jax.models import clip
@@ -127,16 +127,71 @@ def test_weight_decay_takes_the_kernels_only():
   assert mask['image_projection']['kernel'] and mask['image']['map_head']['attn']['query'][
       'kernel']
   # Embeddings inside a tower follow optimizer.decay_embeddings as those at the top do.
-  flat = {'/'.join(str(k.key) for k in path): decays
-          for path, decays in jax.tree_util.tree_flatten_with_path(mask)[0]}
   assert all(decays == (path.endswith('kernel') and 'patch_embed' not in path)
-             for path, decays in flat.items()), flat
+             for path, decays in flat(mask).items()), flat(mask)
+
+
+def flat(tree) -> dict:
+  return {'/'.join(str(k.key) for k in path): leaf
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def open_clip_excludes(name: str, param) -> bool:
+  """open_clip's rule for the parameters without weight decay (open_clip_train/main.py of
+  open-clip-torch 3.3.0, verbatim)."""
+  return (param.ndim < 2 or 'bn' in name or 'ln' in name or 'bias' in name
+          or 'logit_scale' in name)
+
+
+def test_an_imported_clip_decays_the_weights_open_clip_decays_name_by_name(tmp_path):
+  """open_clip's rule on transformers' names of the same tensors (the rule reads dimensions and
+  the substrings bn, ln, bias and logit_scale, which transformers' names hold where open_clip's
+  do: biases end in .bias, gains are 1-D in both): the class embedding (1-D), the norms, the
+  biases and the temperature are not decayed; every matrix, the position, token and patch
+  embeddings included, is."""
+  pytest.importorskip('torch')
+  transformers = pytest.importorskip('transformers')
+  hf = hf_clip(transformers)[0]
+  hf.save_pretrained(tmp_path)
+  config = config_lib.from_file(ROOT / 'configs' / 'from_hf.py', f'path={tmp_path}')
+  cfg = models.model_config(config.model)
+  params = nn.meta.unbox(models.abstract_variables(cfg)['params'])
+  ours = flat(optim.decay_mask(params, OptimizerSettings.of(config.optimizer)))
+  hf_params = dict(hf.named_parameters())
+  expected = {path: not open_clip_excludes(spec.name, hf_params[spec.name])
+              for spec in convert.ARCHITECTURES['CLIPModel'].tensors(cfg) for path in spec.paths}
+  assert ours == expected
+  assert not expected['image/cls_token'] and expected['image/pos_embed']
+  assert expected['text/embed/positions'] and not expected['log_temperature']
+
+
+def after_one_step(config, tmp_path, log_temperature) -> float:
+  """t after one train step from the config's initial parameters with t = `log_temperature`."""
+  from train_helpers import started
+  run_, state = started(config, tmp_path)
+  t = jax.device_put(jnp.float32(log_temperature), state.params['log_temperature'].sharding)
+  state = state.replace(params={**state.params, 'log_temperature': t})
+  state, _ = run_.train_step(state, run_.data.train_batch(0))
+  return float(state.params['log_temperature'])
+
+
+def test_a_clip_temperature_past_100_is_clamped_back_after_the_update(tmp_path):
+  """open_clip clamps logit_scale to [0, ln 100] after each optimizer step (its gradient there
+  is not zero: test_contrastive); SigLIP's t is left free, as big_vision leaves it: the update
+  moves it (AdamW moves no parameter whose gradient is zero)."""
+  config = config_lib.from_file(ROOT / 'configs' / 'clip_reference.py', 'smoke')
+  config.model.update(num_layers=1, text_layers=1)
+  start = np.log(100.0) + 1.0
+  assert after_one_step(config, tmp_path / 'clip', start) == np.float32(np.log(100.0))
+  config.model.loss = 'sigmoid'
+  assert 0 < abs(after_one_step(config, tmp_path / 'siglip', start) - start) < 1e-3
 
 
 @pytest.mark.parametrize('overrides, fix', [
     ({'embed_dim': 0}, 'set model.embed_dim'),
     ({'bias': -10.0}, 'model.loss="sigmoid"'),
     ({'text_heads': 3}, 'model.text_heads=3 does not divide'),
+    ({'temperature': 200.0}, r'model.temperature=200.0: the softmax loss keeps it in \[1, 100'),
 ])
 def test_bad_settings_are_one_line_naming_the_fix(overrides, fix):
   with pytest.raises(ConfigError, match=fix):
@@ -162,6 +217,19 @@ def test_generated_pairs_caption_their_class():
   again = make_pairs(settings, image_size=16, text_len=40).train_batch(3)
   assert all((batch[k] == again[k]).all() for k in batch)
   assert pairs.info['eos_id'] == vocab.eos_id != vocab.pad_id
+
+
+def test_a_batch_through_open_clips_crop_is_a_function_of_seed_and_step():
+  """A CLIP's training pp (configs/clip_b32.py's at 16 pixels) draws its boxes as every
+  augmentation here does: the same (seed, step), the same batch."""
+  specs = convert.image_processor.specs(convert.clip.PROCESSOR, None, 16, 'DIR')
+  settings = {'name': 'synthetic', 'batch_size': 8, 'eval_examples': 16, 'caption_classes': 4,
+              'pp_train': specs[0], 'pp_eval': specs[1]}
+  pairs = make_pairs(settings, image_size=16, text_len=40)
+  batch = pairs.train_batch(3)
+  again = make_pairs(settings, image_size=16, text_len=40).train_batch(3)
+  np.testing.assert_array_equal(batch['image'], again['image'])
+  assert batch['image'].dtype == np.float32 and batch['image'].shape == (8, 16, 16, 3)
 
 
 def test_a_long_caption_is_cut_or_refused():
@@ -191,7 +259,7 @@ def test_jsonl_records_of_image_files(tmp_path):
 
 
 @pytest.mark.slow
-def test_training_runs_through_the_run_and_evaluates(tmp_path):
+def test_training_runs_through_the_run_and_evaluates(tmp_path, monkeypatch):
   config = config_lib.from_file(ROOT / 'configs' / 'clip_reference.py', 'smoke')
   config.model.update(num_layers=1, text_layers=1)
   workdir = str(tmp_path / 'run')
@@ -201,6 +269,15 @@ def test_training_runs_through_the_run_and_evaluates(tmp_path):
   # A batch of 16 starts near the loss of chance, log 16.
   assert len(losses) == 2 and abs(losses[0] - np.log(16)) < 0.5
   assert np.isfinite(rows[-1]['eval_loss']) and 0 <= rows[-1]['eval_accuracy'] <= 1
+
+  # --mode=export writes the run's held-out preprocessing (the generated images' statistics)
+  # beside the weights (this model's EOS, the character vocabulary's 2, is one CLIPModel
+  # reads otherwise: test_hf_dual_encoders_import_and_export... exports through convert.save).
+  saved = {}
+  monkeypatch.setattr(convert, 'save', lambda path, model, params, **kw: saved.update(kw))
+  run.run(config, workdir, 'export')
+  assert saved['image_preprocessing'].startswith(
+      'decode|resize_small(32)|central_crop(32)|normalize(')
 
 
 def hf_clip(transformers):
@@ -242,9 +319,18 @@ def test_hf_dual_encoders_import_and_export_with_transformers_logits(make, tmp_p
   torch.manual_seed(0)
   hf, tokens, masks = make(transformers)
   hf.eval().save_pretrained(tmp_path / 'hf')
+  # Its image processor at its image size, the shorter side resized a little larger first.
+  processor = (transformers.CLIPImageProcessor(size={'shortest_edge': 17}, crop_size=15)
+               if make is hf_clip else
+               transformers.SiglipImageProcessor(size={'height': 15, 'width': 15}))
+  processor.save_pretrained(tmp_path / 'hf')
   # Through configs/from_hf.py, as `launch.py --config configs/from_hf.py:path=DIR` reads it.
   config = config_lib.from_file(ROOT / 'configs' / 'from_hf.py', f'path={tmp_path / "hf"}')
   config.model.dtype = 'float32'
+  picture = np.random.default_rng(1).integers(0, 256, (21, 34, 3), np.uint8)
+  pixels = lambda processor: processor(picture, return_tensors='np')['pixel_values'][0]
+  fed = preprocess.build(config.data.pp_eval)(picture, None).transpose(2, 0, 1)
+  np.testing.assert_allclose(fed, pixels(processor), atol=2e-6)  # test_image_processor's
   cfg = train.resolve(config, 'cpu').model
   params = convert.load_params(tmp_path / 'hf', cfg)
   images = np.random.default_rng(0).normal(size=(3, 15, 15, 3)).astype(np.float32)
@@ -256,11 +342,13 @@ def test_hf_dual_encoders_import_and_export_with_transformers_logits(make, tmp_p
   np.testing.assert_allclose(ours, theirs.logits_per_image.numpy(), atol=1e-4, rtol=1e-4)
   assert accounting.param_counts(cfg)['total'] == sum(p.numel() for p in hf.parameters())
   # What --mode=export writes (run.export: convert.save) loads back in transformers unchanged.
-  convert.save(tmp_path / 'ours', cfg, params)
+  convert.save(tmp_path / 'ours', cfg, params, image_preprocessing=config.data.pp_eval)
   back = type(hf).from_pretrained(tmp_path / 'ours').state_dict()
   assert back.keys() == hf.state_dict().keys()
   for name, value in hf.state_dict().items():
     np.testing.assert_array_equal(back[name].numpy(), value.numpy(), err_msg=name)
+  np.testing.assert_array_equal(
+      pixels(type(processor).from_pretrained(tmp_path / 'ours')), pixels(processor))
 
 
 @pytest.mark.parametrize('text, vision, fix', [

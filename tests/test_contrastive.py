@@ -28,7 +28,7 @@ def _log_softmax(x, axis):
 
 
 def numpy_softmax_loss(image, text, log_temperature):
-  logits = min(math.exp(log_temperature), 100.0) * _unit(image) @ _unit(text).T
+  logits = math.exp(log_temperature) * _unit(image) @ _unit(text).T
   image_to_text = -np.diag(_log_softmax(logits, axis=1)).mean()
   text_to_image = -np.diag(_log_softmax(logits, axis=0)).mean()
   return (image_to_text + text_to_image) / 2
@@ -101,16 +101,30 @@ def test_the_sigmoid_loss_is_siglips_summed_over_texts_and_averaged_over_images(
   assert metrics['bias'] == pytest.approx(scalars[1])
 
 
-def test_the_softmax_scale_is_clipped_at_100():
-  image, text = pairs(16)
+def test_past_100_the_softmax_scale_is_exp_t_and_t_still_learns():
+  """CLIP's clip at 100 is open_clip's clamp of the parameter after each update (below), not a
+  min in the loss, which would leave t no gradient to come back with."""
+  image, text = pairs(16, noise=1.0)
   args = _as_f32(image, text, (math.log(500.0),))
   loss, metrics = contrastive.softmax_contrastive_loss(*args)
-  assert metrics['temperature'] == 100.0
-  np.testing.assert_allclose(loss, numpy_softmax_loss(image, text, math.log(100.0)), rtol=1e-5)
-  grad_t = lambda t: jax.grad(lambda t: contrastive.softmax_contrastive_loss(
-      args[0], args[1], t)[0])(jnp.float32(t))
-  assert grad_t(math.log(500.0)) == 0.0  # past the clip, the temperature learns nothing
-  assert abs(grad_t(math.log(50.0))) > 1e-3
+  assert metrics['temperature'] == pytest.approx(500.0, rel=1e-6)
+  np.testing.assert_allclose(loss, numpy_softmax_loss(image, text, math.log(500.0)), rtol=1e-5)
+  grad_t = jax.grad(lambda t: contrastive.softmax_contrastive_loss(args[0], args[1], t)[0])(
+      args[2])
+  assert abs(grad_t) > 1e-3
+
+
+@pytest.mark.parametrize('t, clamped', [(math.log(500.0), math.log(100.0)), (-0.5, 0.0),
+                                        (2.0, 2.0), (math.log(100.0), math.log(100.0))])
+def test_the_softmax_temperature_is_clamped_to_1_100_and_the_sigmoids_left_free(t, clamped):
+  """open_clip's train.py after every step: logit_scale.clamp_(0, math.log(100)); big_vision's
+  SigLIP trainer clamps neither t nor b."""
+  scalars = {'log_temperature': jnp.float32(t)}
+  out = contrastive.ContrastiveSettings().constrained(scalars)['log_temperature']
+  assert out == np.float32(clamped)
+  sigmoid = contrastive.ContrastiveSettings(loss='sigmoid')
+  free = {'log_temperature': jnp.float32(t), 'bias': jnp.float32(-20.0)}
+  assert sigmoid.constrained(free) == free
 
 
 @pytest.mark.parametrize('name', LOSSES)

@@ -16,7 +16,8 @@ LAYERING = (
     ('settings',),
     ('model_config', 'lora', 'contrastive'),
     ('models',),
-    ('accounting', 'decode', 'convert', 'data'),
+    ('accounting', 'decode', 'data'),
+    ('convert',),  # a checkpoint's image processor becomes data.preprocess specs
     ('config_lib',),
     ('image_scores',),
     ('train',),

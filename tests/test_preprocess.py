@@ -2,7 +2,9 @@
 computation on the same image (numpy formulas, Pillow), the spec errors, and the pairs of
 mixing rows whatever the number of processes."""
 import io
+import math
 import pickle
+import random
 
 import numpy as np
 from PIL import Image
@@ -50,7 +52,10 @@ def test_parse_reads_names_and_literal_arguments():
 
 @pytest.mark.parametrize('spec,says', [
     ('decode|flip|value_range', "did you mean 'flip_lr'"),
-    ('decode|resize(1, 2, 3)', 'resize(height, width=None)'),
+    ('decode|resize(1, 2, 3)', "method must be one of nearest, bilinear, bicubic"),
+    ('decode|resize(1, 2, 3, 4)', "resize(height, width=None, method='bilinear')"),
+    ("decode|inception_crop(8, method='cubic')", "method must be one of"),
+    ('decode|resize_small(8, floor=1)', 'floor must be True or False, got 1'),
     ('decode|inception_crop(224, area=3)', "unexpected keyword argument 'area'"),
     ('decode|resize(-4)', 'height must be a positive int'),
     ('decode|randaug(2, 11)', 'magnitude must be a number in [0, 10]'),
@@ -169,12 +174,37 @@ def test_resize_is_pillows_bilinear_to_exactly_that_size():
     np.testing.assert_array_equal(apply(spec, image), expected)
 
 
+@pytest.mark.parametrize('method', sorted(preprocess.METHODS))
+def test_each_resize_method_is_that_filter_of_pillows(method):
+  image = random_image(32, 40)
+  filter_ = getattr(Image.Resampling, method.upper())
+  for spec, (height, width) in {f"resize(20, 24, method='{method}')": (20, 24),
+                                f"resize_small(16, method='{method}')": (16, 20)}.items():
+    expected = np.asarray(Image.fromarray(image).resize((width, height), filter_))
+    np.testing.assert_array_equal(apply(spec, image), expected)
+
+
 @pytest.mark.parametrize('shape,size,expected', [
     ((375, 500), 256, (256, 341)), ((500, 375), 256, (341, 256)), ((32, 32), 48, (48, 48)),
     ((300, 200), 100, (150, 100))])
 def test_resize_small_sets_the_shorter_side_and_keeps_the_aspect(shape, size, expected):
   out = apply(f'resize_small({size})', random_image(*shape))
   assert out.shape == (*expected, 3)
+
+
+@pytest.mark.parametrize('shape,size', [((20, 31), 12), ((31, 20), 12), ((375, 500), 224),
+                                        ((13, 13), 7), ((7, 200), 5)])
+def test_resize_small_with_floor_sizes_as_transformers_shortest_edge(shape, size):
+  """floor=True: the longer side int(S * long / short), as transformers' CLIP processor and
+  torchvision's Resize(S) compute it (20x31 to 12: 18 columns, where rounding gives 19)."""
+  transforms = pytest.importorskip('transformers.image_transforms')
+  image = random_image(*shape)
+  expected = transforms.get_resize_output_image_size(image, size, default_to_square=False,
+                                                     input_data_format='channels_last')
+  out = apply(f'resize_small({size}, floor=True)', image)
+  assert out.shape == (*expected, 3)
+  if shape == (20, 31):
+    assert apply(f'resize_small({size})', image).shape == (12, 19, 3)
 
 
 def test_central_crop_is_the_centre_slice_and_refuses_a_smaller_image():
@@ -251,6 +281,68 @@ def test_inception_crop_boxes_stay_within_the_area_and_aspect_ranges():
     assert (w + 0.5) / (h - 0.5) >= 3 / 4 and (w - 0.5) / (h + 0.5) <= 4 / 3
     fractions.append(h * w / (height * width))
   assert min(fractions) < 0.2 and max(fractions) > 0.8
+
+
+def torchvision_box(height, width, scale, ratio, draw):
+  """(top, left, height, width): torchvision's RandomResizedCrop.get_params (torchvision 0.2x,
+  transforms.py), its torch draws replaced by `draw` (Python's random.Random)."""
+  area = height * width
+  log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+  for _ in range(10):
+    target_area = area * draw.uniform(*scale)
+    aspect_ratio = math.exp(draw.uniform(*log_ratio))
+    w = int(round(math.sqrt(target_area * aspect_ratio)))
+    h = int(round(math.sqrt(target_area / aspect_ratio)))
+    if 0 < w <= width and 0 < h <= height:
+      return draw.randint(0, height - h), draw.randint(0, width - w), h, w
+  in_ratio = width / height
+  if in_ratio < min(ratio):
+    w, h = width, int(round(width / min(ratio)))
+  elif in_ratio > max(ratio):
+    h, w = height, int(round(height * max(ratio)))
+  else:
+    w, h = width, height
+  return (height - h) // 2, (width - w) // 2, h, w
+
+
+@pytest.mark.parametrize('shape', [(300, 400), (256, 256), (400, 250)])
+def test_open_clips_crop_draws_torchvisions_boxes(shape):
+  """inception_crop(S, area_min=90, area_max=100), open_clip's RandomResizedCrop(scale=(0.9,
+  1.0)): the boxes' areas, aspect ratios and offsets are distributed as those of torchvision's
+  algorithm under other random numbers (two-sample Kolmogorov-Smirnov, 2,000 boxes each), every
+  box within the ranges or the fallback."""
+  stats = pytest.importorskip('scipy.stats')
+  height, width = shape
+  op = preprocess.OPS['inception_crop'](224, area_min=90, area_max=100, method='bicubic')
+  ours = np.array([op.box(height, width, gen(seed)) for seed in range(2000)])
+  draw = random.Random(0)
+  theirs = np.array([torchvision_box(height, width, (0.9, 1.0), (3 / 4, 4 / 3), draw)
+                     for _ in range(2000)])
+  for boxes in (ours, theirs):
+    top, left, h, w = boxes.T
+    assert (top >= 0).all() and (left >= 0).all()
+    assert (top + h <= height).all() and (left + w <= width).all()
+  describe = lambda boxes: {'area': boxes[:, 2] * boxes[:, 3], 'ratio': boxes[:, 3] / boxes[:, 2],
+                            'top': boxes[:, 0], 'left': boxes[:, 1]}
+  for name, values in describe(ours).items():
+    assert stats.ks_2samp(values, describe(theirs)[name]).pvalue > 1e-3, name
+  # No box of 90-100 % and ratio 3/4..4/3 fits a 400x250 image: each is the fallback.
+  fallback = torchvision_box(height, width, (2, 2), (3 / 4, 4 / 3), draw)  # fits no try
+  area = ours[:, 2] * ours[:, 3] / (height * width)
+  assert ((area > 0.89) & (area <= 1) | (ours == fallback).all(axis=1)).all()
+
+
+def test_open_clips_crop_is_pillows_bicubic_resize_of_the_box():
+  """The output of a drawn box is torchvision's resized_crop of a PIL image: PIL's crop, then
+  its bicubic resize to S x S."""
+  image = random_image(300, 400)
+  spec = "inception_crop(224, area_min=90, area_max=100, method='bicubic')"
+  op = preprocess.build(spec).ops[1]
+  for seed in range(3):
+    top, left, height, width = op.box(300, 400, gen(seed))
+    expected = Image.fromarray(image).crop((left, top, left + width, top + height)).resize(
+        (224, 224), Image.Resampling.BICUBIC)
+    np.testing.assert_array_equal(apply(spec, image, seed), np.asarray(expected))
 
 
 @pytest.mark.parametrize('shape,box', [((8, 50), (0, 19, 8, 11)), ((50, 8), (19, 0, 11, 8))])

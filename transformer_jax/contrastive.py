@@ -36,7 +36,9 @@ __all__ = ['ContrastiveSettings', 'MAX_SCALE', 'on_mesh', 'sigmoid_loss',
            'softmax_contrastive_loss_per_device']
 
 MAX_SCALE = 100.0  # CLIP clips its logit scale exp(t) here, "to prevent scaling the logits by more
-# than 100, which we found necessary to prevent training instability" (Radford et al. 2021)
+# than 100, which we found necessary to prevent training instability" (Radford et al. 2021): the
+# parameter t, clamped to [0, ln 100] after every update (open_clip's train.py), never in the
+# forward pass, where a clip would leave t no gradient to come back with (`constrained`)
 
 # The initial temperature exp(t) and bias of each loss, as their papers give them.
 _INITIAL = {'softmax': (1 / 0.07, None), 'sigmoid': (10.0, -10.0)}
@@ -64,6 +66,20 @@ class ContrastiveSettings(Settings):
     if self.loss == 'softmax' and self.bias is not None:
       raise ConfigError(f'contrastive.bias={self.bias} is for the sigmoid loss (the softmax is '
                         'the same for any bias): unset it, or set contrastive.loss="sigmoid".')
+    if self.loss == 'softmax' and not 1 <= (self.temperature or 1) <= MAX_SCALE:
+      raise ConfigError(f'contrastive.temperature={self.temperature}: the softmax loss keeps it '
+                        f'in [1, {MAX_SCALE:g}] (open_clip clamps it there after every update); '
+                        'choose one in that range.')
+
+  def constrained(self, scalars: dict) -> dict:
+    """The learned scalars after an optimizer update: for the softmax loss, t clamped to
+    [0, ln MAX_SCALE] as open_clip clamps its logit_scale (train.py: `logit_scale.clamp_(0,
+    math.log(100))`); the sigmoid loss's t and bias are left free, as big_vision's SigLIP
+    trainer leaves them."""
+    if self.loss != 'softmax' or 'log_temperature' not in scalars:
+      return scalars
+    clamped = jnp.clip(scalars['log_temperature'], 0.0, math.log(MAX_SCALE))
+    return {**scalars, 'log_temperature': clamped}
 
   def initial_scalars(self) -> dict[str, float]:
     """The learned scalars the loss takes, by the names of its arguments, at their initial
@@ -118,21 +134,22 @@ def _softmax_rows(sims_BC, positive_BC, scale):
   return jnp.sum(cross_entropy), _retrieved(sims_BC, positive_BC)
 
 
-def _clipped_scale(log_temperature):
-  return jnp.minimum(jnp.exp(jnp.asarray(log_temperature, jnp.float32)), MAX_SCALE)
+def _scale(log_temperature):
+  return jnp.exp(jnp.asarray(log_temperature, jnp.float32))
 
 
 def softmax_contrastive_loss(image_emb, text_emb, log_temperature):
   """CLIP's loss of a batch of B matching pairs, image_emb (B, D) and text_emb (B, D): the
-  logits are exp(t) (clipped at MAX_SCALE) times the cosine similarities, and the loss is the mean
-  of the image-to-text and text-to-image cross-entropies, each averaged over the batch.
+  logits are exp(t) times the cosine similarities (t is kept at most ln MAX_SCALE by
+  `ContrastiveSettings.constrained` after each update, not here), and the loss is the mean of
+  the image-to-text and text-to-image cross-entropies, each averaged over the batch.
 
   Returns (loss, metrics): 'image_to_text_accuracy' and 'text_to_image_accuracy' (the fraction
   of images, texts, whose partner is more similar than any other in the batch) and
-  'temperature' (the clipped exp(t)).
+  'temperature' (exp(t)).
   """
   image, text = _normalized(image_emb), _normalized(text_emb)
-  scale = _clipped_scale(log_temperature)
+  scale = _scale(log_temperature)
   sims = axes.constrain(_similarities(image, text), None)
   eye = jnp.eye(sims.shape[0], dtype=bool)
   image_ce, image_correct = _softmax_rows(sims, eye, scale)
@@ -152,7 +169,7 @@ def softmax_contrastive_loss_per_device(image_emb, text_emb, log_temperature,
   device's rows (its images against every text, its texts against every image) from the
   gathered embeddings, summed over the devices."""
   image, text = _normalized(image_emb), _normalized(text_emb)
-  scale = _clipped_scale(log_temperature)
+  scale = _scale(log_temperature)
   rows = image.shape[0]
   all_images = jax.lax.all_gather(image, axis_name, tiled=True)
   all_texts = jax.lax.all_gather(text, axis_name, tiled=True)
@@ -183,10 +200,10 @@ def sigmoid_loss(image_emb, text_emb, log_temperature, bias):
   their summed losses against every text (big_vision's normalisation).
 
   Returns (loss, metrics): the in-batch accuracies as `softmax_contrastive_loss`'s,
-  'temperature' (exp(t), not clipped) and 'bias'.
+  'temperature' (exp(t)) and 'bias'.
   """
   image, text = _normalized(image_emb), _normalized(text_emb)
-  scale = jnp.exp(jnp.asarray(log_temperature, jnp.float32))
+  scale = _scale(log_temperature)
   bias = jnp.asarray(bias, jnp.float32)
   sims = axes.constrain(_similarities(image, text), None)
   eye = jnp.eye(sims.shape[0], dtype=bool)
@@ -202,7 +219,7 @@ def sigmoid_loss_per_device(image_emb, text_emb, log_temperature, bias,
   Beside each text share travels the best similarity its texts have to another image so far
   (for the text-to-image accuracy), which comes home in one last pass."""
   image, text = _normalized(image_emb), _normalized(text_emb)
-  scale = jnp.exp(jnp.asarray(log_temperature, jnp.float32))
+  scale = _scale(log_temperature)
   bias = jnp.asarray(bias, jnp.float32)
   devices = jax.lax.axis_size(axis_name)
   to_next = functools.partial(jax.lax.ppermute, axis_name=axis_name,

@@ -116,12 +116,15 @@ def export(settings: train.RunSettings, workdir: str) -> str:
   """--mode=export: the parameters of the workdir's latest checkpoint (with LoRA, the base with
   the adapters merged in) as a Hugging Face checkpoint in WORKDIR/hf (convert.save), for a model
   that a Hugging Face class expresses, with the run's tokenizer.json where it trained with one
-  (a BPE's, or one it was given); returns its path."""
+  (a BPE's, or one it was given), and for CLIP and SigLIP the preprocessor_config.json of the
+  run's held-out image preprocessing; returns its path."""
   settings = train.resolve(settings)
   run_, params, step = train.restore_trained(settings, workdir)
   path = os.path.join(workdir, 'hf')
   if jax.process_index() == 0:
-    convert.save(path, run_.model_config, jax.device_get(params))
+    pp_eval = getattr(run_.data.task, 'pp_eval', None)  # an image task's
+    convert.save(path, run_.model_config, jax.device_get(params),
+                 image_preprocessing=None if pp_eval is None else pp_eval.spec)
     tokenizer = os.path.join(setup.tokenizer_dir(workdir), 'tokenizer.json')
     if os.path.isfile(tokenizer):
       shutil.copy(tokenizer, path)

@@ -97,3 +97,6 @@ class Architecture:
   ignored: tuple[str, ...] = ()  # regexes: tensors a checkpoint may hold that are no weights here
   # The bare base model (BertModel): no head, so only a tower (train.towers) starts from it.
   headless: bool = False
+  # Its image processor (convert.image_processor.ImageProcessor): how images are prepared for
+  # it, read from and written to preprocessor_config.json; None: none is read or written.
+  image_processor: Any = None

@@ -15,10 +15,11 @@ configs hold is applied nowhere in transformers' model, so it is not read.
 from transformer_jax.convert.architecture import (ATTENTION_DROPOUT_ONLY, NO_ABLATIONS,
                                                   Architecture, CheckpointError, HfConfig,
                                                   hf_activation)
+from transformer_jax.convert.image_processor import OPENAI_MEAN, OPENAI_STD, ImageProcessor
 from transformer_jax.convert.tensors import Array, Tensor, Vectors, linear, norm
 
 __all__ = ['attention_dropout', 'CLIP', 'encoder_blocks', 'FIXED', 'hf_config', 'model_fields',
-           'NAME', 'SHARED_BLOCKS', 'shared_option', 'tensors', 'towers']
+           'NAME', 'PROCESSOR', 'SHARED_BLOCKS', 'shared_option', 'tensors', 'towers']
 
 NAME = 'CLIPModel'
 # Both towers' blocks alike, the text tower without BERT's ends (a LiT tower from a BERT has
@@ -129,6 +130,16 @@ def tensors(cfg) -> list[Tensor]:
           + [Tensor('logit_scale', ('log_temperature',))])
 
 
+# transformers' CLIPImageProcessor: the shorter side to the image size, bicubic, its centre crop,
+# OpenAI's statistics; weights trained by open_clip's RandomResizedCrop(scale=(0.9, 1.0)).
+PROCESSOR = ImageProcessor(
+    'CLIPImageProcessor', lambda size: dict(
+        do_resize=True, size={'shortest_edge': size}, resample=3, do_center_crop=True,
+        crop_size={'height': size, 'width': size}, do_rescale=True, rescale_factor=1 / 255,
+        do_normalize=True, image_mean=OPENAI_MEAN, image_std=OPENAI_STD),
+    default_to_square=False, train_crop=(90, 100))
+
 CLIP = Architecture(NAME, 'clip', 'clip', 'clip', model_fields, hf_config, tensors,
                     tied=lambda cfg: {},
-                    ignored=(r'(text|vision)_model\.embeddings\.position_ids',))
+                    ignored=(r'(text|vision)_model\.embeddings\.position_ids',),
+                    image_processor=PROCESSOR)

@@ -22,6 +22,7 @@ from transformer_jax.convert.architecture import Architecture, CheckpointError, 
 from transformer_jax.convert.bert import BERT, BERT_MODEL
 from transformer_jax.convert.clip import CLIP
 from transformer_jax.convert.gpt2 import GPT2
+from transformer_jax.convert import image_processor
 from transformer_jax.convert.llama import LLAMA
 from transformer_jax.convert.siglip import SIGLIP
 from transformer_jax.convert.t5 import T5
@@ -30,9 +31,9 @@ from transformer_jax.convert.whisper import WHISPER
 from transformer_jax.model_config import ModelConfig
 
 __all__ = [
-    'architecture_of', 'ARCHITECTURES', 'decoder_start_token_id', 'eos_token_id', 'load',
-    'load_model_config', 'load_params', 'model_config_of', 'read_config', 'read_tensors', 'save',
-    'tensor_names']
+    'architecture_of', 'ARCHITECTURES', 'decoder_start_token_id', 'eos_token_id',
+    'image_preprocessing', 'load', 'load_model_config', 'load_params', 'model_config_of',
+    'read_config', 'read_tensors', 'save', 'tensor_names']
 
 ARCHITECTURES = {arch.name: arch
                  for arch in (GPT2, LLAMA, VIT, BERT, BERT_MODEL, WHISPER, CLIP, SIGLIP, T5)}
@@ -77,6 +78,21 @@ def decoder_start_token_id(path) -> int | None:
   """The token an encoder-decoder checkpoint's decoder writes from: config.json's
   decoder_start_token_id (T5's pad id 0), None where it names none."""
   return read_config(path).get('decoder_start_token_id')
+
+
+def image_preprocessing(path) -> tuple[str, str] | None:
+  """(data.pp_train, data.pp_eval) for the checkpoint in directory `path`: the steps of its
+  preprocessor_config.json (absent: its image processor class's defaults at config.json's image
+  size) as convert.image_processor reads them; None for an architecture without an image
+  processor."""
+  hf_values = read_config(path)
+  arch = architecture_of(hf_values)
+  if arch.image_processor is None:
+    return None
+  file = pathlib.Path(path) / image_processor.FILE
+  values = json.loads(file.read_text()) if file.is_file() else None
+  image_size = arch.model_fields(HfConfig(arch.name, hf_values))['image_size']
+  return image_processor.specs(arch.image_processor, values, image_size, str(file))
 
 
 def load_model_config(path) -> dict:
@@ -160,12 +176,17 @@ def load(path) -> tuple[dict, dict]:
   return load_model_config(path), load_params(path)
 
 
-def save(path, model: ModelConfig | dict, params, architecture: str | None = None):
+def save(path, model: ModelConfig | dict, params, architecture: str | None = None,
+         image_preprocessing: str | None = None):
   """Writes config.json and model.safetensors that transformers loads as the same model, with
-  `architecture` (default: the one class that can be `model`). Fails, naming the options, where
-  HF's class cannot express the model."""
+  `architecture` (default: the one class that can be `model`), and for an architecture with an
+  image processor, the preprocessor_config.json that runs `image_preprocessing` (the run's
+  held-out spec, data.pp_eval) where it is given. Fails, naming the options, where HF's classes
+  cannot express the model or the spec, before anything is written."""
   cfg = models.model_config(model)
   arch, hf_values = _expressed(cfg, architecture)
+  processor = (None if arch.image_processor is None or image_preprocessing is None else
+               image_processor.processor_values(arch.image_processor, image_preprocessing))
   flat = traverse_util.flatten_dict(models.unstack_layers(params), sep='/')
   # np.array, not np.ascontiguousarray, which makes a scalar (CLIP's logit scale) 1-D.
   tensors = {spec.name: np.array(spec.layout.to_hf([np.asarray(flat[p]) for p in spec.paths]),
@@ -177,6 +198,9 @@ def save(path, model: ModelConfig | dict, params, architecture: str | None = Non
   (path / 'config.json').write_text(json.dumps(config, indent=2, sort_keys=True) + '\n')
   # transformers refuses safetensors files whose metadata does not name their format.
   safetensors.numpy.save_file(tensors, path / WEIGHTS, metadata={'format': 'pt'})
+  if processor is not None:
+    (path / image_processor.FILE).write_text(json.dumps(processor, indent=2, sort_keys=True) +
+                                             '\n')
 
 
 def _param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

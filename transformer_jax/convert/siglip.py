@@ -13,9 +13,10 @@ from transformer_jax.convert.architecture import (NO_ABLATIONS, Architecture, Ch
                                                   HfConfig, hf_activation)
 from transformer_jax.convert.clip import (SHARED_BLOCKS, attention_dropout, encoder_blocks,
                                           shared_option, towers)
+from transformer_jax.convert.image_processor import ImageProcessor
 from transformer_jax.convert.tensors import Array, Dense, Tensor, Vectors, linear, norm
 
-__all__ = ['FIXED', 'hf_config', 'model_fields', 'NAME', 'SIGLIP', 'tensors']
+__all__ = ['FIXED', 'hf_config', 'model_fields', 'NAME', 'PROCESSOR', 'SIGLIP', 'tensors']
 
 NAME = 'SiglipModel'
 FIXED = dict(family='clip', norm='layernorm', norm_bias=True, norm_position='pre',
@@ -96,6 +97,15 @@ def tensors(cfg) -> list[Tensor]:
                           Tensor('logit_bias', ('bias',), Array(lead=1))]
 
 
+# transformers' SiglipImageProcessor: the whole image resized to the image size, bicubic, to
+# [-1, 1] (big_vision's resize(224)|value_range(-1, 1)); trained on the same, unaugmented.
+PROCESSOR = ImageProcessor(
+    'SiglipImageProcessor', lambda size: dict(
+        do_resize=True, size={'height': size, 'width': size}, resample=3, do_rescale=True,
+        rescale_factor=1 / 255, do_normalize=True, image_mean=(0.5,) * 3, image_std=(0.5,) * 3),
+    default_to_square=False)
+
 SIGLIP = Architecture(NAME, 'siglip', 'clip', 'siglip', model_fields, hf_config, tensors,
                       tied=lambda cfg: {},
-                      ignored=(r'(text|vision)_model\.embeddings\.position_ids',))
+                      ignored=(r'(text|vision)_model\.embeddings\.position_ids',),
+                      image_processor=PROCESSOR)

@@ -18,7 +18,7 @@ from PIL import Image
 from transformer_jax.data import randaugment
 from transformer_jax.errors import ConfigError
 
-__all__ = ['OPS', 'Preprocess', 'build', 'parse']
+__all__ = ['METHODS', 'OPS', 'Preprocess', 'build', 'parse']
 
 Size = tuple[int, int] | None  # (height, width) when an op fixes both, else None
 
@@ -92,35 +92,58 @@ class Decode(_Op):
     return np.repeat(image, 3, axis=-1) if image.shape[-1] == 1 else image[..., :3]
 
 
-def _resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
-  """Pillow's bilinear filter, which widens to antialias when shrinking."""
-  return np.asarray(Image.fromarray(image).resize((width, height), Image.BILINEAR))
+# Pillow's resampling filters by the names the ops take (`method`); each widens its support to
+# antialias when shrinking. transformers' image processors name them by these numbers
+# (`resample`: PILImageResampling, Pillow's own values).
+METHODS = {'nearest': Image.Resampling.NEAREST, 'bilinear': Image.Resampling.BILINEAR,
+           'bicubic': Image.Resampling.BICUBIC, 'lanczos': Image.Resampling.LANCZOS,
+           'box': Image.Resampling.BOX, 'hamming': Image.Resampling.HAMMING}
+
+
+def _method(method: str) -> str:
+  _require(method in METHODS, f"method must be one of {', '.join(METHODS)}, got {method!r}")
+  return method
+
+
+def _resize(image: np.ndarray, height: int, width: int, method: str = 'bilinear') -> np.ndarray:
+  """Pillow's resize with the filter `method` (METHODS)."""
+  return np.asarray(Image.fromarray(image).resize((width, height), METHODS[method]))
 
 
 class Resize(_Op):
-  """resize(S) or resize(height, width): bilinear to exactly that size."""
+  """resize(S) or resize(height, width), method='bilinear': to exactly that size with Pillow's
+  filter `method` (METHODS; transformers' SigLIP processor: 'bicubic')."""
 
-  def __init__(self, height: int, width: int | None = None):
-    self.size = _pair(height, width)
+  def __init__(self, height: int, width: int | None = None, method: str = 'bilinear'):
+    self.size, self.method = _pair(height, width), _method(method)
 
   def __call__(self, image, generator):
-    return _resize(image, *self.size)
+    return _resize(image, *self.size, self.method)
 
   def output_size(self, size):
     return self.size
 
 
 class ResizeSmall(_Op):
-  """resize_small(S): the shorter side to S, the longer one rounded to keep the aspect ratio."""
+  """resize_small(S, method='bilinear', floor=False): the shorter side to S, the longer one
+  rounded to keep the aspect ratio (as big_vision's), or with `floor` rounded down,
+  int(S * long / short), as torchvision's Resize(S) and transformers' `shortest_edge` (CLIP's
+  processor) compute it; Pillow's filter `method`."""
 
-  def __init__(self, size: int):
+  def __init__(self, size: int, method: str = 'bilinear', floor: bool = False):
     _positive_int('size', size)
-    self.size = size
+    _require(isinstance(floor, bool), f'floor must be True or False, got {floor!r}')
+    self.size, self.method, self.floor = size, _method(method), floor
 
   def __call__(self, image, generator):
     height, width = image.shape[:2]
-    scale = self.size / min(height, width)
-    return _resize(image, round(height * scale), round(width * scale))
+    if self.floor:
+      long = int(self.size * max(height, width) / min(height, width))
+      shape = (long, self.size) if width <= height else (self.size, long)
+    else:
+      scale = self.size / min(height, width)
+      shape = (round(height * scale), round(width * scale))
+    return _resize(image, *shape, self.method)
 
   def output_size(self, size):
     return None
@@ -191,17 +214,20 @@ class RandomCrop(_Op):
 
 
 class InceptionCrop(_Op):
-  """inception_crop(S, area_min=5, area_max=100): the random-resized crop of Szegedy et al.
-  2015 (torchvision's RandomResizedCrop): up to 10 tries of an area of area_min..area_max
-  percent of the image and a log-uniform aspect ratio in [3/4, 4/3] until the box fits, else
-  the central crop of the nearest ratio in range; resized bilinearly to S x S. big_vision's
-  ViT configs use area_min=5 (torchvision's default is 8)."""
+  """inception_crop(S, area_min=5, area_max=100, method='bilinear'): the random-resized crop of
+  Szegedy et al. 2015 (torchvision's RandomResizedCrop): up to 10 tries of an area of
+  area_min..area_max percent of the image and a log-uniform aspect ratio in [3/4, 4/3] until the
+  box fits, else the central crop of the nearest ratio in range; resized to S x S by Pillow's
+  filter `method`. big_vision's ViT configs use area_min=5 (torchvision's default is 8);
+  open_clip trains with area_min=90, method='bicubic' (its RandomResizedCrop(scale=(0.9, 1)))."""
   random = True
   _TRIES = 10
   _LOG_RATIOS = (np.log(3 / 4), np.log(4 / 3))
 
-  def __init__(self, size: int, area_min: float = 5, area_max: float = 100):
+  def __init__(self, size: int, area_min: float = 5, area_max: float = 100,
+               method: str = 'bilinear'):
     _positive_int('size', size)
+    self.method = _method(method)
     _number('area_min', area_min, 0, 100)
     _number('area_max', area_max, 0, 100)
     _require(0 < area_min <= area_max, f'need 0 < area_min <= area_max (percent of the image), '
@@ -223,7 +249,8 @@ class InceptionCrop(_Op):
 
   def __call__(self, image, generator):
     top, left, height, width = self.box(*image.shape[:2], generator)
-    return _resize(image[top:top + height, left:left + width], self.size, self.size)
+    return _resize(image[top:top + height, left:left + width], self.size, self.size,
+                   self.method)
 
   def output_size(self, size):
     return self.size, self.size
@@ -263,7 +290,8 @@ def _channel_values(name: str, value) -> np.ndarray:
 
 class Normalize(_Op):
   """normalize(mean, std): float32 (x - mean) / std, in pixel units (0..255), a number or one
-  per channel each."""
+  per channel each: statistics of pixels in [0, 1] (transformers' image_mean and image_std)
+  times 255, as big_vision's vgg_value_range and clip_value_range write them."""
 
   def __init__(self, mean, std):
     self.mean, self.std = _channel_values('mean', mean), _channel_values('std', std)

@@ -20,7 +20,7 @@ from transformer_jax.layers import Linear
 from transformer_jax.model_config import BLOCK_CHOICES, ModelConfig, check_choice, names
 from transformer_jax.models import common, encoder, registry, vit
 from transformer_jax.ranges import COUNT, Range
-from transformer_jax.contrastive import ContrastiveSettings, MAX_SCALE
+from transformer_jax.contrastive import MAX_SCALE, ContrastiveSettings
 
 __all__ = ['ClipConfig', 'ClipModel', 'FAMILY', 'param_counts', 'TEXT_POOLS', 'TextTower']
 
@@ -76,7 +76,8 @@ class ClipConfig(ModelConfig):
   # projections, and the towers' widths must be equal.
   embed_dim: int = 128
   # The loss (transformer_jax.contrastive): 'softmax' (CLIP) or 'sigmoid' (SigLIP), and the initial
-  # temperature exp(t) and bias; None: the paper's (1/0.07; 10 and -10).
+  # temperature exp(t) and bias; None: the paper's (1/0.07; 10 and -10). CLIP's temperature
+  # stays in [1, 100] (clamped after every update, as open_clip's).
   loss: str = 'softmax'
   temperature: float | None = None
   bias: float | None = None
@@ -120,6 +121,10 @@ class ClipConfig(ModelConfig):
     if self.loss == 'softmax' and self.bias is not None:
       raise ConfigError(f'model.bias={self.bias} is for the sigmoid loss (the softmax is the same '
                         'for any bias): unset it, or set model.loss="sigmoid".')
+    if self.loss == 'softmax' and not 1 <= (self.temperature or 1) <= MAX_SCALE:
+      raise ConfigError(f'model.temperature={self.temperature}: the softmax loss keeps it in '
+                        f'[1, {MAX_SCALE:g}] (open_clip clamps it there after every update); '
+                        'choose one in that range.')
     self.image_config.check()  # the image tower's own rules (the patch size divides the side)
 
   def _shared(self) -> dict:
@@ -246,8 +251,6 @@ class ClipModel(nn.Module):
     image = normed(self.embed_images(images, deterministic=deterministic))
     text = normed(self.embed_texts(tokens, deterministic=deterministic))
     scale = jnp.exp(self.scalars['log_temperature'])
-    if self.cfg.loss == 'softmax':
-      scale = jnp.minimum(scale, MAX_SCALE)
     logits = scale * jnp.einsum('bd,cd->bc', image, text, precision=jax.lax.Precision.HIGHEST)
     return logits + self.scalars.get('bias', 0.0)
 
@@ -312,6 +315,12 @@ def _describe(cfg: ClipConfig) -> str:
           f'{cfg.loss} loss')
 
 
+def _constrained(cfg: ClipConfig, params: dict) -> dict:
+  """The trained parameters after an update: the loss's scalars as ContrastiveSettings.
+  constrained keeps them (CLIP's temperature clamped at 100, as open_clip's)."""
+  return cfg.contrastive.constrained(params)
+
+
 def _locked(cfg: ClipConfig) -> tuple[str, ...]:
   return ('image',) * cfg.lock_image + ('text',) * cfg.lock_text
 
@@ -333,4 +342,4 @@ FAMILY = registry.register(registry.Family(
     data_sizes=lambda cfg: {'image_size': cfg.image_size, 'vocab_size': cfg.vocab_size or None,
                             'text_len': cfg.max_len},
     depth_keys=('num_layers', 'text_layers'), frozen=_locked, starts=_started,
-    tower=ClipConfig.tower))
+    tower=ClipConfig.tower, constrain=_constrained))

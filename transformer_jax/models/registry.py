@@ -151,6 +151,10 @@ class Family:
   tower: (cfg, subtree) -> (the settings of the part a source fills, {a setting of them: the
     model.* key that sets it} where the names differ), which train.towers checks the source's
     against (a dual encoder's text tower: an encoder config, its width set by text_width).
+  constrain: (cfg, params) -> the trained parameters after each optimizer update, where the
+    family's recipe bounds some of them there rather than in the forward pass (CLIP's
+    temperature, clamped as open_clip clamps it); given the tree the optimizer trains (a LoRA
+    run's adapters, which hold none of them). Default: as they are.
 
   Sampling, for a family that does not decode text:
   sample_settings: the Settings class of config.sample (None: decode.SampleSettings), with
@@ -191,6 +195,7 @@ class Family:
   starts: Callable[[ModelConfig], dict[str, str]] = lambda cfg: {}
   tower: Callable[[ModelConfig, str], tuple[ModelConfig, dict[str, str]]] = (
       lambda cfg, part: (cfg, {}))
+  constrain: Callable[[ModelConfig, dict], dict] = lambda cfg, params: params
   sample_settings: type | None = None
   sample: Callable[..., Any] | None = None
   eval_settings: type | None = None

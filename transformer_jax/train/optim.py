@@ -47,9 +47,13 @@ def _names(path) -> list[str]:
 def decay_mask(params, opt):
   """True for parameters that weight decay applies to: matmul kernels always; norms, biases,
   embeddings (at the top or inside a tower, as a dual encoder's) and any other parameter (a
-  learned temperature) only where the config asks."""
+  learned temperature) only where the config asks. The class token, one vector, goes with the
+  norms' gains and the biases, as open_clip's rule has it (no decay of any parameter of fewer
+  than 2 dimensions: its class_embedding), while the position and token tables are embeddings."""
   def decays(path, _):
     names = _names(path)
+    if names[-1] == 'cls_token':
+      return opt.decay_norms_and_biases
     if any(name in EMBEDDING_NAMES for name in names):
       return opt.decay_embeddings
     return names[-1] == 'kernel' or opt.decay_norms_and_biases

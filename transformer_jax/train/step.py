@@ -99,11 +99,12 @@ def _grads_and_sums(model, family, settings, state, params, batch, rng, total_we
   return grads, jax.tree.map(lambda s: s.sum(axis=0), sums)
 
 
-def _apply_update(tx, schedule, state, grads, sums, ema_decay):
-  """One optax update, and of the state's ema where it has one; the metrics say whether the new
+def _apply_update(tx, schedule, state, grads, sums, ema_decay, constrain):
+  """One optax update, the parameters then as the family constrains them (`constrain(params)`:
+  Family.constrain), and of the state's ema where it has one; the metrics say whether the new
   parameters are all finite, which the loop checks before it can save them."""
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
+  params = constrain(optax.apply_updates(state.params, updates))
   params_finite = jnp.all(jnp.stack([jnp.isfinite(p).all() for p in jax.tree.leaves(params)]))
   metrics = dict(sums, grad_norm=optax.tree.norm(grads), learning_rate=schedule(state.step),
                  params_finite=params_finite)
@@ -120,7 +121,8 @@ def _jit_step(model, family, settings, mesh, tx, schedule, rng_root, state, batc
   total = jnp.sum(family.weights(batch))
   with sharding.activation_rules(mesh, settings.rules):
     grads, sums = _grads_and_sums(model, family, settings, state, state.params, batch, rng, total)
-  return _apply_update(tx, schedule, state, grads, sums, settings.ema_decay)
+  return _apply_update(tx, schedule, state, grads, sums, settings.ema_decay,
+                       functools.partial(family.constrain, model.cfg))
 
 
 def dropout_root(seed):
@@ -217,7 +219,8 @@ def _shard_map_step(model, family, tx, schedule, settings, mesh, state_sharding,
                                   mean_total)
     grads = jax.lax.pmean(grads, DATA_AXIS)
     sums = jax.lax.psum(sums, DATA_AXIS)
-    return _apply_update(tx, schedule, state, grads, sums, settings.ema_decay)
+    return _apply_update(tx, schedule, state, grads, sums, settings.ema_decay,
+                         functools.partial(family.constrain, model.cfg))
 
   return jax.shard_map(local_step, mesh=mesh, in_specs=(P(), P(DATA_AXIS)), out_specs=(P(), P()))
 
