@@ -271,17 +271,17 @@ def figure_markdown(name: str, caption: str) -> str:
 
 
 def finish(title: str, command: str, results: list[dict], report: Callable[[], str],
-           figures, results_dir: str, quick: bool, **extra) -> dict:
+           figures: Callable[[dict], Mapping[str, Any]], results_dir: str, quick: bool,
+           **extra) -> dict:
   """An experiment's last step: its README (`report()`, or the smoke report of a --quick run),
   results.json ({command, runs, **extra}) and figures written to `results_dir`; returns them.
-  `figures`: {name: matplotlib Figure}, or the experiment's function from results.json's content
-  to them, which is given the payload as read back from JSON (the data --plot_only redraws)."""
+  `figures`: the experiment's function from results.json's content to {name: matplotlib
+  Figure}, given the payload as read back from JSON: the data --plot_only redraws."""
   markdown = smoke_report(title, results, command) if quick else report()
   payload = {'command': command, 'runs': results, **extra}
-  if callable(figures):
-    figures = figures(json.loads(json.dumps(payload)))
-  write_results(results_dir, payload, markdown, figures, smoke=quick)
-  return {'runs': results, **extra, 'markdown': markdown, 'figures': figures}
+  drawn = figures(json.loads(json.dumps(payload)))
+  write_results(results_dir, payload, markdown, drawn, smoke=quick)
+  return {'runs': results, **extra, 'markdown': markdown, 'figures': drawn}
 
 
 def write_results(results_dir, payload: dict, markdown: str, figures: Mapping[str, Any],
