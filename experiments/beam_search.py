@@ -9,9 +9,13 @@ match (the whole reversed string and its EOS) and held-out loss.
   python experiments/beam_search.py --quick
   nice -n 19 python experiments/beam_search.py
 
-Writes experiments/results/beam_search/: results.json and README.md (the table).
+Writes experiments/results/beam_search/: results.json, README.md (the table) and beam_search.png
+(the training curve; exact match per checkpoint and decoding). `--plot_only` draws the figure
+again from results.json.
 """
 import pathlib
+
+from matplotlib.figure import Figure
 
 from transformer_jax import sweep, train
 
@@ -53,8 +57,14 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
   run_dir = f'{workdir}/{runs[0].dirname}'
   table = [decoded(make_config(runs[0]), run_dir, step, *decoding)
            for step in (QUICK_CHECKPOINTS if quick else CHECKPOINTS) for decoding in DECODINGS]
-  return sweep.finish(TITLE, command, results, lambda: report(results, table, command), {},
+  return sweep.finish(TITLE, command, results, lambda: report(results, table, command), figures,
                       results_dir or f'{workdir}/results', quick, decoding=table)
+
+
+def label(row: dict) -> str:
+  """A decoding's name: 'greedy', or its beams and length penalty."""
+  return (f'beam {row["beam_size"]}, alpha {row["length_penalty"]:g}' if row['beam_size']
+          else 'greedy')
 
 
 def report(results: list[dict], table: list[dict], command: str) -> str:
@@ -68,15 +78,44 @@ def report(results: list[dict], table: list[dict], command: str) -> str:
            f'Machine time of training: {sweep.machine_seconds(results) / 60:.1f} min.', '',
            '| step | decoding | exact match | held-out loss |', '|---|---|---|---|']
   for row in table:
-    decoding = (f'beam {row["beam_size"]}, alpha {row["length_penalty"]:g}' if row['beam_size']
-                else 'greedy')
-    lines.append(f'| {row["step"]} | {decoding} | {row["eval_exact_match"]:.4f} | '
+    lines.append(f'| {row["step"]} | {label(row)} | {row["eval_exact_match"]:.4f} | '
                  f'{row["eval_loss"]:.4f} |')
+  lines += ['', sweep.figure_markdown(NAME, 'Left: the training loss (logged means) and each '
+                                      'checkpoint\'s held-out loss; right: each decoding\'s '
+                                      'exact match at each checkpoint.')]
   return '\n'.join(lines) + '\n'
 
 
+def figures(payload: dict) -> dict[str, Figure]:
+  """From results.json's content: the run's training loss with the checkpoints' held-out loss
+  (left), and each decoding's exact match at each checkpoint (right)."""
+  figure = Figure(figsize=(10, 4))
+  loss_ax, match_ax = figure.subplots(1, 2)
+  (result,) = payload['runs']
+  loss_ax.plot(*sweep.series(result['train_curve'], 'loss'), color='#9ca3af',
+               label='training (logged mean)')
+  checkpoints = {row['step']: row['eval_loss'] for row in payload['decoding']}
+  loss_ax.plot(list(checkpoints), list(checkpoints.values()), 'o', color='black',
+               label='held-out, at each checkpoint')
+  loss_ax.set(xlabel='step', ylabel='loss (nats per token)', yscale='log',
+              title='Training the reversal model')
+  loss_ax.legend(fontsize=8, frameon=False, loc='lower left')
+  # Decodings that score alike overlap: larger, hollow markers keep each one visible.
+  styles = ({'marker': 'o', 'ms': 11, 'mfc': 'none'}, {'marker': 's', 'ms': 7, 'mfc': 'none'},
+            {'marker': 'x', 'ms': 6})
+  names = list(dict.fromkeys(label(row) for row in payload['decoding']))
+  for number, name in enumerate(names):
+    rows = [row for row in payload['decoding'] if label(row) == name]
+    match_ax.plot([row['step'] for row in rows], [row['eval_exact_match'] for row in rows],
+                  label=name, **styles[number % len(styles)])
+  match_ax.set(xlabel='checkpoint (step)', ylabel='exact match (held-out pairs)',
+               ylim=(-0.03, 1.03), title='Greedy decoding and beam search')
+  match_ax.legend(fontsize=8, frameon=False)
+  return {NAME: figure}
+
+
 def main(argv=None):
-  sweep.main(NAME, run, argv)
+  sweep.main(NAME, run, argv, figures)
 
 
 if __name__ == '__main__':

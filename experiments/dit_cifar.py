@@ -18,8 +18,10 @@ Inception weights, image_scores says how to plug them in), with a grid image of 
 
 --dit_workdir W --vit_workdir W2 score runs trained elsewhere (launch.py) instead.
 
-DIR holds CIFAR-10. Writes experiments/results/dit_cifar/: results.json, README.md, and
-grid_guidance_{1,2,4}.png (from --speed: speed.json).
+DIR holds CIFAR-10. Writes experiments/results/dit_cifar/: results.json, README.md,
+grid_guidance_{1,2,4}.png and dit_cifar.png (the training curve, the held-out loss by timestep
+quarter, the scores by guidance scale; `--plot_only` draws it again from results.json); from
+--speed: speed.json.
 """
 import dataclasses
 import json
@@ -30,6 +32,7 @@ import time
 from absl import flags
 import jax
 import jax.numpy as jnp
+from matplotlib.figure import Figure
 import numpy as np
 from PIL import Image
 
@@ -51,6 +54,7 @@ DIT_SETTINGS = {'data.batch_size': 64, 'optimizer.learning_rate': 3e-4,
                 'training.checkpoint_every': 200, 'training.eval_every': DIT_STEPS,
                 'training.log_every': 50, 'data.eval_steps': 2}
 GUIDANCE = (1.0, 2.0, 4.0)
+QUARTERS = ('[0, 250)', '[250, 500)', '[500, 750)', '[750, 1000)')  # of the 1,000 timesteps
 SAMPLES, SAMPLE_STEPS, SAMPLER = 200, 50, 'ddim'
 BOUND_IMAGES, BOUND_STEPS = 100, 50
 SPEED_BATCH = 16
@@ -112,10 +116,13 @@ def trained(quick: bool, workdir: str, data: dict) -> tuple[list[dict], dict]:
 
 
 def record(run_dir: str) -> dict:
-  """A run's last logged step and median images/s, from its metrics.jsonl."""
+  """A run's last logged step, median images/s and training curve, from its metrics.jsonl."""
   rows = [row for row in read_metrics(run_dir) if 'examples_per_sec' in row]
+  train_curve, _ = sweep.curves(run_dir)
   return {'steps': rows[-1]['step'], 'train_seconds': None,
-          'examples_per_sec': float(np.median([row['examples_per_sec'] for row in rows[1:]]))}
+          'examples_per_sec': float(np.median([row['examples_per_sec'] for row in rows[1:]])),
+          'train_curve': [{k: row[k] for k in sweep.CURVE_KEYS if k in row}
+                          for row in train_curve]}
 
 
 def held_out_scores(run, params, budget: Budget) -> dict:
@@ -180,7 +187,7 @@ def report(command: str, results: list[dict], step: int, held_out: dict, vit_acc
       f'(configs/vit_reference.py:{VIT.arg}) {vit_run["steps"]} steps ({minutes(vit_run)}), '
       f'test accuracy {vit_accuracy:.2%} on the real test images.', '',
       '## Held-out', '',
-      '| loss | t in [0, 250) | [250, 500) | [500, 750) | [750, 1000) | '
+      f'| loss | t in {" | ".join(QUARTERS)} | '
       f'bound (bits/dim, {budget.bound_images} images, {budget.bound_steps} timesteps) | '
       'prior | decoder |',
       '|---:|---:|---:|---:|---:|---:|---:|---:|',
@@ -197,6 +204,12 @@ def report(command: str, results: list[dict], step: int, held_out: dict, vit_acc
   lines += ['', 'The distance is between the features of the whole test split and of the '
             f'{budget.samples} samples (a small set: the estimate is biased upward); it is not '
             'FID, which takes Inception-v3 features (see transformer_jax/image_scores.py).', '']
+  shown = ['the DiT\'s training loss'] * bool(dit_run.get('train_curve')) + [
+      'the held-out loss by timestep quarter', 'the ViT\'s accuracy on the samples (beside its '
+      'accuracy on the real test images, and chance) and their Fréchet distance, by guidance '
+      'scale']
+  caption = '; '.join(shown)
+  lines += [sweep.figure_markdown(NAME, caption[0].upper() + caption[1:] + '.'), '']
   return '\n'.join(lines)
 
 
@@ -217,8 +230,51 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
   rows = sample_scores(dit_run, params, classifier, budget, results_dir)
   return sweep.finish(TITLE, command, results,
                       lambda: report(command, results, step, held_out, vit_accuracy, rows, budget),
-                      {}, results_dir, quick, step=step, held_out=held_out,
+                      figures, results_dir, quick, step=step, held_out=held_out,
                       vit_test_accuracy=vit_accuracy, samples=rows)
+
+
+def figures(payload: dict) -> dict[str, Figure]:
+  """From results.json's content: the DiT's training loss (where its run's curve was kept), its
+  held-out loss by timestep quarter, and the ViT's accuracy on the samples and their Fréchet
+  distance by guidance scale."""
+  dit_run = next(r for r in payload['runs'] if r['name'] == 'dit')
+  curve = dit_run.get('train_curve') or []
+  panels = 3 + bool(curve)
+  figure = Figure(figsize=(4.2 * panels, 3.8), layout='constrained')
+  axes = list(figure.subplots(1, panels))
+  held_out = payload['held_out']
+  if curve:
+    ax = axes.pop(0)
+    ax.plot(*sweep.series(curve, 'loss'), color='#9ca3af', label='training (logged mean)')
+    ax.plot([payload['step']], [held_out['eval_loss']], 'o', color='black', label='held-out')
+    ax.set(xlabel='step', ylabel='denoising loss', yscale='log', title='Training the DiT')
+    ax.legend(fontsize=8, frameon=False)
+  ax = axes.pop(0)
+  ax.bar(QUARTERS, [held_out[f'eval_loss_t{i}'] for i in range(len(QUARTERS))],
+         color='#9ca3af')
+  ax.tick_params(axis='x', labelsize=8)
+  ax.axhline(held_out['eval_loss'], color='black', lw=1, ls='--', label='all timesteps')
+  ax.set(xlabel='timestep t (0: least noise)', ylabel='held-out denoising loss',
+         title=f'Held-out loss at step {payload["step"]}')
+  ax.legend(fontsize=8, frameon=False)
+  samples = payload['samples']
+  scales = [row['guidance_scale'] for row in samples]
+  accuracy_ax, distance_ax = axes
+  accuracy_ax.plot(scales, [row['sample_accuracy'] for row in samples], 'o-', color='#2563eb',
+                   label='samples')
+  accuracy_ax.axhline(payload['vit_test_accuracy'], color='#16a34a', ls='--',
+                      label='real test images')
+  accuracy_ax.axhline(1 / len(samples[0]['per_class']), color='grey', ls=':', label='chance')
+  accuracy_ax.set(xlabel='guidance scale', ylabel='ViT accuracy', ylim=(0, 1), xticks=scales,
+                  title='Samples classified as their class')
+  accuracy_ax.legend(fontsize=8, frameon=False)
+  distances = [row['sample_fd'] for row in samples]
+  distance_ax.plot(scales, distances, 'o-', color='#dc2626')
+  distance_ax.set(xlabel='guidance scale', ylabel='Fréchet distance (ViT pre-logits)',
+                  xticks=scales, ylim=(0, 1.1 * max(distances)),
+                  title='Samples against the test split')
+  return {NAME: figure}
 
 
 def speed(quick: bool, workdir: str, results_dir: str) -> dict:
@@ -246,7 +302,7 @@ def speed(quick: bool, workdir: str, results_dir: str) -> dict:
 def main(argv=None):
   parsed = sweep.parse_flags(NAME, argv)
   if not _SPEED.value:
-    sweep.main(NAME, run, argv)
+    sweep.main(NAME, run, argv, figures)
     return
   run_lib.configure_logging()
   print(json.dumps(speed(parsed['quick'], parsed['workdir'], parsed['results']), indent=1))

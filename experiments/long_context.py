@@ -60,7 +60,6 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
   for run_spec, result in zip(sweep_runs(), results):
     result.update(measure(make_config(run_spec), f'{workdir}/{run_spec.dirname}',
                           QUICK_ROWS if quick else None, QUICK_SAMPLE if quick else SAMPLE))
-  figures = {'loss_vs_position': curves(results)}
   return sweep.finish(TITLE, command, results, lambda: report(results, command), figures,
                       results_dir or f'{workdir}/results', quick)
 
@@ -173,7 +172,11 @@ def report(results: list[dict], command: str) -> str:
   differences = ', '.join(f'{r["overrides"]["model.positions"]} '
                           f'{r["cache_vs_banded_max_logit_difference"]:.1e}' for r in results)
   lines += ['', 'Largest logit difference between the window cache and the forward pass under '
-            f'a banded causal mask: {differences}.', '']
+            f'a banded causal mask: {differences}.', '',
+            sweep.figure_markdown('loss_vs_position', 'Teacher-forced held-out loss by position '
+                                  'in the piece for each positional encoding: the whole context, '
+                                  'the window cache and cropping (grey: the training context).'),
+            '']
   for r in results:
     for label, text in r['samples'].items():
       lines += [f'## Sample, {r["overrides"]["model.positions"]}, {label}', '', '```',
@@ -201,8 +204,13 @@ def curves(results: list[dict]) -> Figure:
   return figure
 
 
+def figures(payload: dict) -> dict[str, Figure]:
+  """From results.json's content: the loss by position of every run."""
+  return {'loss_vs_position': curves(payload['runs'])}
+
+
 def main(argv=None):
-  sweep.main(NAME, run, argv)
+  sweep.main(NAME, run, argv, figures)
 
 
 if __name__ == '__main__':

@@ -150,7 +150,6 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
     if method(result) not in costs:
       costs[method(result)] = step_cost(make_config(run_))
   best = best_runs(results)
-  figures = {NAME: curves(results, base, best)}
   return sweep.finish(TITLE, command, results, lambda: report(pretrained, base, results, costs,
                                                               command),
                       figures, results_dir or f'{workdir}/results', quick, pretrain=pretrained,
@@ -211,6 +210,9 @@ def report(pretrained: dict, base: dict, results: list[dict], costs: dict, comma
                  f'{r["overrides"]["optimizer.learning_rate"]:g} | {held_out} | '
                  f'{"-" if bpb is None else f"{bpb:.3f}"} | {final} | '
                  f'{"-" if ms is None else f"{ms:.0f}"} | {r["status"]} |')
+  lines += ['', sweep.figure_markdown(NAME, 'Held-out loss against the fine-tuning step from the '
+                                      'base model\'s at step 0, one line per run (the best '
+                                      'learning rate of each method solid).')]
   return '\n'.join(lines) + '\n'
 
 
@@ -234,8 +236,13 @@ def curves(results: list[dict], base: dict, best: dict) -> Figure:
   return figure
 
 
+def figures(payload: dict) -> dict[str, Figure]:
+  """From results.json's content: the held-out curves of every run."""
+  return {NAME: curves(payload['runs'], payload['base'], payload['best'])}
+
+
 def main(argv=None):
-  sweep.main(NAME, run, argv)
+  sweep.main(NAME, run, argv, figures)
 
 
 if __name__ == '__main__':

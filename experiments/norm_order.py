@@ -56,7 +56,6 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
   base = [FULL, QUICK if quick else {}, data or {}]
   results = sweep.run_all(sweep_runs(quick), lambda r: sweep.config_for(r, CONFIG, *base), workdir,
                           vmap=vmap)
-  figures = {NAME: curves(results)}
   return sweep.finish(TITLE, command, results, lambda: report(results, command), figures,
                       results_dir or f'{workdir}/results', quick)
 
@@ -88,6 +87,9 @@ def report(results: list[dict], command: str) -> str:
                  f'{setting(r, "model.norm_position")}-LN | '
                  f'{setting(r, "optimizer.warmup_steps")} steps | {held_out} | {loss_50} | '
                  f'{grad} | {r["status"]} |')
+  lines += ['', sweep.figure_markdown(NAME, 'Training loss (top) and gradient norm before '
+                                      'clipping (bottom) against the step, one column per depth '
+                                      'and peak learning rate; dashed: no warmup.')]
   return '\n'.join(lines) + '\n'
 
 
@@ -104,11 +106,10 @@ def curves(results: list[dict]) -> Figure:
     for r in (r for r in results if (setting(r, 'model.num_layers'),
                                      setting(r, 'optimizer.learning_rate')) == (depth, lr)):
       order, warmup = setting(r, 'model.norm_position'), setting(r, 'optimizer.warmup_steps')
-      steps = [row['step'] for row in r['train_curve']]
       style = dict(color=colours[order], ls='-' if warmup else '--',
                    label=f'{order}-LN, {"warmup " + str(warmup) if warmup else "no warmup"}')
-      loss_ax.plot(steps, [row['loss'] for row in r['train_curve']], **style)
-      grad_ax.plot(steps, [row['grad_norm'] for row in r['train_curve']], **style)
+      loss_ax.plot(*sweep.series(r['train_curve'], 'loss'), **style)
+      grad_ax.plot(*sweep.series(r['train_curve'], 'grad_norm'), **style)
     loss_ax.set_title(f'{depth} blocks, peak lr {lr:g}')
     loss_ax.set_ylabel('training loss (nats per character)')
     grad_ax.set_ylabel('gradient norm (before clipping)')
@@ -119,8 +120,13 @@ def curves(results: list[dict]) -> Figure:
   return figure
 
 
+def figures(payload: dict) -> dict[str, Figure]:
+  """From results.json's content: the curves of every run."""
+  return {NAME: curves(payload['runs'])}
+
+
 def main(argv=None):
-  sweep.main(NAME, run, argv)
+  sweep.main(NAME, run, argv, figures)
 
 
 if __name__ == '__main__':

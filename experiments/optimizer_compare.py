@@ -49,7 +49,6 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
   base = [FULL, QUICK if quick else {}, data or {}]
   results = sweep.run_all(sweep_runs(), lambda r: sweep.config_for(r, CONFIG, *base), workdir,
                           vmap=vmap)
-  figures = {NAME: curves(results)}
   return sweep.finish(TITLE, command, results, lambda: report(results, command), figures,
                       results_dir or f'{workdir}/results', quick, best=best_runs(results))
 
@@ -100,6 +99,8 @@ def report(results: list[dict], command: str) -> str:
     ms = step_ms(r)
     lines.append(f'| {optimizer(r)}{mark} | {rate(r):g} | {held_out} | {final} | '
                  f'{"-" if ms is None else f"{ms:.0f}"} | {r["status"]} |')
+  lines += ['', sweep.figure_markdown(NAME, 'Training loss against the step, one panel per '
+                                      'optimizer, one line per learning rate.')]
   return '\n'.join(lines) + '\n'
 
 
@@ -109,8 +110,7 @@ def curves(results: list[dict]) -> Figure:
   axes = figure.subplots(1, 2, sharey=True)
   for ax, name in zip(axes, ('adamw', 'muon')):
     for r in (r for r in results if optimizer(r) == name):
-      ax.plot([row['step'] for row in r['train_curve']],
-              [row['loss'] for row in r['train_curve']], label=f'lr {rate(r):g}')
+      ax.plot(*sweep.series(r['train_curve'], 'loss'), label=f'lr {rate(r):g}')
     ax.set_title(name)
     ax.set_xlabel('step')
     ax.legend(fontsize=8, frameon=False)
@@ -119,8 +119,13 @@ def curves(results: list[dict]) -> Figure:
   return figure
 
 
+def figures(payload: dict) -> dict[str, Figure]:
+  """From results.json's content: the curves of every run."""
+  return {NAME: curves(payload['runs'])}
+
+
 def main(argv=None):
-  sweep.main(NAME, run, argv)
+  sweep.main(NAME, run, argv, figures)
 
 
 if __name__ == '__main__':

@@ -86,7 +86,6 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
   config = make_config(resize_run)
   resize = resize_accuracies(config, f'{workdir}/{resize_run.dirname}',
                              2 * config.model.image_size)
-  figures = plots(results, resize)
   return sweep.finish(TITLE, command, results, lambda: report(results, resize, command), figures,
                       results_dir or f'{workdir}/results', quick, resize=resize)
 
@@ -182,6 +181,13 @@ def report(results: list[dict], resize: dict, command: str) -> str:
             'when the first run started: other jobs share the cores, so read them as ratios. '
             'Memory: arguments + outputs + temporaries − donated buffers of the compiled train '
             'step (XLA\'s memory_analysis), not the process\'s peak.', '',
+            sweep.figure_markdown('accuracy_vs_patch', 'Test accuracy against the patch size, '
+                                  'after the same training images.'), '',
+            sweep.figure_markdown('flops_vs_tokens', 'Forward FLOPs per image against the tokens '
+                                  'per image: in all, in the dense layers (weights) and in the '
+                                  'attention matrices.'), '',
+            sweep.figure_markdown('accuracy_vs_flops', 'Test accuracy against the training '
+                                  'FLOPs.'), '',
             f'## Position-grid resize (patch {RESIZE_PATCH}, trained at {resize["train_size"]}x'
             f'{resize["train_size"]})', '',
             f'Test images upsampled bilinearly to {resize["eval_size"]}x{resize["eval_size"]}; no '
@@ -189,6 +195,8 @@ def report(results: list[dict], resize: dict, command: str) -> str:
             'anyway: drop the patch positions (zeros, [CLS] row kept), or load the old rows first '
             'and zeros after.', '', '| evaluation | test accuracy |', '|---|---|']
   lines += [f'| {name} | {accuracy:.2%} |' for name, accuracy in resize['accuracy'].items()]
+  lines += ['', sweep.figure_markdown('resize', 'Test accuracy at twice the training resolution, '
+                                      'each way of meeting the larger position grid.')]
   return '\n'.join(lines) + '\n'
 
 
@@ -247,8 +255,13 @@ def plots(results: list[dict], resize: dict) -> dict[str, Figure]:
   return figures
 
 
+def figures(payload: dict) -> dict[str, Figure]:
+  """From results.json's content: `plots`."""
+  return plots(payload['runs'], payload['resize'])
+
+
 def main(argv=None):
-  sweep.main(NAME, run, argv)
+  sweep.main(NAME, run, argv, figures)
 
 
 if __name__ == '__main__':

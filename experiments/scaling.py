@@ -97,7 +97,6 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
     r.update(sizes(make_config(spec)))
   fits = (fit_all(results, bootstrap=10, num_starts=QUICK_FIT_STARTS) if quick
           else fit_all(results, bootstrap))
-  figures = plots(results, fits)
   return sweep.finish(TITLE, command, results, lambda: report(results, fits, command), figures,
                       results_dir or f'{workdir}/results', quick, fits=fits)
 
@@ -303,6 +302,12 @@ def report(results: list[dict], fits: dict, command: str) -> str:
             '- References: ' + '; '.join(
                 f'{name}: ' + ', '.join(f'{k} = {v}' for k, v in ref.items())
                 for name, ref in REFERENCE.items()), '',
+            sweep.figure_markdown('loss_vs_tokens', 'Held-out loss of each run against its '
+                                  'training tokens, one colour per model size, with the fitted '
+                                  'L(N, D).'), '',
+            sweep.figure_markdown('surface', 'The fitted loss surface over N and D, the runs '
+                                  'coloured by their observed loss, and the compute-optimal N*, '
+                                  'D* (dashed).'), '',
             '## Compute-optimal allocation (from L(N, D), C = 6ND)', '',
             f'N* ∝ C^{fits["compute_optimal"]["a"]:.2f}, D* ∝ C^{fits["compute_optimal"]["b"]:.2f}'
             ' (Chinchilla: about 0.5 and 0.5).', '',
@@ -316,6 +321,9 @@ def report(results: list[dict], fits: dict, command: str) -> str:
         f'{row["tokens_per_parameter"]:.3g} [{row["tokens_per_parameter_interval"][0]:.2g}, '
         f'{row["tokens_per_parameter_interval"][1]:.2g}] |')
   check = fits['predictive_check']
+  lines += ['', sweep.figure_markdown('isoflop', 'IsoFLOP curves of the fitted L(N, D = C/6N), '
+                                      'each one\'s minimum marked, with the runs (shade: log10 '
+                                      'C).')]
   lines += ['', f'## Predictive check: the largest model (N = {check["N"]:,.0f}) left out of '
             'the fits', '', '| D | observed | predicted by L(N, D) | error |', '|---|---|---|---|']
   lines += [f'| {row["D"]:,.0f} | {row["observed"]:.3f} | {row["predicted"]:.3f} | '
@@ -323,7 +331,10 @@ def report(results: list[dict], fits: dict, command: str) -> str:
             for row in check['L(N,D) predictions']]
   by_n = check['L(N) prediction']
   lines += ['', f'L(N) on the longest runs predicts {by_n["predicted"]:.3f} for the observed '
-            f'{by_n["observed"]:.3f} ({by_n["error"]:+.3f}, {by_n["relative_error"]:+.1%}).']
+            f'{by_n["observed"]:.3f} ({by_n["error"]:+.3f}, {by_n["relative_error"]:+.1%}).',
+            '', sweep.figure_markdown('loss_vs_params', 'Loss against model size: the longest '
+                                      'runs with the L(N) fit, the joint fit\'s L(N, D→∞), and the '
+                                      'largest model predicted without it (cross).')]
   lines += ['', '## Why these exponents are not Kaplan\'s or Chinchilla\'s', ''] + [
       f'- {reason}' for reason in differences(results)]
   return '\n'.join(lines) + '\n'
@@ -434,8 +445,13 @@ def plots(results: list[dict], fits: dict) -> dict[str, Figure]:
   return figures
 
 
+def figures(payload: dict) -> dict[str, Figure]:
+  """From results.json's content: `plots`."""
+  return plots(payload['runs'], payload['fits'])
+
+
 def main(argv=None):
-  sweep.main(NAME, run, argv)
+  sweep.main(NAME, run, argv, figures)
 
 
 if __name__ == '__main__':

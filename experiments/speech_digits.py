@@ -24,6 +24,9 @@ one thread and through grain's threads as training reads it, shipping the padded
 features of a batch made clip by clip in NumPy (the pipeline's way) and by one jitted program on
 the device (layers.log_mel, float32: the step's way); and the train step fed from batches made
 ahead, of waveforms whose features the step makes and of features, the two steps timed in turn.
+
+The results folder holds results.json, README.md and speech_digits.png (the losses and the word
+error rate against the step); `--plot_only` draws the figure again from results.json.
 """
 import functools
 import os
@@ -35,6 +38,7 @@ import time
 
 from absl import flags
 import jax
+from matplotlib.figure import Figure
 import numpy as np
 import soundfile
 
@@ -138,8 +142,8 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
                             lambda r: config_for(audio_dir, quick), workdir)
   beam = run_lib.run(config_for(audio_dir, quick, {'eval.beam_size': BEAM_SIZE}),
                      f'{workdir}/reference', 'eval')
-  return sweep.finish(TITLE, command, [result], lambda: report(made, result, beam, command), {},
-                      results_dir or f'{workdir}/results', quick, data=made,
+  return sweep.finish(TITLE, command, [result], lambda: report(made, result, beam, command),
+                      figures, results_dir or f'{workdir}/results', quick, data=made,
                       beam={'beam_size': BEAM_SIZE, **beam})
 
 
@@ -162,8 +166,35 @@ def report(made: dict, result: dict, beam: dict, command: str) -> str:
   lines += [f'| {row["step"]} | {row["eval_loss"]:.4f} | {row["eval_wer"]:.4f} |' for row in curve]
   lines += ['', f'At step {beam["step"]}: greedy WER {curve[-1]["eval_wer"]:.4f}, beam '
             f'{BEAM_SIZE} WER {beam["eval_wer"]:.4f} (the held-out {MODEL["data.wer_examples"]} '
-            'utterances).']
+            'utterances).', '',
+            sweep.figure_markdown(NAME, 'Left: the training and held-out loss; right: the '
+                                  'held-out word error rate, greedy at each evaluation and with '
+                                  f'beam {BEAM_SIZE} at the end.')]
   return '\n'.join(lines) + '\n'
+
+
+def figures(payload: dict) -> dict[str, Figure]:
+  """From results.json's content: the training and held-out loss (left) and the held-out word
+  error rate, greedy at each evaluation and with beam search at the end (right), by step."""
+  (result,) = payload['runs']
+  beam = payload['beam']
+  figure = Figure(figsize=(10, 4))
+  loss_ax, wer_ax = figure.subplots(1, 2)
+  loss_ax.plot(*sweep.series(result['train_curve'], 'loss'), color='#9ca3af',
+               label='training (logged mean)')
+  loss_ax.plot(*sweep.series(result['eval_curve'], 'eval_loss'), 'o-', color='black',
+               label='held-out')
+  loss_ax.set(xlabel='step', ylabel='loss (nats per character)', yscale='log',
+              title='The reference Whisper on spoken digits')
+  loss_ax.legend(fontsize=8, frameon=False)
+  wer_ax.plot(*sweep.series(result['eval_curve'], 'eval_wer'), 'o-', color='#2563eb',
+              label='greedy')
+  wer_ax.plot([beam['step']], [beam['eval_wer']], 'D', color='#dc2626', mfc='none', ms=8,
+              label=f'beam {beam["beam_size"]}')
+  wer_ax.set(xlabel='step', ylabel='word error rate (held-out)', ylim=(0, None),
+             title='Word error rate')
+  wer_ax.legend(fontsize=8, frameon=False)
+  return {NAME: figure}
 
 
 def throughput(quick: bool, workdir: str, *unused, **unused_keywords) -> None:
@@ -241,7 +272,7 @@ def step_seconds(configs: list, batches: int) -> list[float]:
 
 def main(argv=None):
   sweep.main(NAME, lambda *args, **keywords: (throughput if _THROUGHPUT.value else run)(
-      *args, **keywords), argv)
+      *args, **keywords), argv, figures)
 
 
 if __name__ == '__main__':

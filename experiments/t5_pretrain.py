@@ -12,13 +12,15 @@ batches and seed). Reported: held-out loss and greedy exact match of each after 
   python experiments/t5_pretrain.py --quick
   nice -n 5 python experiments/t5_pretrain.py --manual_dir DIR
 
-DIR holds TinyShakespeare's input.txt. Writes experiments/results/t5_pretrain/: results.json and
-README.md (the table).
+DIR holds TinyShakespeare's input.txt. Writes experiments/results/t5_pretrain/: results.json,
+README.md (the table) and t5_pretrain.png (the curves of both phases); `--plot_only` draws the
+figure again from results.json.
 """
 import os
 import pathlib
 
 import jax
+from matplotlib.figure import Figure
 import numpy as np
 
 from transformer_jax import data, sweep
@@ -129,8 +131,8 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
   results = sweep.run_all(
       finetune_runs(pretrain_dir),
       lambda r: sweep.config_for(r, CONFIG, MODEL, FINETUNE, *shrunk, tokens, start), workdir)
-  return sweep.finish(TITLE, command, results, lambda: report(pretrained, results, command), {},
-                      results_dir or f'{workdir}/results', quick, pretrain=pretrained)
+  return sweep.finish(TITLE, command, results, lambda: report(pretrained, results, command),
+                      figures, results_dir or f'{workdir}/results', quick, pretrain=pretrained)
 
 
 def report(pretrained: dict, results: list[dict], command: str) -> str:
@@ -149,12 +151,51 @@ def report(pretrained: dict, results: list[dict], command: str) -> str:
             f'Machine: {os.cpu_count()} CPU cores, jax {jax.__version__}, shared with other jobs. '
             f'Wall time: {pretrained["train_seconds"] / 60:.1f} min of pre-training, '
             f'{sweep.machine_seconds(results) / 60:.1f} min over the {len(results)} fine-tuning '
-            'runs.']
+            'runs.', '',
+            sweep.figure_markdown(NAME, 'Left: span-corruption pre-training; middle: the '
+                                  'fine-tuning loss, held-out (points) and training (faint), from '
+                                  'the pre-trained checkpoint and from scratch; right: their '
+                                  'exact match.')]
   return '\n'.join(lines) + '\n'
 
 
+def figures(payload: dict) -> dict[str, Figure]:
+  """From results.json's content: the span-corruption pre-training (left); the fine-tuning
+  runs' training and held-out loss (middle) and exact match (right), coloured by where they
+  started (the part of a run's name before its first ',', so that seeds share a colour)."""
+  figure = Figure(figsize=(14, 4))
+  pretrain_ax, loss_ax, match_ax = figure.subplots(1, 3)
+  pretrained = payload['pretrain']
+  pretrain_ax.plot(*sweep.series(pretrained['train_curve'], 'loss'), color='#9ca3af',
+                   label='training (logged mean)')
+  pretrain_ax.plot(*sweep.series(pretrained['eval_curve'], 'eval_loss'), 'o', color='black',
+                   label='held-out')
+  pretrain_ax.set(xlabel='step', ylabel='span-corruption loss (nats per token)',
+                  title='Pre-training')
+  pretrain_ax.legend(fontsize=8, frameon=False)
+  colours = {'pretrained': '#2563eb', 'scratch': '#dc2626'}
+  labelled = set()
+  for result in payload['runs']:
+    start = result['name'].split(',')[0]
+    colour = colours.setdefault(start, f'C{len(colours)}')
+    label = None if start in labelled else start
+    labelled.add(start)
+    loss_ax.plot(*sweep.series(result['train_curve'], 'loss'), color=colour, alpha=0.35, lw=1)
+    loss_ax.plot(*sweep.series(result['eval_curve'], 'eval_loss'), 'o-', color=colour,
+                 label=label)
+    match_ax.plot(*sweep.series(result['eval_curve'], 'eval_exact_match'), 'o-', color=colour,
+                  label=label)
+  loss_ax.set(xlabel='fine-tuning step', ylabel='loss (nats per token)',
+              title='Fine-tuning: held-out (points), training (faint)')
+  match_ax.set(xlabel='fine-tuning step', ylabel='exact match (held-out, greedy)',
+               ylim=(-0.03, 1.03), title='Fine-tuning: exact match')
+  for ax in (loss_ax, match_ax):
+    ax.legend(fontsize=8, frameon=False, title='fine-tuned from', title_fontsize=8)
+  return {NAME: figure}
+
+
 def main(argv=None):
-  sweep.main(NAME, run, argv)
+  sweep.main(NAME, run, argv, figures)
 
 
 if __name__ == '__main__':

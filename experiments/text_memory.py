@@ -13,8 +13,9 @@ memory (ru_maxrss, which counts the pages of the memory-mapped token files it to
 peak anonymous memory (heap, sampled from /proc) beside the corpus's size and its token files'
 size on disk, and the rate at which the training documents were tokenized (from the token
 folder's info.json). A benchmark,
-not a test: it prints figures and writes experiments/results/text_memory/ (results.json, and
-README.md's tables, keeping its reading).
+not a test: it prints figures and writes experiments/results/text_memory/ (results.json,
+README.md's tables, keeping its reading, and text_memory.png: memory and tokenization rate
+against the corpus's size); `--plot_only` draws the figure again from results.json.
 """
 import json
 import pathlib
@@ -23,16 +24,15 @@ import sys
 import time
 
 from absl import app, flags
+from matplotlib.figure import Figure
 
 from peak_memory import peak_memory_mib
 from transformer_jax import sweep
 
+NAME = 'text_memory'
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-RESULTS = ROOT / 'experiments' / 'results' / 'text_memory'
-_TEXT = flags.DEFINE_string('text', None, 'The UTF-8 text file to cut into documents.',
-                            required=True)
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Where the corpora and the runs go.',
-                               required=True)
+# --workdir (where the corpora and the runs go) and --results are sweep's flags.
+_TEXT = flags.DEFINE_string('text', None, 'The UTF-8 text file to cut into documents.')
 _COPIES = flags.DEFINE_list('copies', ['1', '10', '100'], 'Copies of the text in each corpus.')
 _STEPS = flags.DEFINE_integer('steps', 200, 'Training steps of each run.')
 _EVAL_STEPS = flags.DEFINE_integer('eval_steps', 20, 'Held-out batches of the evaluation (the '
@@ -60,7 +60,7 @@ def launch_command(corpus: pathlib.Path, workdir: pathlib.Path, steps: int, eval
   return [sys.executable, str(ROOT / 'launch.py'), f'--config={ROOT}/configs/llama_shakespeare.py',
           f'--workdir={workdir / "run"}', '--config.data.name=jsonl',
           f'--config.data.path={corpus}', '--config.data.tokenizer=bpe',
-          f'--config.model.vocab_size={vocab_size}', '--config.data.packing=True',
+          f'--config.data.vocab_size={vocab_size}', '--config.data.packing=True',
           f'--config.data.token_dir={workdir / "tokens"}', f'--config.data.eval_steps={eval_steps}',
           f'--config.training.steps={steps}', f'--config.training.eval_every={steps}',
           f'--config.training.checkpoint_every={steps}']
@@ -119,25 +119,56 @@ def report(rows: list[dict], command: str) -> str:
       f'{last["copies"] / first["copies"]:g} times the corpus ({last["corpus_mib"]:,.1f} against '
       f'{first["corpus_mib"]:,.1f} MiB of JSONL): {growth:+,.0f} MiB of peak resident memory '
       f'({growth / first["peak_rss_mib"]:+.1%}), {anon:+,.0f} MiB of peak anonymous memory '
-      f'({anon / first["peak_anon_mib"]:+.1%}).', ''])
+      f'({anon / first["peak_anon_mib"]:+.1%}).', '',
+      sweep.figure_markdown(NAME, 'Left: the run\'s peak resident and anonymous memory, and its '
+                            'token files\' size, against the corpus\'s size; right: the rate '
+                            'at which the training split was tokenized.'), ''])
 
 
-def main(argv):
-  del argv
+def figures(payload: dict) -> dict[str, Figure]:
+  """From results.json's content: the peak memories and the token files' size (left) and the
+  tokenization rate (right) against the corpus's size."""
+  rows = payload['rows']
+  corpus = [r['corpus_mib'] for r in rows]
+  figure = Figure(figsize=(10, 4))
+  memory_ax, rate_ax = figure.subplots(1, 2)
+  for key, label, style in (('peak_rss_mib', 'peak resident memory', 'o-'),
+                            ('peak_anon_mib', 'peak anonymous memory (heap)', 's-'),
+                            ('token_files_mib', 'token files on disk', 'x--')):
+    memory_ax.plot(corpus, [r[key] for r in rows], style, label=label)
+  memory_ax.set(xscale='log', xlabel='corpus (JSONL, MiB)', ylabel='MiB', ylim=(0, None),
+                title='Memory of the run against the corpus')
+  memory_ax.legend(fontsize=8, frameon=False)
+  rate_ax.plot(corpus, [r['mb_per_second'] for r in rows], 'o-', color='#2563eb')
+  rate_ax.set(xscale='log', xlabel='corpus (JSONL, MiB)', ylim=(0, None),
+              ylabel='training split tokenized (MB of text per second)', title='Tokenization rate')
+  return {NAME: figure}
+
+
+def run(quick: bool, workdir: str, results_dir: str, data: dict, command: str,
+        vmap: bool = False) -> None:
+  """Measures a run on each corpus, prints each row and the table, writes the results folder."""
+  del data, command, vmap  # the corpora are made here; the command is written with placeholders
+  if quick:
+    raise app.UsageError(f'{NAME} measures memory at full size: it has no --quick setting.')
+  if not _TEXT.value:
+    raise app.UsageError('--text=FILE: the UTF-8 text file to cut into documents.')
   paragraphs = documents(pathlib.Path(_TEXT.value).read_text('utf-8'))
   rows = []
   for copies in map(int, _COPIES.value):
-    rows.append(measure(paragraphs, copies, pathlib.Path(_WORKDIR.value) / f'copies_{copies}'))
+    rows.append(measure(paragraphs, copies, pathlib.Path(workdir) / f'copies_{copies}'))
     print(json.dumps(rows[-1]), flush=True)
   command = (f'python experiments/text_memory.py --text TEXT_FILE --workdir DIR --copies '
              f'{",".join(_COPIES.value)} --steps {_STEPS.value} --eval_steps {_EVAL_STEPS.value} '
              f'--vocab_size {_VOCAB_SIZE.value}')
-  RESULTS.mkdir(parents=True, exist_ok=True)
-  (RESULTS / 'results.json').write_text(json.dumps({'command': command, 'rows': rows}, indent=1)
-                                        + '\n')
-  sweep.write_readme(RESULTS, report(rows, command))
+  payload = {'command': command, 'rows': rows}
+  sweep.write_results(results_dir, payload, report(rows, command), figures(payload))
   print(table(rows))
 
 
+def main(argv=None):
+  sweep.main(NAME, run, argv, figures)
+
+
 if __name__ == '__main__':
-  app.run(main)
+  main()

@@ -12,12 +12,15 @@ compares them. A BPE token holds several bytes, so at equal FLOPs a BPE run sees
 
   python experiments/tokenizer_compare.py --text FILE --workdir DIR
 
-Writes experiments/results/tokenizer_compare/: results.json and README.md.
+Writes experiments/results/tokenizer_compare/: results.json, README.md and tokenizer_compare.png
+(bits per byte against training FLOPs); `--plot_only` draws the figure again from results.json.
 """
 import json
+import math
 import pathlib
 
 from absl import app, flags
+from matplotlib.figure import Figure
 
 from transformer_jax import accounting, models, sweep
 from transformer_jax.data.vocab import Vocab
@@ -45,11 +48,12 @@ def matched_steps(config, budget: float) -> int:
 
 
 def tokenizer_runs(chars: int, vocab_sizes) -> list[sweep.SweepRun]:
-  """Characters (a table of `chars` rows, the text's own), then a BPE of each size."""
-  runs = {'chars': {'data.tokenizer': 'chars', 'model.vocab_size': chars}}
-  runs.update({f'bpe{size}': {'data.tokenizer': 'bpe', 'model.vocab_size': size}
-               for size in vocab_sizes})
-  return sweep.named(runs)
+  """Characters (a table of `chars` rows, the text's own), then a BPE of each size. The data's
+  size is set with the model's: the config's data.vocab_size (TinyShakespeare's 65 characters)
+  would otherwise size the BPE, and refuse another text's characters."""
+  sizes = {'chars': ('chars', chars), **{f'bpe{size}': ('bpe', size) for size in vocab_sizes}}
+  return sweep.named({name: {'data.tokenizer': kind, 'data.vocab_size': size,
+                             'model.vocab_size': size} for name, (kind, size) in sizes.items()})
 
 
 def with_steps(config, steps: int):
@@ -91,7 +95,7 @@ def run(quick: bool, workdir: str, results_dir: str, data: dict, command: str, *
   results = sweep.run_all(runs, config_of, workdir, vmap=vmap)
   for result, spec in zip(results, runs):
     result.update(measured(result, config_of(spec)))
-  return sweep.finish(TITLE, command, results, lambda: report(results, command), {},
+  return sweep.finish(TITLE, command, results, lambda: report(results, command), figures,
                       results_dir, quick, budget_flops=budget)
 
 
@@ -110,7 +114,35 @@ def report(results: list[dict], command: str) -> str:
     lines.append(f'| {r["name"]} | {r["vocab_size"]:,} | {r["steps"]:,} | {r["tokens_seen"]:,} '
                  f'| {r["bytes_per_token"]:.3f} | {r["bytes_seen"]:,.0f} | '
                  f'{r["train_flops"]:.4g} | {loss} | {bpb} | {r["train_seconds"]:.0f} s |')
+  lines += ['', sweep.figure_markdown(NAME, 'Each run\'s training loss in bits per byte (nats '
+                                      'per token / ln 2 / the training split\'s bytes per token) '
+                                      'against its training FLOPs, and its held-out bits per '
+                                      'byte at the end (diamonds).')]
   return '\n'.join(lines) + '\n'
+
+
+def figures(payload: dict) -> dict[str, Figure]:
+  """From results.json's content: each run's training loss in bits per byte against its
+  training FLOPs (nats per token / ln 2 / the training split's bytes per token: the batches'
+  bytes taken at the split's mean), and its held-out bits per byte at the end."""
+  figure = Figure(figsize=(6.5, 4.2))
+  ax = figure.subplots()
+  for number, r in enumerate(payload['runs']):
+    steps, losses = sweep.series(r['train_curve'], 'loss')
+    flops_per_step = r['train_flops'] / r['steps']
+    ax.plot([step * flops_per_step for step in steps],
+            [loss / math.log(2) / r['bytes_per_token'] for loss in losses], color=f'C{number}',
+            label=f'{r["name"]} ({r["vocab_size"]:,} ids): training')
+    if r['eval_bits_per_byte'] is not None:
+      # Hollow markers of decreasing size: runs that end alike stay visible.
+      ax.plot(r['train_flops'], r['eval_bits_per_byte'], 'D', color=f'C{number}', mfc='none',
+              ms=11 - 3 * (number % 3),
+              label=f'{r["name"]}: held-out, {r["eval_bits_per_byte"]:.3f}')
+  ax.set(xlabel='training FLOPs',
+         ylabel='bits per byte (lines: training batches; diamonds: held-out text)',
+         title='Characters and byte-level BPEs at the same training FLOPs')
+  ax.legend(fontsize=8, frameon=False)
+  return {NAME: figure}
 
 
 def main(argv=None):
@@ -121,7 +153,7 @@ def main(argv=None):
     *rest, command = args
     return run(*rest, command + words, text=_TEXT.value, steps=_STEPS.value,
                vocab_sizes=[int(size) for size in _VOCAB_SIZES.value], **keywords)
-  sweep.main(NAME, run_flags, argv)
+  sweep.main(NAME, run_flags, argv, figures)
 
 
 if __name__ == '__main__':

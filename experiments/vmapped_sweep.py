@@ -60,7 +60,6 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
     result['trained'] = trained
   timing = timing_table(alone, together)
   memory = compiled_memory(quick)
-  figures = {NAME: curves(alone, together)}
   return sweep.finish(TITLE, command, alone + together,
                       lambda: report(timing, memory, alone, command), figures,
                       results_dir or f'{workdir}/results', quick, timing=timing, memory=memory)
@@ -159,6 +158,8 @@ def report(timing: dict, memory: dict, alone: list[dict], command: str) -> str:
             f'{mib(memory["memory_bytes"])} MiB; the groups train one after another, so that '
             f'is the most the sweep holds at once (the {len(memory["groups"])} groups\' steps '
             f'together: {mib(total)} MiB).']
+  lines += ['', sweep.figure_markdown(NAME, 'Training loss of each seed value trained alone '
+                                      '(lines) and vmapped (crosses).')]
   return '\n'.join(lines) + '\n'
 
 
@@ -166,10 +167,8 @@ def curves(alone: list[dict], together: list[dict]) -> Figure:
   figure = Figure(figsize=(7, 4))
   ax = figure.subplots()
   for a, b, color in zip(alone, together, ('#2563eb', '#dc2626', '#16a34a')):
-    steps = [row['step'] for row in a['train_curve']]
-    ax.plot(steps, [row['loss'] for row in a['train_curve']], color=color, label=f'{a["name"]}')
-    ax.plot([row['step'] for row in b['train_curve']], [row['loss'] for row in b['train_curve']],
-            color=color, ls='none', marker='x', ms=5)
+    ax.plot(*sweep.series(a['train_curve'], 'loss'), color=color, label=f'{a["name"]}')
+    ax.plot(*sweep.series(b['train_curve'], 'loss'), color=color, ls='none', marker='x', ms=5)
   ax.set_xlabel('step')
   ax.set_ylabel('training loss (nats per character)')
   ax.set_title('Lines: each run alone; crosses: the same runs vmapped')
@@ -178,8 +177,15 @@ def curves(alone: list[dict], together: list[dict]) -> Figure:
   return figure
 
 
+def figures(payload: dict) -> dict[str, Figure]:
+  """From results.json's content: the curves of the runs trained alone and vmapped."""
+  runs = payload['runs']
+  return {NAME: curves([r for r in runs if r['trained'] == 'alone'],
+                       [r for r in runs if r['trained'] == 'vmapped'])}
+
+
 def main(argv=None):
-  sweep.main(NAME, run, argv)
+  sweep.main(NAME, run, argv, figures)
 
 
 if __name__ == '__main__':

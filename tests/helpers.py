@@ -64,9 +64,11 @@ def init(cfg, rng, *inputs):
   return nn.meta.unbox(variables['params'])
 
 
+@functools.cache
 def load_experiment(name):
   """The module of experiments/NAME.py, its folder on the import path as when run as a script
-  (the experiments share modules such as step_timing)."""
+  (the experiments share modules such as step_timing); loaded once per session, as a second
+  load of a script would define its absl flags again, which absl refuses."""
   if str(ROOT / 'experiments') not in sys.path:
     sys.path.insert(0, str(ROOT / 'experiments'))
   spec = importlib.util.spec_from_file_location(name, ROOT / 'experiments' / f'{name}.py')

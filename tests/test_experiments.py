@@ -2,27 +2,33 @@
 end in their quick settings (synthetic data, tiny models)."""
 import json
 import math
+import os
+import subprocess
+import sys
 
+from absl import app
 import nbclient
 import nbformat
 import numpy as np
+from PIL import Image
 import pytest
 import scipy.optimize
 
 from helpers import load_experiment, ROOT
 from train_helpers import small_config
-from transformer_jax import sweep, train
+from transformer_jax import errors, sweep, train
 from transformer_jax.data import tokenizer as tokenizer_lib
 
 # Each experiment's plots, by file name.
-FIGURES = {'ablations': ['ablations'], 'beam_search': [], 'clip_zero_shot': ['clip_zero_shot'],
-           'dit_cifar': ['grid_guidance_1', 'grid_guidance_2', 'grid_guidance_4'],
+FIGURES = {'ablations': ['ablations'], 'beam_search': ['beam_search'],
+           'clip_zero_shot': ['clip_zero_shot'],
+           'dit_cifar': ['dit_cifar', 'grid_guidance_1', 'grid_guidance_2', 'grid_guidance_4'],
            'long_context': ['loss_vs_position'],
            'lora_finetune': ['lora_finetune'], 'norm_order': ['norm_order'],
            'optimizer_compare': ['optimizer_compare'],
            'patch_sweep': ['accuracy_vs_flops', 'accuracy_vs_patch', 'flops_vs_tokens', 'resize'],
            'scaling': ['isoflop', 'loss_vs_params', 'loss_vs_tokens', 'surface'],
-           't5_pretrain': [],
+           't5_pretrain': ['t5_pretrain'],
            'vmapped_sweep': ['vmapped_sweep']}
 
 
@@ -186,3 +192,192 @@ def test_t5_pretrain_pairs_reverse_the_words_of_each_short_line():
   np.testing.assert_array_equal(pairs['decoder_inputs'][:, 1:], pairs['targets'][:, :-1])
   assert pairs['weights'].sum(axis=1).tolist() == [len(bpe.encode('not or be to')) + 1,
                                                    len(bpe.encode('that be')) + 1]
+
+
+# The plots of the experiments, drawn from small results.json payloads without training.
+
+def curve(key: str, points: dict) -> list[dict]:
+  """Curve rows {step, key} of {step: value}."""
+  return [{'step': step, key: value} for step, value in points.items()]
+
+
+def plotted(ax) -> dict[str, tuple[list, list]]:
+  """{label: (x, y)} of an axis's labelled lines."""
+  return {line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
+          for line in ax.get_lines() if not line.get_label().startswith('_')}
+
+
+def redrawn(experiment, payload: dict, results) -> list:
+  """--plot_only on results/results.json holding `payload`: the PNGs it wrote (each checked to
+  be one), the folder otherwise left as it was."""
+  results.mkdir(exist_ok=True)
+  (results / 'results.json').write_text(json.dumps(payload))
+  experiment.main(['--plot_only', '--results', str(results)])
+  assert sorted(p.name for p in results.iterdir() if p.suffix != '.png') == ['results.json']
+  pngs = sorted(results.glob('*.png'))
+  for png in pngs:
+    assert png.read_bytes().startswith(b'\x89PNG\r\n\x1a\n')
+    with Image.open(png) as image:
+      assert min(image.size) > 100
+  return [png.stem for png in pngs]
+
+
+def test_finish_draws_the_figures_from_the_payload_as_stored_in_json(tmp_path):
+  seen = []
+  def figures(payload):
+    seen.append(payload)
+    return {}
+  sweep.finish('T', 'cmd', [{'name': 'a'}], lambda: '# T\n', figures, str(tmp_path), False,
+               per_class={0: 0.5}, scales=(1.0, 2.0))
+  assert seen == [json.loads((tmp_path / 'results.json').read_text())]
+  assert seen[0]['per_class'] == {'0': 0.5} and seen[0]['scales'] == [1.0, 2.0]
+
+
+def test_plot_only_without_results_or_figures_says_what_to_do(tmp_path):
+  with pytest.raises(errors.UserError, match='run the experiment first'):
+    sweep.redraw(tmp_path, lambda payload: {})
+  with pytest.raises(app.UsageError, match='ablations draws no figures'):
+    sweep.main('ablations', None, ['--plot_only', '--results', str(tmp_path)])
+
+
+def test_beam_search_plots_its_curve_and_each_decodings_exact_match(tmp_path):
+  beam_search = load_experiment('beam_search')
+  decodings = [{'step': step, 'beam_size': beams, 'length_penalty': alpha, 'eval_loss': loss,
+                'eval_exact_match': match}
+               for step, loss, matches in ((2, 1.5, (0.1, 0.2, 0.3)), (4, 0.5, (0.7, 0.8, 0.9)))
+               for (beams, alpha), match in zip(beam_search.DECODINGS, matches)]
+  payload = {'command': 'c', 'decoding': decodings, 'runs': [
+      {'name': 'reverse', 'train_curve': curve('loss', {1: 3.0, 2: 2.0, 3: 1.0})}]}
+  loss_ax, match_ax = beam_search.figures(payload)['beam_search'].axes
+  assert plotted(loss_ax) == {'training (logged mean)': ([1, 2, 3], [3.0, 2.0, 1.0]),
+                              'held-out, at each checkpoint': ([2, 4], [1.5, 0.5])}
+  assert plotted(match_ax) == {'greedy': ([2, 4], [0.1, 0.7]),
+                               'beam 4, alpha 0.6': ([2, 4], [0.2, 0.8]),
+                               'beam 4, alpha 0': ([2, 4], [0.3, 0.9])}
+  assert redrawn(beam_search, payload, tmp_path) == ['beam_search']
+
+
+def test_speech_digits_plots_its_losses_and_word_error_rate(tmp_path):
+  speech_digits = load_experiment('speech_digits')
+  evals = [{'step': 2, 'eval_loss': 0.9, 'eval_wer': 0.5}, {'step': 4, 'eval_loss': 0.4,
+                                                              'eval_wer': 0.25}]
+  payload = {'command': 'c', 'beam': {'beam_size': 4, 'step': 4, 'eval_wer': 0.2}, 'runs': [
+      {'name': 'reference', 'train_curve': curve('loss', {1: 2.0, 3: 1.0}),
+       'eval_curve': evals}]}
+  loss_ax, wer_ax = speech_digits.figures(payload)['speech_digits'].axes
+  assert plotted(loss_ax) == {'training (logged mean)': ([1, 3], [2.0, 1.0]),
+                              'held-out': ([2, 4], [0.9, 0.4])}
+  assert plotted(wer_ax) == {'greedy': ([2, 4], [0.5, 0.25]), 'beam 4': ([4], [0.2])}
+  assert redrawn(speech_digits, payload, tmp_path) == ['speech_digits']
+
+
+def test_t5_pretrain_plots_both_phases_with_seeds_sharing_a_colour(tmp_path):
+  t5_pretrain = load_experiment('t5_pretrain')
+  def finetuned(name, losses, matches):
+    return {'name': name, 'train_curve': curve('loss', {1: 9.0, 2: 8.0}), 'eval_curve': [
+        {'step': step, 'eval_loss': loss, 'eval_exact_match': match}
+        for step, loss, match in zip((2, 4), losses, matches)]}
+  payload = {'command': 'c', 'pretrain': {
+      'train_curve': curve('loss', {5: 6.0, 10: 5.0}), 'eval_curve': curve('eval_loss', {10: 5.5})},
+      'runs': [finetuned('pretrained,seed=0', (4.0, 3.0), (0.0, 0.5)),
+               finetuned('pretrained,seed=1', (4.5, 3.5), (0.0, 0.25)),
+               finetuned('scratch,seed=0', (5.0, 4.0), (0.0, 0.0))]}
+  pretrain_ax, loss_ax, match_ax = t5_pretrain.figures(payload)['t5_pretrain'].axes
+  assert plotted(pretrain_ax) == {'training (logged mean)': ([5, 10], [6.0, 5.0]),
+                                  'held-out': ([10], [5.5])}
+  held_out = [line for line in loss_ax.get_lines() if line.get_marker() == 'o']
+  assert [list(line.get_ydata()) for line in held_out] == [[4.0, 3.0], [4.5, 3.5], [5.0, 4.0]]
+  assert [line.get_color() for line in held_out] == ['#2563eb', '#2563eb', '#dc2626']
+  assert [list(line.get_ydata()) for line in match_ax.get_lines()] == [[0.0, 0.5], [0.0, 0.25],
+                                                                        [0.0, 0.0]]
+  assert [t.get_text() for t in match_ax.get_legend().get_texts()] == ['pretrained', 'scratch']
+  assert redrawn(t5_pretrain, payload, tmp_path) == ['t5_pretrain']
+
+
+def test_tokenizer_compare_plots_bits_per_byte_against_training_flops(tmp_path):
+  compare = load_experiment('tokenizer_compare')
+  def run(name, vocab, bytes_per_token, bits):
+    return {'name': name, 'vocab_size': vocab, 'steps': 4, 'train_flops': 400.0,
+            'bytes_per_token': bytes_per_token, 'eval_bits_per_byte': bits,
+            'train_curve': curve('loss', {2: math.log(2) * 3, 4: math.log(2) * 2})}
+  payload = {'command': 'c', 'budget_flops': 400.0,
+             'runs': [run('chars', 65, 1.0, 2.5), run('bpe512', 512, 2.0, None)]}
+  (ax,) = compare.figures(payload)['tokenizer_compare'].axes
+  lines = plotted(ax)
+  np.testing.assert_allclose(lines['chars (65 ids): training'], [[200, 400], [3.0, 2.0]])
+  np.testing.assert_allclose(lines['bpe512 (512 ids): training'], [[200, 400], [1.5, 1.0]])
+  assert lines['chars: held-out, 2.500'] == ([400.0], [2.5])
+  assert len(lines) == 3  # no held-out point where a run has none
+  assert redrawn(compare, payload, tmp_path) == ['tokenizer_compare']
+
+
+def test_dit_cifar_plots_its_curve_held_out_quarters_and_sample_scores(tmp_path):
+  dit_cifar = load_experiment('dit_cifar')
+  quarters = {'eval_loss': 0.1, 'eval_loss_t0': 0.3, 'eval_loss_t1': 0.05, 'eval_loss_t2': 0.03,
+              'eval_loss_t3': 0.02}
+  payload = {'command': 'c', 'step': 6, 'held_out': quarters, 'vit_test_accuracy': 0.5,
+             'runs': [{'name': 'vit'},
+                      {'name': 'dit', 'train_curve': curve('loss', {2: 1.0, 4: 0.2})}],
+             'samples': [{'guidance_scale': scale, 'sample_accuracy': accuracy, 'sample_fd': fd,
+                          'per_class': {str(c): accuracy for c in range(10)}}
+                         for scale, accuracy, fd in ((1.0, 0.2, 30.0), (4.0, 0.6, 20.0))]}
+  curve_ax, quarter_ax, accuracy_ax, distance_ax = dit_cifar.figures(payload)['dit_cifar'].axes
+  assert plotted(curve_ax) == {'training (logged mean)': ([2, 4], [1.0, 0.2]),
+                               'held-out': ([6], [0.1])}
+  assert [bar.get_height() for bar in quarter_ax.patches] == [0.3, 0.05, 0.03, 0.02]
+  lines = plotted(accuracy_ax)
+  assert lines['samples'] == ([1.0, 4.0], [0.2, 0.6])
+  assert lines['chance'][1] == [0.1, 0.1] and lines['real test images'][1] == [0.5, 0.5]
+  assert [list(line.get_ydata()) for line in distance_ax.get_lines()] == [[30.0, 20.0]]
+  # A run scored from --dit_workdir kept no curve before: the figure leaves that panel out.
+  del payload['runs'][1]['train_curve']
+  assert len(dit_cifar.figures(payload)['dit_cifar'].axes) == 3
+  assert redrawn(dit_cifar, payload, tmp_path) == ['dit_cifar']
+
+
+def test_text_memory_plots_memory_and_rate_against_the_corpus(tmp_path):
+  # In a process of its own: text_memory's --text flag is also tokenizer_compare's.
+  rows = [{'corpus_mib': mib, 'peak_rss_mib': rss, 'peak_anon_mib': anon, 'token_files_mib': mib,
+           'mb_per_second': rate}
+          for mib, rss, anon, rate in ((1.0, 900.0, 600.0, 2.0), (100.0, 1000.0, 610.0, 3.0))]
+  (tmp_path / 'results.json').write_text(json.dumps({'command': 'c', 'rows': rows}))
+  script = ('import json, sys; sys.path.insert(0, "tests"); from helpers import load_experiment; '
+            'm = load_experiment("text_memory"); '
+            'figure = m.figures(json.load(open(sys.argv[1] + "/results.json")))["text_memory"]; '
+            'print(json.dumps([[[list(map(float, l.get_xdata())), list(map(float, l.get_ydata()))]'
+            ' for l in ax.get_lines()] for ax in figure.axes])); '
+            'm.main(["--plot_only", "--results", sys.argv[1]])')
+  done = subprocess.run([sys.executable, '-c', script, str(tmp_path)], cwd=ROOT, check=True,
+                        capture_output=True, text=True,
+                        env={**os.environ, 'PYTHONPATH': str(ROOT)})
+  memory, rate = json.loads(done.stdout.splitlines()[-1])
+  assert memory == [[[1.0, 100.0], [r[key] for r in rows]]
+                    for key in ('peak_rss_mib', 'peak_anon_mib', 'token_files_mib')]
+  assert rate == [[[1.0, 100.0], [2.0, 3.0]]]
+  assert (tmp_path / 'text_memory.png').read_bytes().startswith(b'\x89PNG\r\n\x1a\n')
+
+
+@pytest.mark.parametrize('name', sorted({*FIGURES, 'speech_digits', 'tokenizer_compare'}))
+def test_plot_only_redraws_the_committed_results_into_the_committed_figures(tmp_path, name):
+  """Each results folder holds every figure its script draws from its results.json, and
+  --plot_only draws them again from that file alone."""
+  experiment = load_experiment(name)
+  committed = ROOT / 'experiments' / 'results' / name
+  payload = json.loads((committed / 'results.json').read_text())
+  drawn = sorted(experiment.figures(payload))
+  assert drawn and all((committed / f'{figure}.png').exists() for figure in drawn)
+  assert redrawn(experiment, payload, tmp_path) == drawn
+
+
+@pytest.mark.slow
+def test_tokenizer_compare_quick_mode_trains_each_tokenizer_on_a_text_of_its_own(tmp_path):
+  generator = np.random.default_rng(0)
+  words = ['to', 'be', 'or', 'not', 'that', 'is', 'the', 'question']
+  text = '\n\n'.join(' '.join(generator.choice(words, 30)) for _ in range(3000))
+  (tmp_path / 'text.txt').write_text(text)
+  load_experiment('tokenizer_compare').main(['--quick', '--text', str(tmp_path / 'text.txt'),
+                                             '--workdir', str(tmp_path), '--vocab_sizes', '300'])
+  payload = json.loads((tmp_path / 'results' / 'results.json').read_text())
+  assert [(r['name'], r['status'], r['vocab_size']) for r in payload['runs']] == [
+      ('chars', 'finished', len(set(text))), ('bpe300', 'finished', 300)]
+  assert (tmp_path / 'results' / 'tokenizer_compare.png').stat().st_size > 0

@@ -5,8 +5,10 @@ of config keys; a train.Run is what one of them builds). `values` (one key over 
 (config argument strings) and `named` (named sets of overrides) build axes; `product` crosses
 them, as big_vision's sweeps do. `run_all` trains each run in its own workdir with
 `run.run`: a finished run is read back instead of repeated, one that stopped midway resumes
-from its latest checkpoint. `summary` reads a run's metrics.jsonl, and
-`write_results` writes an experiment's results folder: results.json, README.md and PNG plots.
+from its latest checkpoint. `summary` reads a run's metrics.jsonl (`series` reads a curve of it
+back for a plot), and `write_results` writes an experiment's results folder: results.json,
+README.md and PNG plots. An experiment draws its plots from its results.json's content, so that
+`--plot_only` draws them again from the stored file without training (`redraw`).
 A results README is the generated report followed by its reading, written by hand under
 `READING`: a rerun rewrites the report and keeps the reading, which the figures may then outdate.
 """
@@ -33,14 +35,16 @@ from transformer_jax.train import checkpoint, vmapped
 from transformer_jax.train.metrics import read_metrics
 
 __all__ = [
-    'args', 'config_for', 'CURVE_KEYS', 'DATA_FLAGS', 'finish', 'machine_seconds', 'main',
-    'named', 'override', 'parse_flags', 'product', 'READING', 'run_all', 'SMOKE_NOTE',
-    'smoke_report', 'STATUS_FILE', 'summary', 'SweepRun', 'text_halves', 'train_once', 'values',
-    'write_readme', 'write_results']
+    'args', 'config_for', 'CURVE_KEYS', 'curves', 'DATA_FLAGS', 'figure_markdown', 'finish',
+    'machine_seconds', 'main', 'named', 'override', 'parse_flags', 'product', 'READING', 'redraw',
+    'RESULTS_FILE', 'run_all', 'series', 'SMOKE_NOTE', 'smoke_report', 'STATUS_FILE', 'summary',
+    'SweepRun', 'text_halves', 'train_once', 'values', 'write_figures', 'write_readme',
+    'write_results']
 
 log = logging.getLogger(__name__)
 
 STATUS_FILE = 'sweep.json'
+RESULTS_FILE = 'results.json'
 READING = '## What it shows'  # the heading of a results README's hand-written part
 CURVE_KEYS = ('step', 'loss', 'accuracy', 'grad_norm', 'learning_rate')  # of each training row
 
@@ -203,18 +207,24 @@ def _read_json(path: str):
     return json.load(f)
 
 
-def summary(run_dir: str) -> dict:
-  """A run's status and final metrics, its training and eval curves and its throughput.
+def curves(run_dir: str) -> tuple[list[dict], list[dict]]:
+  """The training rows and the evaluation rows of a run's metrics.jsonl, each by step.
 
   metrics.jsonl is appended to, so a resumed run repeats the steps after its checkpoint: the
-  later row of a step wins. examples_per_sec is the median over the logged windows, leaving out
-  the first (it pays for warm-up) where there are others.
+  later row of a step wins.
   """
   train_rows, eval_rows = {}, {}
   for row in read_metrics(run_dir):
     (eval_rows if 'eval_loss' in row else train_rows)[row['step']] = row
-  train_curve = [train_rows[s] for s in sorted(train_rows)]
-  eval_curve = [eval_rows[s] for s in sorted(eval_rows)]
+  return [train_rows[s] for s in sorted(train_rows)], [eval_rows[s] for s in sorted(eval_rows)]
+
+
+def summary(run_dir: str) -> dict:
+  """A run's status and final metrics, its training and eval curves (`curves`; the training
+  rows' CURVE_KEYS) and its throughput. examples_per_sec is the median over the logged windows,
+  leaving out the first (it pays for warm-up) where there are others.
+  """
+  train_curve, eval_curve = curves(run_dir)
   rates = [row['examples_per_sec'] for row in train_curve if 'examples_per_sec' in row]
   status = _read_json(os.path.join(run_dir, STATUS_FILE))
   last_eval = eval_curve[-1] if eval_curve and status['status'] == 'finished' else {}
@@ -228,6 +238,13 @@ def summary(run_dir: str) -> dict:
       'train_curve': [{k: row[k] for k in CURVE_KEYS if k in row} for row in train_curve],
       'eval_curve': eval_curve,
   }
+
+
+def series(rows: list[dict], key: str, x: str = 'step') -> tuple[list, list]:
+  """(x values, `key` values) of the rows of a curve (a summary's train_curve or eval_curve)
+  that hold `key`: the points of one line of a plot."""
+  held = [row for row in rows if row.get(key) is not None]
+  return [row[x] for row in held], [row[key] for row in held]
 
 
 SMOKE_NOTE = ('A smoke run (--quick): a few steps of tiny models on synthetic data, which checks '
@@ -248,34 +265,64 @@ def smoke_report(title: str, results: list[dict], command: str) -> str:
   return '\n'.join(lines) + '\n'
 
 
+def figure_markdown(name: str, caption: str) -> str:
+  """A results README's lines that show figure <name>.png and say in one line what it shows."""
+  return f'![{name}]({name}.png)\n\n{caption}'
+
+
 def finish(title: str, command: str, results: list[dict], report: Callable[[], str],
-           figures: Mapping[str, Any], results_dir: str, quick: bool, **extra) -> dict:
+           figures: Callable[[dict], Mapping[str, Any]], results_dir: str, quick: bool,
+           **extra) -> dict:
   """An experiment's last step: its README (`report()`, or the smoke report of a --quick run),
-  results.json ({command, runs, **extra}) and figures written to `results_dir`; returns them."""
+  results.json ({command, runs, **extra}) and figures written to `results_dir`; returns them.
+  `figures`: the experiment's function from results.json's content to {name: matplotlib
+  Figure}, given the payload as read back from JSON: the data --plot_only redraws."""
   markdown = smoke_report(title, results, command) if quick else report()
-  write_results(results_dir, {'command': command, 'runs': results, **extra}, markdown, figures,
-                smoke=quick)
-  return {'runs': results, **extra, 'markdown': markdown, 'figures': figures}
+  payload = {'command': command, 'runs': results, **extra}
+  drawn = figures(json.loads(json.dumps(payload)))
+  write_results(results_dir, payload, markdown, drawn, smoke=quick)
+  return {'runs': results, **extra, 'markdown': markdown, 'figures': drawn}
 
 
 def write_results(results_dir, payload: dict, markdown: str, figures: Mapping[str, Any],
                   smoke: bool = False) -> None:
   """results.json (payload), README.md (markdown, followed by the reading of the README it
-  replaces unless `smoke`) and each matplotlib Figure as <name>.png; a smoke run's figures say
-  so across their top."""
+  replaces unless `smoke`) and the figures (write_figures)."""
   results_dir = pathlib.Path(results_dir)
   results_dir.mkdir(parents=True, exist_ok=True)
-  (results_dir / 'results.json').write_text(json.dumps(payload, indent=1) + '\n')
+  (results_dir / RESULTS_FILE).write_text(json.dumps(payload, indent=1) + '\n')
   if smoke:
     (results_dir / 'README.md').write_text(markdown)
   else:
     write_readme(results_dir, markdown)
+  write_figures(results_dir, figures, smoke)
+  log.info('Results in %s', results_dir)
+
+
+def write_figures(results_dir, figures: Mapping[str, Any], smoke: bool = False) -> list:
+  """Each matplotlib Figure as results_dir/<name>.png (a smoke run's saying so across its top);
+  returns the paths."""
+  paths = []
   for name, figure in figures.items():
     if smoke:
       figure.suptitle('Smoke run (--quick): tiny models on synthetic data, no conclusions',
                       color='#b91c1c')
-    figure.savefig(results_dir / f'{name}.png', dpi=120, bbox_inches='tight')
-  log.info('Results in %s', results_dir)
+    paths.append(pathlib.Path(results_dir) / f'{name}.png')
+    figure.savefig(paths[-1], dpi=120, bbox_inches='tight')
+  return paths
+
+
+def redraw(results_dir, figures: Callable[[dict], Mapping[str, Any]],
+           smoke: bool = False) -> list:
+  """--plot_only: the figures of results_dir/results.json drawn again by the experiment's
+  `figures` function, without training; README.md and results.json stay as they are."""
+  path = pathlib.Path(results_dir) / RESULTS_FILE
+  if not path.exists():
+    raise errors.UserError(f'--plot_only draws from {path}, which does not exist: run the '
+                           'experiment first, or point --results at its results folder.')
+  paths = write_figures(results_dir, figures(_read_json(path)), smoke)
+  log.info('Figures drawn from %s: %s', path, ', '.join(p.name for p in paths))
+  return paths
 
 
 def write_readme(results_dir, report: str) -> None:
@@ -323,6 +370,8 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Where the runs (checkpoints, me
                                'Default: /tmp/transformer_jax_experiments/NAME[-quick].')
 _RESULTS = flags.DEFINE_string('results', None, 'The results folder. Default: '
                                'experiments/results/NAME, or WORKDIR/results with --quick.')
+_PLOT_ONLY = flags.DEFINE_bool('plot_only', False, 'Only draw the figures again, from the '
+                                'results folder\'s results.json (nothing trains).')
 _MANUAL_DIR = flags.DEFINE_string('manual_dir', None, 'config.data.manual_dir: local files to '
                                   'prepare the dataset from.')
 _TFDS_DATA_DIR = flags.DEFINE_string('tfds_data_dir', None, 'config.data.tfds_data_dir (outside '
@@ -334,8 +383,8 @@ DATA_FLAGS = {'manual_dir': 'DIR', 'tfds_data_dir': 'TFDS_DIR'}
 
 def parse_flags(name: str, argv=None) -> dict:
   """The flags every experiment script takes, from `argv` (default: the command line): quick,
-  vmap, workdir, results, data (the data-location overrides) and command (the command line as
-  written into the results)."""
+  vmap, plot_only, workdir, results, data (the data-location overrides) and command (the command
+  line as written into the results)."""
   argv = sys.argv[1:] if argv is None else list(argv)
   app.define_help_flags()
   flags.FLAGS.unparse_flags()  # a second parse in one process starts from the defaults
@@ -350,17 +399,23 @@ def parse_flags(name: str, argv=None) -> dict:
     if flag.present:
       words += [f'--{flag.name}', DATA_FLAGS.get(flag.name, flag.value)]
   nice = 'nice -n 19 ' if os.nice(0) >= 19 else ''
-  return {'quick': _QUICK.value, 'vmap': _VMAP.value, 'workdir': workdir, 'results': results,
+  return {'quick': _QUICK.value, 'vmap': _VMAP.value, 'plot_only': _PLOT_ONLY.value,
+          'workdir': workdir, 'results': results,
           'data': {f'data.{flag.name}': flag.value for flag in (_MANUAL_DIR, _TFDS_DATA_DIR)
                    if flag.value},
           'command': f'{nice}python experiments/{name}.py {shlex.join(words)}'.strip()}
 
 
-def main(name: str, run: Callable, argv=None) -> None:
+def main(name: str, run: Callable, argv=None, figures: Callable | None = None) -> None:
   """An experiment script's entry point: its flags, logging, then run(quick, workdir, results,
-  data, command, vmap=vmap)."""
+  data, command, vmap=vmap); with --plot_only, redraw(results, figures) instead."""
   parsed = parse_flags(name, argv)
   run_lib.configure_logging()
   logging.basicConfig(level=logging.INFO, format='%(asctime)s %(message)s')
+  if parsed['plot_only']:
+    if figures is None:
+      raise app.UsageError(f'{name} draws no figures: --plot_only has nothing to draw.')
+    redraw(parsed['results'], figures, smoke=parsed['quick'])
+    return
   run(parsed['quick'], parsed['workdir'], parsed['results'], parsed['data'], parsed['command'],
       vmap=parsed['vmap'])
