@@ -26,5 +26,6 @@ def get_config(arg=None):
                          checkpoint_every=arg.steps)
   if arg.smoke:
     config.training.update(steps=4, log_every=2, eval_every=4, checkpoint_every=4)
+    config.optimizer.warmup_steps = 1
     config.data.update(batch_size=16, eval_batch_size=16, eval_examples=32)
   return config

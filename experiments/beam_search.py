@@ -32,7 +32,8 @@ FULL = {'training.steps': CHECKPOINTS[-1], 'training.checkpoint_every': CHECKPOI
 QUICK = {'model.width': 32, 'model.num_layers': 1, 'model.num_decoder_layers': 1,
          'data.seq_len': 8, 'data.batch_size': 16, 'data.eval_examples': 32,
          'data.exact_match_examples': 32, 'data.eval_batch_size': 16, 'training.steps': 4,
-         'training.checkpoint_every': 2, 'training.eval_every': 4, 'training.log_every': 2}
+         'training.checkpoint_every': 2, 'training.eval_every': 4, 'training.log_every': 2,
+         'optimizer.warmup_steps': 1}
 QUICK_CHECKPOINTS = (2, 4)
 
 

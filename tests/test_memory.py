@@ -98,9 +98,13 @@ def test_the_copies_are_the_fit_of_the_recorded_fit_set(platform):
   assert fit_memory.fit(rows, platform) == memory.ACTIVATION_COPIES[platform]
 
 
-def test_the_plans_state_is_what_each_device_holds(tmp_path):
+@pytest.mark.parametrize('optimizer', ['adamw', 'adafactor'])
+def test_the_plans_state_is_what_each_device_holds(tmp_path, optimizer):
+  """Adafactor's factored moments laid out as their matrices' rows and columns."""
   config = held_out('decoder', '4x2 tp')
   config.training.steps = 1
+  config.optimizer.update(name=optimizer, warmup_steps=1, adafactor_min_dim_size_to_factor=8
+                          if optimizer == 'adafactor' else 128)
   state = train.train(config, str(tmp_path))
   plan = memory.plan(config)
   device = jax.devices()[0]

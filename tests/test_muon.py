@@ -128,7 +128,7 @@ def first_update():
     kernel['kernel'] = spread_matrix(matrix, rng).reshape(kernel['kernel'].shape).astype(
         np.float32)
   muon = one_update(config, params, grads)
-  config.optimizer.name = 'adamw'
+  config.optimizer.update(name='adamw', muon_learning_rate=0.02)
   return config, grads, muon, one_update(config, params, grads)
 
 
@@ -195,7 +195,8 @@ def test_muon_on_weights_sharded_over_8_devices_equals_one_device(tmp_path):
 
 
 @pytest.mark.parametrize('key,value,message', [
-    ('optimizer.name', 'sgd', "optimizer.name='sgd' must be one of ['adamw', 'muon']."),
+    ('optimizer.name', 'lamb', "optimizer.name='lamb' must be one of ['adamw', 'muon', "
+                               "'adafactor', 'sgd']."),
     ('optimizer.muon_learning_rate', 0.0, 'optimizer.muon_learning_rate=0.0 must be a finite '
                                           'number > 0: for example '
                                           '--config.optimizer.muon_learning_rate=0.02.'),
@@ -211,9 +212,9 @@ def test_muons_settings_are_checked_before_anything_is_built(key, value, message
 
 
 def test_make_optimizer_names_the_optimizers_there_are():
-  with pytest.raises(ConfigError, match=r"optimizer.name='sgd' must be one of \['adamw', "
-                                        r"'muon'\]"):
-    optim.make_optimizer(small_config(**{'optimizer.name': 'sgd'}).optimizer, 10)
+  with pytest.raises(ConfigError, match=r"optimizer.name='lamb' must be one of \['adamw', "
+                                        r"'muon', 'adafactor', 'sgd'\]"):
+    optim.make_optimizer(small_config(**{'optimizer.name': 'lamb'}).optimizer, 10)
 
 
 @pytest.mark.slow

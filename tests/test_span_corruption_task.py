@@ -269,14 +269,15 @@ def test_a_task_chosen_for_the_wrong_family_is_refused(text_file):
 
 
 def t5_config(path, steps):
-  """configs/t5_small.py shrunk: 2 + 2 blocks of width 32, its vocabulary the data's BPE."""
+  """configs/t5_small.py shrunk: 2 + 2 blocks of width 32, its vocabulary the data's BPE, its
+  Adafactor at T5's rate of 0.01 from the first step."""
   config = helpers.load_config(helpers.ROOT / 'configs' / 't5_small.py')
   config.model.update(width=32, num_layers=2, num_decoder_layers=2, num_heads=4, d_ff=64,
                       vocab_size=0, max_len=32, dropout_rate=0.0)
   config.data.update(name='text_file', path=path, task='span_corruption', tokenizer='bpe',
                      vocab_size=400, num_sentinels=20, seq_len=32, batch_size=8,
                      eval_batch_size=8, eval_steps=1)
-  config.optimizer.update(learning_rate=3e-3, warmup_steps=2)
+  config.optimizer.update(learning_rate=0.01, warmup_steps=1)
   config.training.update(steps=steps, log_every=1, eval_every=steps, checkpoint_every=1000)
   return config
 

@@ -78,6 +78,35 @@ def test_every_run_of_a_vmapped_sweep_trains_as_it_would_alone(tmp_path):
         'eval_loss'] == pytest.approx(eval_losses(tmp_path / 'sweep' / run.dirname)[6], abs=1e-6)
 
 
+# The originals' optimizers and schedules, two runs of each that differ in traced numbers:
+# Adafactor under T5's inverse square root with a z-loss and a fixed normalizer, SGD under
+# warmup-stable-decay.
+ADAFACTOR = {'optimizer.name': 'adafactor', 'optimizer.schedule': 'rsqrt',
+             'optimizer.weight_decay': 0.0, 'training.z_loss': 1e-3,
+             'training.loss_normalizing_factor': 300.0}
+SGD = {'optimizer.name': 'sgd', 'optimizer.schedule': 'wsd', 'optimizer.learning_rate': 0.3}
+RECIPES = {
+    'adafactor': {
+        'adafactor': {**ADAFACTOR, 'optimizer.learning_rate': 0.1},
+        'adafactor,seed=1,lr,warmup': {**ADAFACTOR, 'seed': 1, 'optimizer.learning_rate': 0.05,
+                                       'optimizer.warmup_steps': 3}},
+    'sgd': {
+        'sgd': {**SGD, 'optimizer.decay_fraction': 0.5},
+        'sgd,seed=1,decay,floor': {**SGD, 'seed': 1, 'optimizer.decay_fraction': 0.25,
+                                   'optimizer.min_lr_ratio': 0.1}},
+}
+
+
+@pytest.mark.parametrize('recipe', ['adafactor', pytest.param('sgd', marks=pytest.mark.slow)])
+def test_the_originals_optimizers_and_schedules_train_vmapped_as_alone(tmp_path, recipe):
+  runs = sweep.named(RECIPES[recipe])
+  make = lambda run: make_config(run, steps=4)
+  assert vmapped.groups([make(r) for r in runs]) == [[0, 1]]
+  results = sweep.run_all(runs, make, str(tmp_path / 'sweep'), vmap=True)
+  assert [(r['status'], r['group_size']) for r in results] == [('finished', 2)] * 2
+  assert_as_alone(tmp_path, runs, tmp_path / 'sweep', steps=4)
+
+
 def stop_after(monkeypatch, calls: int):
   """SIGTERM, as checkpoint.PreemptionFlag sees it, from the `calls`-th step on."""
   seen = []

@@ -19,7 +19,7 @@ def small_config(family='decoder', steps=6, **overrides):
   config = config_lib.base_config(family)
   config.model.update(width=32, num_layers=2, num_heads=4, **TINY_MODELS[family])
   config.data.update(name='synthetic', seq_len=16, batch_size=16, eval_batch_size=16, eval_steps=2)
-  config.optimizer.update(learning_rate=3e-3, warmup_steps=2)
+  config.optimizer.update(learning_rate=3e-3, warmup_steps=min(2, steps))
   config.training.update(steps=steps, log_every=1, eval_every=1000, checkpoint_every=1000)
   for key, value in overrides.items():
     section, _, name = key.rpartition('.')

@@ -125,8 +125,8 @@ def _section(defaults: dict, types: dict) -> ml_collections.ConfigDict:
 
 
 def smoke(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Shrinks a run to seconds: 2 blocks per stack, 3 steps of batch 8, one eval batch (of which
-  an encoder-decoder decodes 8 pairs at most)."""
+  """Shrinks a run to seconds: 2 blocks per stack, 3 steps of batch 8 (a warmup of 1 step at
+  most), one eval batch (of which an encoder-decoder decodes 8 pairs at most)."""
   for key in models.registry.get(config.model.family).depth_keys:
     if config.model[key]:
       config.model[key] = min(config.model[key], 2)
@@ -134,6 +134,7 @@ def smoke(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
                      bleu_examples=min(config.data.bleu_examples, 8),
                      exact_match_examples=min(config.data.exact_match_examples, 8))
   config.training.update(steps=3, log_every=1, eval_every=3, checkpoint_every=3)
+  config.optimizer.warmup_steps = min(config.optimizer.warmup_steps, 1)
   return config
 
 

@@ -74,6 +74,17 @@ class TrainingSettings(Settings):
   steps: int = 1000
   grad_accum_steps: int = 1  # the global batch is split into this many sequential microbatches
   label_smoothing: float = 0.0  # of the training loss, every family (Szegedy et al. 2016)
+  # T5X's auxiliary z-loss (PaLM, Chowdhery et al. 2022, section 5): z_loss * log(Z)^2 per
+  # target position, Z the softmax's normalizer, weighted as the cross-entropy is and added to
+  # the training objective (T5: 1e-4); logged as its own metric 'z_loss', left out of 'loss'.
+  # Of a family whose loss is the cross-entropy of its logits (one with a loss of its own, as
+  # DiT's or CLIP's, refuses it).
+  z_loss: float = 0.0
+  # What the summed loss of a global batch is divided by: None, its total weight (the mean over
+  # its real target tokens, T5X's 'NUM_REAL_TARGET_TOKENS'); a number, that constant (T5X's
+  # loss_normalizing_factor: Mesh TF's T5 divided by batch size x target length, 2048 x 114),
+  # so that every token weighs the same in every batch. The logged loss stays the mean.
+  loss_normalizing_factor: float | None = None
   log_every: int = 50
   eval_every: int = 500
   checkpoint_every: int = 500
@@ -99,7 +110,8 @@ class TrainingSettings(Settings):
       'peak_flops_per_device': Range(0, open_low=True, optional=True, example=1e12),
       'device_memory_gb': Range(0, open_low=True, optional=True, example=16),
       'profile_start': Range(1, integer=True, optional=True, example=10),
-      'profile_steps': COUNT, 'ema_decay': FRACTION,
+      'profile_steps': COUNT, 'ema_decay': FRACTION, 'z_loss': Range(0),
+      'loss_normalizing_factor': Range(0, open_low=True, optional=True, example=233472),
   }
 
   def check(self) -> None:
@@ -131,18 +143,31 @@ class MeshSettings(Settings):
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerSettings(Settings):
-  """The keys of config.optimizer (train.optim.make_optimizer)."""
+  """The keys of config.optimizer (train.optim.make_optimizer). A key of one optimizer (b1, b2,
+  eps: AdamW's and Muon's; muon_*, adafactor_*, sgd_*) or one schedule (min_lr_ratio,
+  decay_fraction) set with another is refused: it would silently do nothing."""
   SECTION = 'optimizer'
   # 'adamw'; 'muon': Muon on the blocks' projection matrices (train.optim.muon_dimension_numbers),
-  # this AdamW on the embeddings, norms, biases and heads.
+  # this AdamW on the embeddings, norms, biases and heads; 'adafactor': T5X's Adafactor (the
+  # adafactor_* keys; train.optim.scale_by_adafactor); 'sgd': SGD with momentum (sgd_*).
   name: str = 'adamw'
+  # The peak rate; of schedule='rsqrt', the constant factor (T5: 1.0, a rate of 0.01 for the
+  # first 10^4 steps).
   learning_rate: float = 1e-3
+  # 'cosine', 'linear', 'wsd' and 'constant' rise linearly over these steps to learning_rate;
+  # 'rsqrt' holds learning_rate / sqrt(warmup_steps) over them. Refused past training.steps.
   warmup_steps: int = 0
-  schedule: str = 'cosine'  # 'cosine' decays to min_lr_ratio * learning_rate; 'constant'
+  # After the warmup: 'cosine' decays to min_lr_ratio * learning_rate at the last step,
+  # 'linear' linearly (BERT, Whisper), 'wsd' holds it and decays to that floor over the last
+  # decay_fraction of training.steps as 1 - sqrt (Hagele et al. 2024); 'constant' holds it;
+  # 'rsqrt': learning_rate / sqrt(max(step, warmup_steps)) (T5, T5X's 'constant * rsqrt_decay').
+  schedule: str = 'cosine'
   min_lr_ratio: float = 0.0
+  decay_fraction: float = 0.2
   b1: float = 0.9
   b2: float = 0.95
   eps: float = 1e-8
+  # Decoupled, times the learning rate (AdamW's, and so for SGD and Adafactor).
   weight_decay: float = 0.1
   # Decay only the matmul kernels by default: norms, biases and embeddings are not decayed.
   decay_norms_and_biases: bool = False
@@ -156,16 +181,77 @@ class OptimizerSettings(Settings):
   muon_nesterov: bool = True
   muon_ns_steps: int = 5
   muon_weight_decay: float = 0.0
+  # Adafactor's (Shazeer & Stern 2018) as T5X's defaults: the second moments' decay
+  # 1 - (step + 1)^-decay_rate, factored into row and column means for a matrix whose sides both
+  # reach min_dim_size_to_factor, epsilon added to the squared gradients, each matrix's update
+  # clipped to an RMS of clipping_threshold (0: not clipped) and, with param_scale, scaled by
+  # the parameter's RMS (at least min_param_scale). No momentum, as T5 trains.
+  adafactor_decay_rate: float = 0.8
+  adafactor_min_dim_size_to_factor: int = 128
+  adafactor_eps: float = 1e-30
+  adafactor_clipping_threshold: float = 1.0
+  adafactor_param_scale: bool = True
+  adafactor_min_param_scale: float = 1e-3
+  # SGD's momentum (PyTorch's and optax.trace's: buffer = momentum * buffer + gradient) and
+  # whether it is Nesterov's.
+  sgd_momentum: float = 0.9
+  sgd_nesterov: bool = False
 
   RANGES = {
       'learning_rate': Range(0, open_low=True), 'warmup_steps': Range(0, integer=True),
-      'min_lr_ratio': Range(0, 1), 'b1': FRACTION, 'b2': FRACTION,
+      'min_lr_ratio': Range(0, 1), 'decay_fraction': Range(0, 1), 'b1': FRACTION,
+      'b2': FRACTION,
       'eps': Range(0, open_low=True),  # 0 divides 0 by 0 for a never-used embedding row
       'weight_decay': Range(0), 'grad_clip_norm': Range(0),
       'muon_learning_rate': Range(0, open_low=True), 'muon_momentum': FRACTION,
       'muon_ns_steps': COUNT, 'muon_weight_decay': Range(0),
+      'adafactor_decay_rate': Range(0, open_low=True), 'adafactor_min_dim_size_to_factor': COUNT,
+      'adafactor_eps': Range(0, open_low=True), 'adafactor_clipping_threshold': Range(0),
+      'adafactor_min_param_scale': Range(0, open_low=True), 'sgd_momentum': FRACTION,
   }
-  CHOICES = {'name': ('adamw', 'muon'), 'schedule': ('cosine', 'constant')}
+  CHOICES = {'name': ('adamw', 'muon', 'adafactor', 'sgd'),
+             'schedule': ('cosine', 'linear', 'wsd', 'constant', 'rsqrt')}
+  # The optimizers and schedules that read a key of their own; every other key is shared.
+  OPTIMIZER_KEYS: typing.ClassVar[dict[str, tuple[str, ...]]] = {
+      'b1': ('adamw', 'muon'), 'b2': ('adamw', 'muon'), 'eps': ('adamw', 'muon'),
+      'muon_': ('muon',), 'adafactor_': ('adafactor',), 'sgd_': ('sgd',)}
+  SCHEDULE_KEYS: typing.ClassVar[dict[str, tuple[str, ...]]] = {
+      'min_lr_ratio': ('cosine', 'linear', 'wsd'), 'decay_fraction': ('wsd',)}
+
+  def check(self) -> None:
+    super().check()
+    defaults = self.defaults()
+    for setting, readers, owners in (('name', self.OPTIMIZER_KEYS, self.name),
+                                     ('schedule', self.SCHEDULE_KEYS, self.schedule)):
+      for key, default in defaults.items():
+        users = next((u for prefix, u in readers.items() if key.startswith(prefix)), None)
+        if users and owners not in users and getattr(self, key) != default:
+          raise ConfigError(f'optimizer.{key}={getattr(self, key)!r} is read by optimizer.'
+                            f'{setting}={" or ".join(map(repr, users))}, not by {owners!r}: '
+                            f'leave it at {default!r}, or set --config.optimizer.{setting}='
+                            f'{users[0]}.')
+    if self.schedule == 'rsqrt' and self.warmup_steps == 0:
+      raise ConfigError("optimizer.schedule='rsqrt' is learning_rate / sqrt(max(step, "
+                        'warmup_steps)), infinite at step 0 with optimizer.warmup_steps=0: for '
+                        "example --config.optimizer.warmup_steps=10000 (T5's).")
+
+  def check_steps(self, steps: int) -> None:
+    """Refuses a schedule that does not fit in a run of `steps` (training.steps): a warmup past
+    its end, or a warmup and a 'wsd' decay that overlap. Traced numbers (a vmapped sweep's) were
+    checked in each run's own settings, and are passed over."""
+    warmup = self.warmup_steps
+    if not isinstance(warmup, int):
+      return
+    if warmup > steps:
+      raise ConfigError(f'optimizer.warmup_steps={warmup} is past the end of the run '
+                        f'(training.steps={steps}), whose schedule would never leave its warmup: '
+                        f'for example --config.optimizer.warmup_steps={steps // 10}.')
+    if self.schedule == 'wsd' and isinstance(self.decay_fraction, (int, float)):
+      decay = self.decay_fraction * steps
+      if warmup + decay > steps:
+        raise ConfigError(f'optimizer.warmup_steps={warmup} and the decay over the last '
+                          f'optimizer.decay_fraction={self.decay_fraction} of training.steps='
+                          f'{steps} ({decay:g} steps) overlap: shorten one of them.')
 
   def with_traced(self, **numbers) -> 'OptimizerSettings':
     """A copy holding traced numbers in place of these (a vmapped sweep's runs'), unchecked:

@@ -1,7 +1,8 @@
 """A family's forward pass on a batch, and the summed (not averaged) loss terms.
 
-Sums, not means, so that microbatches, devices and processes combine exactly: the loss is the
-sum of per-position losses over the whole global batch divided by its total weight.
+Sums, not means, so that microbatches, devices and processes combine exactly: the training
+objective is the sum of per-position losses over the whole global batch divided by its total
+weight, or by a fixed factor (training.loss_normalizing_factor; train.step).
 """
 import functools
 
@@ -10,7 +11,8 @@ import jax.numpy as jnp
 
 from transformer_jax.models.registry import Family
 
-__all__ = ['batch_sums', 'cross_entropy', 'logits_targets_weights', 'loss_sums', 'mixed_targets']
+__all__ = ['batch_sums', 'cross_entropy', 'cross_entropy_and_log_z', 'logits_targets_weights',
+           'loss_sums', 'mixed_targets', 'objective']
 
 
 def logits_targets_weights(model, family: Family, params, batch, *, deterministic=True,
@@ -22,10 +24,11 @@ def logits_targets_weights(model, family: Family, params, batch, *, deterministi
 
 
 def batch_sums(model, family: Family, params, batch, rng, *, deterministic=True,
-               label_smoothing: float = 0.0, top5: bool = False) -> dict[str, jax.Array]:
+               label_smoothing: float = 0.0, z_loss: float = 0.0,
+               top5: bool = False) -> dict[str, jax.Array]:
   """The summed loss terms of a batch for any family: its own `loss` where it registers one
-  (given fold_in(rng, 1) for its noise), else loss_sums of its logits (with the batch's mixing);
-  rng also draws the dropout masks."""
+  (given fold_in(rng, 1) for its noise), else loss_sums of its logits (with the batch's mixing
+  and the z-loss); rng also draws the dropout masks."""
   rngs = {'dropout': rng}
   if family.loss is not None:
     apply = lambda *args, **kw: model.apply({'params': params}, *args,
@@ -33,7 +36,14 @@ def batch_sums(model, family: Family, params, batch, rng, *, deterministic=True,
     return family.loss(apply, batch, jax.random.fold_in(rng, 1), label_smoothing)
   out = logits_targets_weights(model, family, params, batch, deterministic=deterministic,
                                rngs=rngs)
-  return loss_sums(*out, label_smoothing=label_smoothing, mix=mixed_targets(batch), top5=top5)
+  return loss_sums(*out, label_smoothing=label_smoothing, mix=mixed_targets(batch), top5=top5,
+                   z_loss=z_loss)
+
+
+def objective(sums: dict[str, jax.Array]) -> jax.Array:
+  """The summed training objective of a batch's loss terms: the loss, plus the z-loss where
+  there is one."""
+  return sums['loss'] + sums['z_loss'] if 'z_loss' in sums else sums['loss']
 
 
 def mixed_targets(batch: dict):
@@ -45,28 +55,39 @@ def mixed_targets(batch: dict):
 
 
 def loss_sums(logits, targets, weights, label_smoothing: float = 0.0, mix=None,
-              top5: bool = False) -> dict[str, jax.Array]:
+              top5: bool = False, z_loss: float = 0.0) -> dict[str, jax.Array]:
   """Weighted sums of the cross-entropy (float32, `cross_entropy`) and of correct argmax
   predictions ('correct'; with top5 also 'correct_top5', the targets among the five highest
-  logits). 'correct' counts `targets`, also in mixed rows."""
-  nll = cross_entropy(logits, targets, label_smoothing, mix)
+  logits); with `z_loss` > 0, of z_loss * log(Z)^2 ('z_loss', T5X's and PaLM's, Z the
+  softmax's normalizer). 'correct' counts `targets`, also in mixed rows."""
+  nll, log_z = cross_entropy_and_log_z(logits, targets, label_smoothing, mix)
   sums = {'loss': jnp.sum(nll * weights), 'weight': jnp.sum(weights),
           'correct': jnp.sum((jnp.argmax(logits, axis=-1) == targets) * weights)}
+  if z_loss:
+    sums['z_loss'] = jnp.sum(z_loss * jnp.square(log_z) * weights)
   if top5:
     _, best = jax.lax.top_k(logits, min(5, logits.shape[-1]))
     sums['correct_top5'] = jnp.sum((best == targets[..., None]).any(axis=-1) * weights)
   return sums
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def cross_entropy(logits, targets, label_smoothing: float = 0.0, mix=None) -> jax.Array:
   """Per position, the float32 cross-entropy of `logits` (..., V) against a target distribution:
   one-hot `targets`; with `mix` = (partner targets, lam) of mixed rows (mixed_targets), lam on
   `targets` and 1 - lam on the partner's; smoothed by label_smoothing (that much spread evenly).
+  """
+  return cross_entropy_and_log_z(logits, targets, label_smoothing, mix)[0]
 
-  Its gradient, softmax(logits) - the target distribution, is computed from the logits and their
-  logsumexp alone: the backward pass keeps nothing else of size V, where autodiff of
-  log_softmax left XLA:TPU and XLA:GPU a second float32 copy of the logits at the step's peak.
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def cross_entropy_and_log_z(logits, targets, label_smoothing: float = 0.0, mix=None):
+  """(cross_entropy, log Z) per position, log Z = logsumexp(logits) in float32 (what a z-loss
+  penalises).
+
+  Their gradients, softmax(logits) - the target distribution and softmax(logits), are computed
+  from the logits and their logsumexp alone: the backward pass keeps nothing else of size V,
+  where autodiff of log_softmax left XLA:TPU and XLA:GPU a second float32 copy of the logits at
+  the step's peak.
   """
   return _cross_entropy_forward(logits, targets, label_smoothing, mix)[0]
 
@@ -81,10 +102,11 @@ def _cross_entropy_forward(logits, targets, label_smoothing, mix):
     nll = lam * nll + (1.0 - lam) * pick(partner)
   if label_smoothing:
     nll = (1.0 - label_smoothing) * nll + label_smoothing * (logsumexp - full.mean(axis=-1))
-  return nll, (logits, logsumexp, targets, mix)
+  return (nll, logsumexp), (logits, logsumexp, targets, mix)
 
 
-def _cross_entropy_backward(label_smoothing, residuals, grad_nll):
+def _cross_entropy_backward(label_smoothing, residuals, grads):
+  grad_nll, grad_log_z = grads
   logits, logsumexp, targets, mix = residuals
   ids = jnp.arange(logits.shape[-1]).reshape((1,) * targets.ndim + (-1,))
   own = (1.0 - label_smoothing) * grad_nll  # the weight of the one-hot targets
@@ -96,8 +118,9 @@ def _cross_entropy_backward(label_smoothing, residuals, grad_nll):
               + (own * (1.0 - lam))[..., None] * (ids == partner[..., None]))
   softmax = jnp.exp(logits.astype(jnp.float32) - logsumexp[..., None])
   spread = label_smoothing / logits.shape[-1]  # the smoothing's share of every class
-  grad = (softmax - spread) * grad_nll[..., None] - target
+  # d nll / d logits = softmax - the target distribution; d log Z / d logits = softmax.
+  grad = softmax * (grad_nll + grad_log_z)[..., None] - spread * grad_nll[..., None] - target
   return grad.astype(logits.dtype), None, None
 
 
-cross_entropy.defvjp(_cross_entropy_forward, _cross_entropy_backward)
+cross_entropy_and_log_z.defvjp(_cross_entropy_forward, _cross_entropy_backward)

@@ -85,6 +85,12 @@ def resolve(config: 'ml_collections.ConfigDict | RunSettings',
   _check_lengths(family, cfg, data)
   training = TrainingSettings.of(config.training)
   _check_whole_batch(family, config.parallelism, training)
+  if training.z_loss and family.loss is not None:
+    raise ConfigError(f'training.z_loss={training.z_loss} penalises the log-normalizer of a '
+                      f"cross-entropy over logits, and a {family.name!r} model's loss is its "
+                      'own: set --config.training.z_loss=0.')
+  optimizer = OptimizerSettings.of(config.optimizer)
+  optimizer.check_steps(training.steps)
   if config.init_from_hf and config.init_from_checkpoint:
     raise ConfigError('Set one of init_from_hf and init_from_checkpoint, not both: a run starts '
                       'from one set of parameters.')
@@ -92,7 +98,7 @@ def resolve(config: 'ml_collections.ConfigDict | RunSettings',
   return RunSettings(
       config=config, platform=platform, model=cfg, kernel=kernel, dtype_reason=dtype_reason,
       data=data, training=training,
-      optimizer=OptimizerSettings.of(config.optimizer), mesh=mesh,
+      optimizer=optimizer, mesh=mesh,
       lora=lora.LoraSettings.of(config.lora), eval=_eval_settings(family, cfg, config.eval, sample),
       sample=sample,
       seed=config.seed,

@@ -1,7 +1,8 @@
 """The train and eval steps: one jitted with shardings (GSPMD), one with jax.shard_map.
 
 Both compute the same thing: gradients of (sum of per-position losses over the global batch) /
-(its total weight), accumulated over `grad_accum_steps` microbatches, then one optax update.
+(its total weight, or training.loss_normalizing_factor), accumulated over `grad_accum_steps`
+microbatches, then one optax update.
 """
 import dataclasses
 import functools
@@ -55,6 +56,8 @@ class StepSettings:
   parallelism: str = 'jit'  # 'jit' (GSPMD) or 'shard_map' (per device, explicit pmean)
   rules: tuple = ()  # logical axis -> mesh axis, for the activations (sharding.rules_of)
   ema_decay: float = 0.0  # of the state's ema after each update (a state without one: unused)
+  z_loss: float = 0.0  # of the cross-entropy's log(Z)^2, added to the objective
+  loss_normalizing_factor: float | None = None  # None: the global batch's total weight
 
   @classmethod
   def of(cls, settings) -> 'StepSettings':
@@ -63,7 +66,14 @@ class StepSettings:
     return cls(seed=settings.seed, grad_accum_steps=training.grad_accum_steps,
                label_smoothing=training.label_smoothing,
                dropout=any(rate > 0 for rate in settings.model.dropout_rates.values()),
-               parallelism=settings.parallelism, rules=settings.rules, ema_decay=training.ema_decay)
+               parallelism=settings.parallelism, rules=settings.rules, ema_decay=training.ema_decay,
+               z_loss=training.z_loss, loss_normalizing_factor=training.loss_normalizing_factor)
+
+  def normalizer(self, family: Family, batch) -> jax.Array:
+    """What the summed objective of `batch` (the global batch) is divided by."""
+    if self.loss_normalizing_factor is not None:
+      return jnp.float32(self.loss_normalizing_factor)
+    return jnp.sum(family.weights(batch))
 
 
 def _microbatches(batch, num: int):
@@ -73,13 +83,13 @@ def _microbatches(batch, num: int):
 
 
 def _grads_and_sums(model, family, settings, state, params, batch, rng, total_weight):
-  """Gradient with respect to the trained `params` of sum(loss) / total_weight over the batch,
-  and the summed metrics."""
+  """Gradient with respect to the trained `params` of the summed objective (losses.objective)
+  over the batch / total_weight, and the summed metrics."""
   def loss_fn(p, micro, micro_rng):
     sums = losses.batch_sums(model, family, state.model_params(p), micro, micro_rng,
                              deterministic=not settings.dropout,
-                             label_smoothing=settings.label_smoothing)
-    return sums['loss'] / total_weight, sums
+                             label_smoothing=settings.label_smoothing, z_loss=settings.z_loss)
+    return losses.objective(sums) / total_weight, sums
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   accum = settings.grad_accum_steps
@@ -118,7 +128,7 @@ def _jit_step(model, family, settings, mesh, tx, schedule, rng_root, state, batc
   """One step of the whole batch under jit's shardings: the dropout key of step t is
   fold_in(rng_root, t)."""
   rng = jax.random.fold_in(rng_root, state.step)
-  total = jnp.sum(family.weights(batch))
+  total = settings.normalizer(family, batch)
   with sharding.activation_rules(mesh, settings.rules):
     grads, sums = _grads_and_sums(model, family, settings, state, state.params, batch, rng, total)
   return _apply_update(tx, schedule, state, grads, sums, settings.ema_decay,
@@ -209,9 +219,13 @@ def _shard_map_step(model, family, tx, schedule, settings, mesh, state_sharding,
   def local_step(state, batch):
     rng = jax.random.fold_in(jax.random.fold_in(rng_root, state.step),
                              jax.lax.axis_index(DATA_AXIS))
-    # Each device divides its sum by the mean weight per device, so that the pmean of the local
-    # gradients is the gradient of the global sum over the global weight.
-    mean_total = jax.lax.pmean(jnp.sum(family.weights(batch)), DATA_AXIS)
+    # Each device divides its sum by the normalizer's share per device (the mean weight per
+    # device, or the fixed factor over the devices), so that the pmean of the local gradients is
+    # the gradient of the global sum over the global normalizer.
+    if settings.loss_normalizing_factor is None:
+      mean_total = jax.lax.pmean(jnp.sum(family.weights(batch)), DATA_AXIS)
+    else:
+      mean_total = jnp.float32(settings.loss_normalizing_factor) / jax.lax.axis_size(DATA_AXIS)
     # Marked as varying across devices, the parameters get per-device gradients (otherwise
     # shard_map's autodiff would already sum them); the pmean below is then the only reduction.
     local_params = jax.lax.pcast(state.params, DATA_AXIS, to='varying')

@@ -37,8 +37,11 @@ __all__ = ['groups', 'lowered_step', 'train_group', 'VMAPPED_KEYS']
 log = logging.getLogger(__name__)
 
 # The optimizer's numbers each run traces its own value of.
+# Every optimizer and schedule takes them traced (the schedules are written with jnp); the name,
+# the schedule and the keys of Adafactor and SGD are the program's.
 _OPTIMIZER_NUMBERS = ('learning_rate', 'muon_learning_rate', 'weight_decay', 'muon_weight_decay',
-                      'warmup_steps', 'min_lr_ratio', 'b1', 'b2', 'grad_clip_norm')
+                      'warmup_steps', 'min_lr_ratio', 'decay_fraction', 'b1', 'b2',
+                      'grad_clip_norm')
 # Numbers that differ between runs of one group: the optimizer's and the dropout rate (traced),
 # the seed (each run's initialization, data order and dropout key) and the initialization scales
 # (each run is initialized alone). Whether a number is set still matters: a gradient clip of 0
