@@ -2,6 +2,7 @@
 run with an EMA, --mode=sample, and the settings it refuses."""
 import pathlib
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -53,6 +54,58 @@ def test_the_formulas_equal_the_initialized_tree():
   for cfg in (tiny(), tiny(learn_sigma=False, scan_layers=True)):
     params = models.init_params(cfg, jax.random.key(0))
     assert dit.param_counts(cfg) == accounting.count_params(params)
+
+
+def dit_initialization(path: str, shape: tuple, cfg) -> tuple[str, float]:
+  """(distribution, parameter) of each tensor as facebookresearch/DiT's models.py
+  initialize_weights draws it, written from that code: every nn.Linear xavier_uniform_ with zero
+  bias (timm's attention: one qkv Linear(D, 3D) and proj Linear(D, D); the MLP's Linear(D, 4D)
+  and Linear(4D, D)); the patch Conv2d's weight viewed as (D, C*P*P), xavier_uniform_, its bias
+  PyTorch's Conv2d default U(+-1/sqrt(C*P*P)); the class table and the timestep MLP's weights
+  normal(0.02); adaLN modulation and the final layer zero. Xavier-uniform over (fan_in, fan_out)
+  is U(+-sqrt(6 / (fan_in + fan_out)))."""
+  d, p, c = cfg.width, cfg.patch_size, cfg.num_channels
+  xavier = lambda fan_in, fan_out: ('uniform', np.sqrt(6 / (fan_in + fan_out)))
+  if path.endswith('bias') and not path.startswith('patch_embed'):
+    return 'zero', 0.0
+  if 'modulation' in path or path.startswith('head'):
+    return 'zero', 0.0
+  if path.startswith('t_embed') or path.startswith('y_embed'):
+    return 'normal', 0.02
+  if path == 'patch_embed/conv/kernel':
+    return xavier(c * p * p, d)
+  if path == 'patch_embed/conv/bias':
+    return 'uniform', 1 / np.sqrt(c * p * p)
+  layer = path.split('/')[-2]
+  return {'query': xavier(d, 3 * d), 'key': xavier(d, 3 * d), 'value': xavier(d, 3 * d),
+          'out': xavier(d, d), 'up': xavier(d, 4 * d), 'down': xavier(4 * d, d)}[layer]
+
+
+def test_each_tensor_starts_as_dits_initialize_weights():
+  """Every parameter but the fixed positions against dit_initialization: uniform ones within
+  their bound and with its standard deviation bound / sqrt(3), normal ones with theirs (within
+  5 standard errors of the estimate), zero ones zero. For DiT-XL/2 the patch matrix's std is
+  sqrt(2 / (16 + 1152)) = 0.041 (LeCun normal's was 1 / sqrt(16) = 0.25)."""
+  cfg = tiny(width=64, num_heads=4, patch_size=2, num_channels=4, num_classes=10)
+  params = jax.device_get(jax.jit(lambda rng: models.init_params(cfg, rng))(jax.random.key(0)))
+  flat = flax.traverse_util.flatten_dict(params, sep='/')
+  checked = set()
+  for path, value in flat.items():
+    if path == 'pos_embed':
+      continue
+    kind, scale = dit_initialization(path, value.shape, cfg)
+    value = np.asarray(value, np.float64)
+    if kind == 'zero':
+      assert not value.any(), path
+    elif kind == 'uniform':
+      assert np.abs(value).max() <= scale * (1 + 1e-6) and np.abs(value).max() > 0.8 * scale, path
+      error = 5 * np.sqrt(0.2 / value.size)  # the relative error of a uniform's std estimate
+      assert value.std() == pytest.approx(scale / np.sqrt(3), rel=error), path
+    else:
+      assert value.std() == pytest.approx(scale, rel=5 * np.sqrt(0.5 / value.size)), path
+    checked.add(path)
+  assert len(checked) == 2 * 16 + 11  # 16 tensors a block; patches, conditioning, head
+  assert np.sqrt(2 / (16 + 1152)) == pytest.approx(0.0414, abs=1e-4)
 
 
 def test_the_position_table_is_dits_2d_sincos():

@@ -64,7 +64,11 @@ class DiTConfig(ModelConfig):
   norm_eps: float = 1e-6
   mlp: str = 'gelu_tanh'
   positions: str = 'sinusoidal'
-  init_std: float | None = None  # LeCun normal (DiT: Xavier uniform)
+  # DiT's initialize_weights: the blocks' kernels and the patch matrix Xavier-uniform (the
+  # patch bias PyTorch's Conv2d default), the timestep MLP and class table N(0, 0.02), adaLN
+  # and the head zero. 'normal' draws the blocks and patches LeCun-normal (init_std None).
+  init: str = 'xavier_uniform'
+  init_std: float | None = None
 
   RANGES: ClassVar = {**ModelConfig.RANGES, 'image_size': COUNT, 'patch_size': COUNT,
                       'num_channels': COUNT, 'num_classes': Range(0, integer=True, example=10),
@@ -129,7 +133,10 @@ class DiT(nn.Module):
   @nn.compact
   def __call__(self, images, timesteps, labels, *, deterministic=True):
     cfg, dtypes = self.cfg, dict(dtype=self.cfg.compute_dtype, param_dtype=self.cfg.weight_dtype)
-    x = PatchEmbed(cfg.patch_size, cfg.width, name='patch_embed', **dtypes)(images)
+    dits_init = cfg.init == 'xavier_uniform'
+    x = PatchEmbed(cfg.patch_size, cfg.width, initializer=cfg.init,
+                   bias_init='fan_in_uniform' if dits_init else 'zeros', name='patch_embed',
+                   **dtypes)(images)
     grid = cfg.image_size // cfg.patch_size
     # A parameter, as DiT counts it, but never trained: no gradient reaches it.
     positions = self.param('pos_embed', nn.with_logical_partitioning(
