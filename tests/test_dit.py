@@ -1,5 +1,7 @@
-"""The DiT family: DiT-XL/2's parameter count, its 2-D positions, its loss, training through the
-run with an EMA, --mode=sample, and the settings it refuses."""
+"""The DiT family: DiT-XL/2's parameter count, its 2-D positions, its initialization, its loss
+and its guidance against DiT's code written out here, labels dropped in training only, training
+through the run with an EMA, --mode=sample, and the settings it refuses."""
+import functools
 import pathlib
 
 import flax
@@ -133,6 +135,156 @@ def test_a_new_dit_predicts_zero_and_its_loss_is_the_noise_variance():
   assert sums['weight'] == 4
   np.testing.assert_allclose(sums['mse'], jnp.sum(jnp.mean(noise ** 2, axis=(1, 2, 3))),
                              rtol=1e-5)
+
+
+def dits_training_losses(x_0, t, noise, model_output):
+  """DiT's diffusion/gaussian_diffusion.py training_losses for its default diffusion (the linear
+  schedule of 1,000 steps, epsilon prediction, LEARNED_RANGE variance, LossType.MSE), written
+  out in float64 NumPy on channels-last arrays: mse = mean((noise - eps)^2); vb = _vb_terms_bpd
+  of the output with eps detached and clip_denoised=False: KL(q(x_{t-1} | x_t, x_0) ||
+  p(x_{t-1} | x_t)) in bits per dimension, at t = 0 the decoder's negative discretized
+  log-likelihood (the tanh approximation of Phi); loss = mse + vb, per example."""
+  betas = np.linspace(1e-4, 0.02, 1000, dtype=np.float64)
+  acp = np.cumprod(1 - betas)
+  acp_prev = np.append(1.0, acp[:-1])
+  post_var = betas * (1 - acp_prev) / (1 - acp)
+  post_log_var = np.log(np.append(post_var[1], post_var[1:]))
+  coef1 = betas * np.sqrt(acp_prev) / (1 - acp)
+  coef2 = (1 - acp_prev) * np.sqrt(1 - betas) / (1 - acp)
+  at = lambda a: a[t][:, None, None, None]
+  x_t = np.sqrt(at(acp)) * x_0 + np.sqrt(1 - at(acp)) * noise
+  c = x_0.shape[-1]
+  eps, v = model_output[..., :c], model_output[..., c:]
+  axes = (1, 2, 3)
+  mse = ((noise - eps) ** 2).mean(axis=axes)
+  frac = (v + 1) / 2
+  log_var = frac * np.log(at(betas)) + (1 - frac) * at(post_log_var)
+  pred_x0 = np.sqrt(1 / at(acp)) * x_t - np.sqrt(1 / at(acp) - 1) * eps
+  mean = at(coef1) * pred_x0 + at(coef2) * x_t
+  true_mean = at(coef1) * x_0 + at(coef2) * x_t
+  true_log_var = at(post_log_var)
+  kl = 0.5 * (-1 + log_var - true_log_var + np.exp(true_log_var - log_var)
+              + (true_mean - mean) ** 2 * np.exp(-log_var))
+  phi = lambda x: 0.5 * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+  inv_std = np.exp(-0.5 * log_var)
+  cdf_plus = phi(inv_std * (x_0 - mean + 1 / 255))
+  cdf_min = phi(inv_std * (x_0 - mean - 1 / 255))
+  log_prob = np.where(x_0 < -0.999, np.log(np.maximum(cdf_plus, 1e-12)),
+                      np.where(x_0 > 0.999, np.log(np.maximum(1 - cdf_min, 1e-12)),
+                               np.log(np.maximum(cdf_plus - cdf_min, 1e-12))))
+  vb = np.where(t == 0, -log_prob.mean(axis=axes), kl.mean(axis=axes)) / np.log(2)
+  return x_t, {'mse': mse, 'vb': vb, 'loss': mse + vb}
+
+
+@functools.cache
+def perturbed():
+  """tiny()'s initial parameters plus N(0, 0.1) everywhere, so that adaLN, the head and the
+  labels all act (the same tree for any class_dropout)."""
+  def draw(rng):
+    leaves, tree = jax.tree.flatten(models.init_params(tiny(), rng))
+    keys = jax.random.split(jax.random.fold_in(rng, 1), len(leaves))
+    return jax.tree.unflatten(tree, [leaf + 0.1 * jax.random.normal(key, leaf.shape)
+                                     for leaf, key in zip(leaves, keys)])
+  return jax.jit(draw)(jax.random.key(0))
+
+
+def test_the_loss_at_fixed_draws_is_dits_training_losses():
+  """diffusion_terms at fixed (image, t, noise, label) against dits_training_losses of the
+  model's own output at that x_t, t = 0 (the decoder term) included; and the stop-gradient: the
+  bound moves only the head's variance columns, the MSE only its noise columns."""
+  cfg = tiny()
+  model = models.build(cfg)
+  params = perturbed()
+  x_0 = np.asarray(jax.random.randint(jax.random.key(3), (4, 8, 8, 3), 0, 256), np.float64)
+  x_0 = x_0 / 127.5 - 1
+  noise = np.asarray(jax.random.normal(jax.random.key(4), x_0.shape), np.float64)
+  t, labels = np.array([0, 1, 400, 999]), jnp.array([0, 1, 2, 3])  # 3: the null class
+  x_t = dits_training_losses(x_0, t, noise, np.zeros(x_0.shape[:3] + (6,)))[0]
+  output = np.asarray(jax.jit(model.apply)({'params': params}, jnp.asarray(x_t, jnp.float32),
+                                           jnp.asarray(t), labels), np.float64)
+  want = dits_training_losses(x_0, t, noise, output)[1]
+  terms = lambda params: model.apply({'params': params}, jnp.asarray(x_0, jnp.float32),
+                                     labels, jnp.asarray(t), jnp.asarray(noise, jnp.float32),
+                                     method='diffusion_terms')
+  got = jax.jit(terms)(params)
+  assert float(np.min(want['vb'])) > 1e-3  # the bound is not trivially zero
+  for name in ('mse', 'vb', 'loss'):
+    np.testing.assert_allclose(got[name], want[name], rtol=2e-4, err_msg=name)
+  sums = lambda p: jnp.stack([terms(p)['vb'].sum(), terms(p)['mse'].sum()])
+  grads = jax.jit(jax.jacrev(sums))(params)['head']['kernel']
+  # The head's columns are (row, column, channel) of a patch, channels eps then variance.
+  vb_grad, mse_grad = np.asarray(grads).reshape(2, cfg.width, 4, 4, 6)
+  assert not vb_grad[..., :3].any() and np.abs(vb_grad[..., 3:]).max() > 0
+  assert not mse_grad[..., 3:].any() and np.abs(mse_grad[..., :3]).max() > 0
+
+
+def test_labels_are_dropped_in_training_only():
+  """A training step (deterministic=False, as a DiT with class_dropout trains) drops labels to
+  the null class at class_dropout (here the draw of diffusion_losses's third key drops three of
+  four); evaluation (the eval step's batch_sums) scores the true ones, as DiT's LabelEmbedder
+  drops only in train mode."""
+  cfg = tiny(class_dropout=0.5)
+  assert cfg.drops_in_training and not tiny(class_dropout=0.0).drops_in_training
+  model = models.build(cfg)
+  params = perturbed()
+  images = jax.random.uniform(jax.random.key(1), (4, 8, 8, 3), minval=-1, maxval=1)
+  labels = jnp.array([0, 1, 2, 0])
+
+  def loss_at_draws(rng, labels):  # diffusion_terms at diffusion_losses's draws of t and noise
+    t_rng, noise_rng, _ = jax.random.split(rng, 3)
+    return model.apply({'params': params}, images, labels,
+                       jax.random.randint(t_rng, (4,), 0, 1000),
+                       jax.random.normal(noise_rng, images.shape),
+                       method='diffusion_terms')['loss'].sum()
+
+  rng = jax.random.key(2)
+  dropped = jax.random.bernoulli(jax.random.split(rng, 3)[2], 0.5, (4,))
+  assert dropped.sum() == 3
+  true, partly_null = loss_at_draws(rng, labels), loss_at_draws(rng, jnp.where(dropped, 3, labels))
+  assert abs(true - partly_null) > 1e-4 * abs(true)  # the labels matter to this model
+  trained = model.apply({'params': params}, images, labels, rng, deterministic=False,
+                        method='diffusion_losses')
+  held_out = model.apply({'params': params}, images, labels, rng, method='diffusion_losses')
+  np.testing.assert_allclose(trained['loss'], partly_null, rtol=1e-6)
+  np.testing.assert_allclose(held_out['loss'], true, rtol=1e-6)
+  # The eval step's loss (its family loss given fold_in(key, 1)) is the true labels'.
+  evaluated = train.losses.batch_sums(model, models.registry.get('dit'), params,
+                                      {'image': images, 'label': labels}, jax.random.key(5))
+  np.testing.assert_allclose(evaluated['loss'],
+                             loss_at_draws(jax.random.fold_in(jax.random.key(5), 1), labels),
+                             rtol=1e-6)
+
+
+def test_guidance_is_dits_forward_with_cfg():
+  """dit.generate's guided model function against DiT's forward_with_cfg written out in NumPy on
+  NCHW arrays: the batch doubled (labels, then the null class), the first three channels
+  guided, uncond + s (cond - uncond), the rest (with learned sigma, the variance) the
+  conditional half's. A pixel DiT has three noise channels, so DiT's default of guiding three
+  channels (for reproducibility, its comment says) guides all of them, as ours does."""
+  cfg = tiny()
+  model = models.build(cfg)
+  params = perturbed()
+  nchw = lambda x: np.transpose(np.asarray(x, np.float64), (0, 3, 1, 2))
+  forward = lambda x, t, y: nchw(model.apply({'params': params},
+                                             jnp.asarray(np.transpose(x, (0, 2, 3, 1)),
+                                                         jnp.float32), t, y))
+
+  def forward_with_cfg(x, t, y, cfg_scale):
+    half = x[:len(x) // 2]
+    model_out = forward(np.concatenate([half, half]), t, y)
+    eps, rest = model_out[:, :3], model_out[:, 3:]
+    cond_eps, uncond_eps = np.split(eps, 2)
+    half_eps = uncond_eps + cfg_scale * (cond_eps - uncond_eps)
+    return np.concatenate([np.concatenate([half_eps, half_eps]), rest], axis=1)
+
+  x = jax.random.normal(jax.random.key(6), (2, 8, 8, 3))
+  t, labels = jnp.array([500, 500]), jnp.array([2, 0])
+  want = forward_with_cfg(nchw(np.concatenate([x, x])), jnp.concatenate([t, t]),
+                          jnp.array([2, 0, 3, 3]), 4.0)[:2]
+  model_fn = lambda x, t, y: model.apply({'params': params}, x, t, y)
+  got = diffusion.guided_model_fn(model_fn, labels, cfg.num_classes, 4.0)(x, t)
+  np.testing.assert_allclose(nchw(got), want, rtol=1e-5, atol=1e-6)
+  assert np.abs(want[:, 3:] - forward(nchw(x), t, labels)[:, 3:]).max() < 1e-6
 
 
 def test_the_loss_by_timestep_quarter_sums_to_the_loss():

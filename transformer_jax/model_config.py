@@ -192,6 +192,12 @@ class ModelConfig:
             'mlp_dropout': self.mlp_dropout_rate}
 
   @property
+  def drops_in_training(self) -> bool:
+    """Whether a train step runs the model with deterministic=False: a dropout rate above 0 (a
+    family adds a random drop of its own: DiT's labels). Evaluation never does."""
+    return any(rate > 0 for rate in self.dropout_rates.values())
+
+  @property
   def hidden_dim(self) -> int:
     if self.d_ff:
       return self.d_ff

@@ -91,6 +91,10 @@ class DiTConfig(ModelConfig):
                         'schedule needs at least 21 steps.') from None
 
   @property
+  def drops_in_training(self) -> bool:
+    return super().drops_in_training or self.class_dropout > 0
+
+  @property
   def num_patches(self) -> int:
     return (self.image_size // self.patch_size) ** 2
 
@@ -162,25 +166,34 @@ class DiT(nn.Module):
   def diffusion_losses(self, images, labels, rng, *, deterministic=True):
     """The summed training terms of a batch of images in [-1, 1] (B, H, W, C) and labels (B,):
     timesteps uniform per example, labels dropped to the null class with probability
-    class_dropout, x_t = q_sample(images, t, noise), and diffusion.training_losses's 'mse'
-    (+ 'vb' with learn_sigma) summed over the examples; 'loss' their sum, 'weight' the count;
-    'loss_t0' .. 'loss_t3' the loss summed over the examples whose t fell in each quarter of the
-    steps (t0: the least noise), 'weight_loss_t0' .. their counts (quarter_sums)."""
+    class_dropout in training (not `deterministic`; evaluation scores the true labels, as DiT's
+    LabelEmbedder drops in train mode only), and `diffusion_terms` there summed over the
+    examples; 'weight' the count; 'loss_t0' .. 'loss_t3' the loss summed over the examples
+    whose t fell in each quarter of the steps (t0: the least noise), 'weight_loss_t0' .. their
+    counts (quarter_sums)."""
     cfg, schedule = self.cfg, schedule_of(self.cfg)
     t_rng, noise_rng, drop_rng = jax.random.split(rng, 3)
     batch = images.shape[0]
     t = jax.random.randint(t_rng, (batch,), 0, schedule.num_steps)
     noise = jax.random.normal(noise_rng, images.shape, jnp.float32)
-    x_t = diffusion.q_sample(schedule, images.astype(jnp.float32), t, noise)
-    dropped = jax.random.bernoulli(drop_rng, cfg.class_dropout, (batch,))
-    labels = jnp.where(dropped, cfg.num_classes, labels)
-    output = self(x_t, t, labels, deterministic=deterministic)
-    terms = diffusion.training_losses(schedule, output, images.astype(jnp.float32), x_t, t,
-                                      noise, variance=cfg.variance)
+    if not deterministic:
+      dropped = jax.random.bernoulli(drop_rng, cfg.class_dropout, (batch,))
+      labels = jnp.where(dropped, cfg.num_classes, labels)
+    terms = self.diffusion_terms(images, labels, t, noise, deterministic=deterministic)
     return {**{name: jnp.sum(value) for name, value in terms.items()},
             **quarter_sums(terms['loss'], t, schedule.num_steps),
             'weight': jnp.asarray(batch, jnp.float32)}
 
+  def diffusion_terms(self, images, labels, t, noise, *, deterministic=True):
+    """Per example (B,), the model's diffusion.training_losses at x_t = q_sample(images, t,
+    noise) given these labels: 'mse' of the predicted noise, with learn_sigma 'vb' (the bound's
+    term at t with the predicted noise held fixed), 'loss' their sum (DiT's training_losses)."""
+    cfg, schedule = self.cfg, schedule_of(self.cfg)
+    images = images.astype(jnp.float32)
+    x_t = diffusion.q_sample(schedule, images, t, noise)
+    output = self(x_t, t, labels, deterministic=deterministic)
+    return diffusion.training_losses(schedule, output, images, x_t, t, noise,
+                                     variance=cfg.variance)
 
 QUARTERS = 4
 

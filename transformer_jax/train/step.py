@@ -51,7 +51,7 @@ class StepSettings:
   seed: int = 0  # the dropout streams are fold_in(key(seed), 1), then the step and microbatch
   grad_accum_steps: int = 1  # sequential microbatches per global batch, one update
   label_smoothing: float = 0.0
-  dropout: bool = False  # whether the dropout layers are active
+  dropout: bool = False  # whether training runs the model with deterministic=False
   parallelism: str = 'jit'  # 'jit' (GSPMD) or 'shard_map' (per device, explicit pmean)
   rules: tuple = ()  # logical axis -> mesh axis, for the activations (sharding.rules_of)
   ema_decay: float = 0.0  # of the state's ema after each update (a state without one: unused)
@@ -62,7 +62,7 @@ class StepSettings:
     training = settings.training
     return cls(seed=settings.seed, grad_accum_steps=training.grad_accum_steps,
                label_smoothing=training.label_smoothing,
-               dropout=any(rate > 0 for rate in settings.model.dropout_rates.values()),
+               dropout=settings.model.drops_in_training,
                parallelism=settings.parallelism, rules=settings.rules, ema_decay=training.ema_decay)
 
 
