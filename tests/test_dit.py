@@ -32,6 +32,17 @@ def test_dit_xl2_counts_the_papers_parameters_and_multiply_adds():
   assert flops['total'] / 2 / 1e9 == pytest.approx(118.6, abs=0.05)
 
 
+def test_the_dit_configs_train_as_dits_train_py():
+  """DiT's initialization, no gradient clipping, and an EMA of 0.9999 warmed up, whatever the
+  length of the run (the argument or a --config.training.steps override)."""
+  for name, arg in (('dit_xl2.py', None), ('dit_reference.py', None),
+                    ('dit_reference.py', 'steps=300')):
+    config = config_lib.from_file(CONFIGS / name, arg)
+    assert config.optimizer.grad_clip_norm == 0 and config.optimizer.weight_decay == 0
+    assert (config.training.ema_decay, config.training.ema_warmup) == (0.9999, True)
+    assert models.model_config(config.model).init == 'xavier_uniform'
+
+
 def test_the_compile_stand_in_of_dit_xl2_makes_latents_of_its_four_channels():
   """--mode=compile's generated data (aot.stand_in) for a latent DiT: 32x32x4 batches whose
   channels are standardized, the shape the model takes (check_data)."""
