@@ -1,5 +1,7 @@
-"""The DiT family: DiT-XL/2's parameter count, its 2-D positions, its loss, training through the
-run with an EMA, --mode=sample, and the settings it refuses."""
+"""The DiT family: DiT-XL/2's parameter count, its 2-D positions, its initialization, its loss
+and its guidance against DiT's code written out here, labels dropped in training only, training
+through the run with an EMA, --mode=sample (a folder per run), and the settings it refuses."""
+import functools
 import json
 import os
 import pathlib
@@ -9,6 +11,7 @@ import sys
 import threading
 import types
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,6 +40,17 @@ def test_dit_xl2_counts_the_papers_parameters_and_multiply_adds():
   assert flops['total'] / 2 / 1e9 == pytest.approx(118.6, abs=0.05)
 
 
+def test_the_dit_configs_train_as_dits_train_py():
+  """DiT's initialization, no gradient clipping, and an EMA of 0.9999 warmed up, whatever the
+  length of the run (the argument or a --config.training.steps override)."""
+  for name, arg in (('dit_xl2.py', None), ('dit_reference.py', None),
+                    ('dit_reference.py', 'steps=300')):
+    config = config_lib.from_file(CONFIGS / name, arg)
+    assert config.optimizer.grad_clip_norm == 0 and config.optimizer.weight_decay == 0
+    assert (config.training.ema_decay, config.training.ema_warmup) == (0.9999, True)
+    assert models.model_config(config.model).init == 'xavier_uniform'
+
+
 def test_the_compile_stand_in_of_dit_xl2_makes_latents_of_its_four_channels():
   """--mode=compile's generated data (aot.stand_in) for a latent DiT: 32x32x4 batches whose
   channels are standardized, the shape the model takes (check_data)."""
@@ -61,6 +75,58 @@ def test_the_formulas_equal_the_initialized_tree():
   for cfg in (tiny(), tiny(learn_sigma=False, scan_layers=True)):
     params = models.init_params(cfg, jax.random.key(0))
     assert dit.param_counts(cfg) == accounting.count_params(params)
+
+
+def dit_initialization(path: str, shape: tuple, cfg) -> tuple[str, float]:
+  """(distribution, parameter) of each tensor as facebookresearch/DiT's models.py
+  initialize_weights draws it, written from that code: every nn.Linear xavier_uniform_ with zero
+  bias (timm's attention: one qkv Linear(D, 3D) and proj Linear(D, D); the MLP's Linear(D, 4D)
+  and Linear(4D, D)); the patch Conv2d's weight viewed as (D, C*P*P), xavier_uniform_, its bias
+  PyTorch's Conv2d default U(+-1/sqrt(C*P*P)); the class table and the timestep MLP's weights
+  normal(0.02); adaLN modulation and the final layer zero. Xavier-uniform over (fan_in, fan_out)
+  is U(+-sqrt(6 / (fan_in + fan_out)))."""
+  d, p, c = cfg.width, cfg.patch_size, cfg.num_channels
+  xavier = lambda fan_in, fan_out: ('uniform', np.sqrt(6 / (fan_in + fan_out)))
+  if path.endswith('bias') and not path.startswith('patch_embed'):
+    return 'zero', 0.0
+  if 'modulation' in path or path.startswith('head'):
+    return 'zero', 0.0
+  if path.startswith('t_embed') or path.startswith('y_embed'):
+    return 'normal', 0.02
+  if path == 'patch_embed/conv/kernel':
+    return xavier(c * p * p, d)
+  if path == 'patch_embed/conv/bias':
+    return 'uniform', 1 / np.sqrt(c * p * p)
+  layer = path.split('/')[-2]
+  return {'query': xavier(d, 3 * d), 'key': xavier(d, 3 * d), 'value': xavier(d, 3 * d),
+          'out': xavier(d, d), 'up': xavier(d, 4 * d), 'down': xavier(4 * d, d)}[layer]
+
+
+def test_each_tensor_starts_as_dits_initialize_weights():
+  """Every parameter but the fixed positions against dit_initialization: uniform ones within
+  their bound and with its standard deviation bound / sqrt(3), normal ones with theirs (within
+  5 standard errors of the estimate), zero ones zero. For DiT-XL/2 the patch matrix's std is
+  sqrt(2 / (16 + 1152)) = 0.041 (LeCun normal's was 1 / sqrt(16) = 0.25)."""
+  cfg = tiny(width=64, num_heads=4, patch_size=2, num_channels=4, num_classes=10)
+  params = jax.device_get(jax.jit(lambda rng: models.init_params(cfg, rng))(jax.random.key(0)))
+  flat = flax.traverse_util.flatten_dict(params, sep='/')
+  checked = set()
+  for path, value in flat.items():
+    if path == 'pos_embed':
+      continue
+    kind, scale = dit_initialization(path, value.shape, cfg)
+    value = np.asarray(value, np.float64)
+    if kind == 'zero':
+      assert not value.any(), path
+    elif kind == 'uniform':
+      assert np.abs(value).max() <= scale * (1 + 1e-6) and np.abs(value).max() > 0.8 * scale, path
+      error = 5 * np.sqrt(0.2 / value.size)  # the relative error of a uniform's std estimate
+      assert value.std() == pytest.approx(scale / np.sqrt(3), rel=error), path
+    else:
+      assert value.std() == pytest.approx(scale, rel=5 * np.sqrt(0.5 / value.size)), path
+    checked.add(path)
+  assert len(checked) == 2 * 16 + 11  # 16 tensors a block; patches, conditioning, head
+  assert np.sqrt(2 / (16 + 1152)) == pytest.approx(0.0414, abs=1e-4)
 
 
 def test_the_position_table_is_dits_2d_sincos():
@@ -88,6 +154,156 @@ def test_a_new_dit_predicts_zero_and_its_loss_is_the_noise_variance():
   assert sums['weight'] == 4
   np.testing.assert_allclose(sums['mse'], jnp.sum(jnp.mean(noise ** 2, axis=(1, 2, 3))),
                              rtol=1e-5)
+
+
+def dits_training_losses(x_0, t, noise, model_output):
+  """DiT's diffusion/gaussian_diffusion.py training_losses for its default diffusion (the linear
+  schedule of 1,000 steps, epsilon prediction, LEARNED_RANGE variance, LossType.MSE), written
+  out in float64 NumPy on channels-last arrays: mse = mean((noise - eps)^2); vb = _vb_terms_bpd
+  of the output with eps detached and clip_denoised=False: KL(q(x_{t-1} | x_t, x_0) ||
+  p(x_{t-1} | x_t)) in bits per dimension, at t = 0 the decoder's negative discretized
+  log-likelihood (the tanh approximation of Phi); loss = mse + vb, per example."""
+  betas = np.linspace(1e-4, 0.02, 1000, dtype=np.float64)
+  acp = np.cumprod(1 - betas)
+  acp_prev = np.append(1.0, acp[:-1])
+  post_var = betas * (1 - acp_prev) / (1 - acp)
+  post_log_var = np.log(np.append(post_var[1], post_var[1:]))
+  coef1 = betas * np.sqrt(acp_prev) / (1 - acp)
+  coef2 = (1 - acp_prev) * np.sqrt(1 - betas) / (1 - acp)
+  at = lambda a: a[t][:, None, None, None]
+  x_t = np.sqrt(at(acp)) * x_0 + np.sqrt(1 - at(acp)) * noise
+  c = x_0.shape[-1]
+  eps, v = model_output[..., :c], model_output[..., c:]
+  axes = (1, 2, 3)
+  mse = ((noise - eps) ** 2).mean(axis=axes)
+  frac = (v + 1) / 2
+  log_var = frac * np.log(at(betas)) + (1 - frac) * at(post_log_var)
+  pred_x0 = np.sqrt(1 / at(acp)) * x_t - np.sqrt(1 / at(acp) - 1) * eps
+  mean = at(coef1) * pred_x0 + at(coef2) * x_t
+  true_mean = at(coef1) * x_0 + at(coef2) * x_t
+  true_log_var = at(post_log_var)
+  kl = 0.5 * (-1 + log_var - true_log_var + np.exp(true_log_var - log_var)
+              + (true_mean - mean) ** 2 * np.exp(-log_var))
+  phi = lambda x: 0.5 * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+  inv_std = np.exp(-0.5 * log_var)
+  cdf_plus = phi(inv_std * (x_0 - mean + 1 / 255))
+  cdf_min = phi(inv_std * (x_0 - mean - 1 / 255))
+  log_prob = np.where(x_0 < -0.999, np.log(np.maximum(cdf_plus, 1e-12)),
+                      np.where(x_0 > 0.999, np.log(np.maximum(1 - cdf_min, 1e-12)),
+                               np.log(np.maximum(cdf_plus - cdf_min, 1e-12))))
+  vb = np.where(t == 0, -log_prob.mean(axis=axes), kl.mean(axis=axes)) / np.log(2)
+  return x_t, {'mse': mse, 'vb': vb, 'loss': mse + vb}
+
+
+@functools.cache
+def perturbed():
+  """tiny()'s initial parameters plus N(0, 0.1) everywhere, so that adaLN, the head and the
+  labels all act (the same tree for any class_dropout)."""
+  def draw(rng):
+    leaves, tree = jax.tree.flatten(models.init_params(tiny(), rng))
+    keys = jax.random.split(jax.random.fold_in(rng, 1), len(leaves))
+    return jax.tree.unflatten(tree, [leaf + 0.1 * jax.random.normal(key, leaf.shape)
+                                     for leaf, key in zip(leaves, keys)])
+  return jax.jit(draw)(jax.random.key(0))
+
+
+def test_the_loss_at_fixed_draws_is_dits_training_losses():
+  """diffusion_terms at fixed (image, t, noise, label) against dits_training_losses of the
+  model's own output at that x_t, t = 0 (the decoder term) included; and the stop-gradient: the
+  bound moves only the head's variance columns, the MSE only its noise columns."""
+  cfg = tiny()
+  model = models.build(cfg)
+  params = perturbed()
+  x_0 = np.asarray(jax.random.randint(jax.random.key(3), (4, 8, 8, 3), 0, 256), np.float64)
+  x_0 = x_0 / 127.5 - 1
+  noise = np.asarray(jax.random.normal(jax.random.key(4), x_0.shape), np.float64)
+  t, labels = np.array([0, 1, 400, 999]), jnp.array([0, 1, 2, 3])  # 3: the null class
+  x_t = dits_training_losses(x_0, t, noise, np.zeros(x_0.shape[:3] + (6,)))[0]
+  output = np.asarray(jax.jit(model.apply)({'params': params}, jnp.asarray(x_t, jnp.float32),
+                                           jnp.asarray(t), labels), np.float64)
+  want = dits_training_losses(x_0, t, noise, output)[1]
+  terms = lambda params: model.apply({'params': params}, jnp.asarray(x_0, jnp.float32),
+                                     labels, jnp.asarray(t), jnp.asarray(noise, jnp.float32),
+                                     method='diffusion_terms')
+  got = jax.jit(terms)(params)
+  assert float(np.min(want['vb'])) > 1e-3  # the bound is not trivially zero
+  for name in ('mse', 'vb', 'loss'):
+    np.testing.assert_allclose(got[name], want[name], rtol=2e-4, err_msg=name)
+  sums = lambda p: jnp.stack([terms(p)['vb'].sum(), terms(p)['mse'].sum()])
+  grads = jax.jit(jax.jacrev(sums))(params)['head']['kernel']
+  # The head's columns are (row, column, channel) of a patch, channels eps then variance.
+  vb_grad, mse_grad = np.asarray(grads).reshape(2, cfg.width, 4, 4, 6)
+  assert not vb_grad[..., :3].any() and np.abs(vb_grad[..., 3:]).max() > 0
+  assert not mse_grad[..., 3:].any() and np.abs(mse_grad[..., :3]).max() > 0
+
+
+def test_labels_are_dropped_in_training_only():
+  """A training step (deterministic=False, as a DiT with class_dropout trains) drops labels to
+  the null class at class_dropout (here the draw of diffusion_losses's third key drops three of
+  four); evaluation (the eval step's batch_sums) scores the true ones, as DiT's LabelEmbedder
+  drops only in train mode."""
+  cfg = tiny(class_dropout=0.5)
+  assert cfg.drops_in_training and not tiny(class_dropout=0.0).drops_in_training
+  model = models.build(cfg)
+  params = perturbed()
+  images = jax.random.uniform(jax.random.key(1), (4, 8, 8, 3), minval=-1, maxval=1)
+  labels = jnp.array([0, 1, 2, 0])
+
+  def loss_at_draws(rng, labels):  # diffusion_terms at diffusion_losses's draws of t and noise
+    t_rng, noise_rng, _ = jax.random.split(rng, 3)
+    return model.apply({'params': params}, images, labels,
+                       jax.random.randint(t_rng, (4,), 0, 1000),
+                       jax.random.normal(noise_rng, images.shape),
+                       method='diffusion_terms')['loss'].sum()
+
+  rng = jax.random.key(2)
+  dropped = jax.random.bernoulli(jax.random.split(rng, 3)[2], 0.5, (4,))
+  assert dropped.sum() == 3
+  true, partly_null = loss_at_draws(rng, labels), loss_at_draws(rng, jnp.where(dropped, 3, labels))
+  assert abs(true - partly_null) > 1e-4 * abs(true)  # the labels matter to this model
+  trained = model.apply({'params': params}, images, labels, rng, deterministic=False,
+                        method='diffusion_losses')
+  held_out = model.apply({'params': params}, images, labels, rng, method='diffusion_losses')
+  np.testing.assert_allclose(trained['loss'], partly_null, rtol=1e-6)
+  np.testing.assert_allclose(held_out['loss'], true, rtol=1e-6)
+  # The eval step's loss (its family loss given fold_in(key, 1)) is the true labels'.
+  evaluated = train.losses.batch_sums(model, models.registry.get('dit'), params,
+                                      {'image': images, 'label': labels}, jax.random.key(5))
+  np.testing.assert_allclose(evaluated['loss'],
+                             loss_at_draws(jax.random.fold_in(jax.random.key(5), 1), labels),
+                             rtol=1e-6)
+
+
+def test_guidance_is_dits_forward_with_cfg():
+  """dit.generate's guided model function against DiT's forward_with_cfg written out in NumPy on
+  NCHW arrays: the batch doubled (labels, then the null class), the first three channels
+  guided, uncond + s (cond - uncond), the rest (with learned sigma, the variance) the
+  conditional half's. A pixel DiT has three noise channels, so DiT's default of guiding three
+  channels (for reproducibility, its comment says) guides all of them, as ours does."""
+  cfg = tiny()
+  model = models.build(cfg)
+  params = perturbed()
+  nchw = lambda x: np.transpose(np.asarray(x, np.float64), (0, 3, 1, 2))
+  forward = lambda x, t, y: nchw(model.apply({'params': params},
+                                             jnp.asarray(np.transpose(x, (0, 2, 3, 1)),
+                                                         jnp.float32), t, y))
+
+  def forward_with_cfg(x, t, y, cfg_scale):
+    half = x[:len(x) // 2]
+    model_out = forward(np.concatenate([half, half]), t, y)
+    eps, rest = model_out[:, :3], model_out[:, 3:]
+    cond_eps, uncond_eps = np.split(eps, 2)
+    half_eps = uncond_eps + cfg_scale * (cond_eps - uncond_eps)
+    return np.concatenate([np.concatenate([half_eps, half_eps]), rest], axis=1)
+
+  x = jax.random.normal(jax.random.key(6), (2, 8, 8, 3))
+  t, labels = jnp.array([500, 500]), jnp.array([2, 0])
+  want = forward_with_cfg(nchw(np.concatenate([x, x])), jnp.concatenate([t, t]),
+                          jnp.array([2, 0, 3, 3]), 4.0)[:2]
+  model_fn = lambda x, t, y: model.apply({'params': params}, x, t, y)
+  got = diffusion.guided_model_fn(model_fn, labels, cfg.num_classes, 4.0)(x, t)
+  np.testing.assert_allclose(nchw(got), want, rtol=1e-5, atol=1e-6)
+  assert np.abs(want[:, 3:] - forward(nchw(x), t, labels)[:, 3:]).max() < 1e-6
 
 
 def test_the_loss_by_timestep_quarter_sums_to_the_loss():

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from transformer_jax.errors import ConfigError
 from transformer_jax import kernels
-from transformer_jax.layers import attention, block, mlp
+from transformer_jax.layers import attention, block, linear, mlp
 from transformer_jax.ranges import COUNT, FRACTION, OPTIONAL_FRACTION, Range
 
 __all__ = [
@@ -27,7 +27,8 @@ NORMS = ('layernorm', 'rmsnorm')
 POSITIONS = ('learned', 'sinusoidal', 'rope', 'relative', 'none')
 # What each option of the blocks may be, from the layers that take it.
 BLOCK_CHOICES = {'norm': NORMS, 'norm_position': block.NORM_POSITIONS, 'mlp': mlp.KINDS,
-                 'positions': POSITIONS, 'remat_policy': tuple(block.REMAT_POLICIES)}
+                 'positions': POSITIONS, 'remat_policy': tuple(block.REMAT_POLICIES),
+                 'init': linear.INITS}
 # The compute dtype model.dtype='auto' means on each platform (jax.Device.platform), and why.
 _AUTO_DTYPES = {'cpu': ('float32', 'bfloat16 products run slower than float32 ones on XLA:CPU')}
 _AUTO_DTYPE_DEFAULT = ('bfloat16', 'the matrix units of TPUs and GPUs run bfloat16 at full rate')
@@ -83,6 +84,9 @@ class ModelConfig:
   mlp_dropout: float | None = 0.0
   # Initialization: dense kernels and embeddings ~ N(0, std); None means LeCun normal (fan-in).
   init_std: float | None = 0.02
+  # The blocks' dense kernels (attention, MLP): 'normal' as init_std says, or 'xavier_uniform'
+  # (layers.Linear's INITS; DiT's), which reads no init_std.
+  init: str = 'normal'
   embed_init_std: float = 0.02
   # Execution.
   # A name of transformer_jax.kernels; 'auto' picks by the platform the step is compiled for.
@@ -186,6 +190,12 @@ class ModelConfig:
     """Every dropout rate the model applies in training, by setting (a family adds its own)."""
     return {'dropout_rate': self.dropout_rate, 'attention_dropout': self.attention_dropout_rate,
             'mlp_dropout': self.mlp_dropout_rate}
+
+  @property
+  def drops_in_training(self) -> bool:
+    """Whether a train step runs the model with deterministic=False: a dropout rate above 0 (a
+    family adds a random drop of its own: DiT's labels). Evaluation never does."""
+    return any(rate > 0 for rate in self.dropout_rates.values())
 
   @property
   def hidden_dim(self) -> int:

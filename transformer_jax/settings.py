@@ -98,10 +98,16 @@ class TrainingSettings(Settings):
   # The memory of one device, for the plan of --mode=describe; unset: what JAX reports for the
   # device (GPUs and TPUs do; a CPU does not).
   device_memory_gb: float | None = None
-  # An exponential moving average of the trained parameters, ema <- decay * ema + (1 - decay) *
-  # params after each update (DiT: 0.9999), checkpointed with the state; evaluation and
-  # --mode=sample run it. 0: none.
+  # An exponential moving average of the trained parameters, ema <- decay_t * ema + (1 -
+  # decay_t) * params after update t (DiT: 0.9999), checkpointed with the state; evaluation and
+  # --mode=sample run it. 0: none. With ema_warmup, decay_t = 0 at t = 0, then min(ema_decay,
+  # (1 + t) / (10 + t)) (diffusers' EMAModel, TensorFlow's ExponentialMovingAverage with
+  # num_updates), so that a run shorter than the average's horizon still averages its own
+  # recent steps rather than its initialization; False keeps ema_decay from the start (DiT's
+  # train.py, whose EMA starts at the initial weights; at 0.9999 the weights the two averages
+  # give the steps differ by 2% in all after 100k steps, by 1e-6 after 200k).
   ema_decay: float = 0.0
+  ema_warmup: bool = True
 
   RANGES = {
       'steps': COUNT, 'grad_accum_steps': COUNT, 'label_smoothing': FRACTION,

@@ -99,8 +99,11 @@ class Attention(nn.Module):
   the name once, at the top (train.resolve). The output has `out_features` (default: the input's
   width). Self-attention takes its keys from its input; cross-attention (`is_cross`)
   from `kv_inputs`. With `rope_base`, queries and keys of self-attention are rotated by their
-  `positions` (B, T) (default 0..T-1, after the cache index when decoding). `init_std` None
-  draws the kernels LeCun-normal. `scale_logits` False leaves out the 1 / sqrt(head_dim) and
+  `positions` (B, T) (default 0..T-1, after the cache index when decoding). `initializer`
+  (Linear's INITS) draws the kernels N(0, init_std) (LeCun normal where init_std is None) or
+  Xavier-uniform, the queries, keys and values with the fans of one fused (D, (heads +
+  2 kv_heads) head_dim) projection: timm's qkv Linear(D, 3D), which DiT initializes so.
+  `scale_logits` False leaves out the 1 / sqrt(head_dim) and
   folds it into the initialization of the queries, as T5 does. Where the 'intermediates'
   collection is mutable, the layer sows the attention weights (B, heads, T, S) there, computed
   by the reference kernel. `dropout_rate` > 0 drops attention probabilities where the call is
@@ -129,6 +132,7 @@ class Attention(nn.Module):
   kernel: str | kernels.Kernel = 'auto'
   cache_layout: str = 'folded'
   init_std: float | None = 0.02
+  initializer: str = 'normal'
   scale_logits: bool = True
   dropout_rate: float = 0.0  # of the attention probabilities, in training
   dtype: Any = jnp.float32
@@ -169,8 +173,9 @@ class Attention(nn.Module):
     dense = lambda heads, axis, name, gain=1.0: Linear(
         (heads, self.head_dim), ('embed',), (axis, 'head_dim'),
         use_bias=self.use_bias and (self.key_bias or name != 'key'),
-        init_std=self.init_std, init_gain=gain, dtype=self.dtype, param_dtype=self.param_dtype,
-        name=name)
+        init_std=self.init_std, init_gain=gain, initializer=self.initializer,
+        init_fan_out=(self.num_heads + 2 * self.kv_heads) * self.head_dim, dtype=self.dtype,
+        param_dtype=self.param_dtype, name=name)
     # Unscaled logits start as the scaled ones would: the queries start 1 / sqrt(head_dim) as large.
     query_gain = 1.0 if self.scale_logits else self.head_dim ** -0.5
     q = axes.constrain(dense(self.num_heads, 'heads', 'query', query_gain)(x), axes.HEADS, None)
@@ -205,8 +210,8 @@ class Attention(nn.Module):
                  kernels.reference.weights(q, k, dense_mask, scale, bias))
     out = axes.constrain(out, axes.HEADS, None)
     return Linear((self.out_features or x.shape[-1],), ('heads', 'head_dim'), ('embed',),
-                  use_bias=self.use_bias, init_std=self.init_std, dtype=self.dtype,
-                  param_dtype=self.param_dtype, name='out')(out)
+                  use_bias=self.use_bias, init_std=self.init_std, initializer=self.initializer,
+                  dtype=self.dtype, param_dtype=self.param_dtype, name='out')(out)
 
   def _cached(self, k, v, cache_index):
     """The cached keys and values in `cache_layout`, with the new ones written in."""

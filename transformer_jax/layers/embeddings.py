@@ -7,13 +7,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax.kernels.contraction import contract
+from transformer_jax.layers.linear import INITS, xavier_uniform
 
 __all__ = [
-    'apply_rope', 'default_positions', 'PatchEmbed', 'POSITION_EMBEDDINGS',
+    'apply_rope', 'BIAS_INITS', 'default_positions', 'PatchEmbed', 'POSITION_EMBEDDINGS',
     'resize_position_grid', 'sinusoidal', 'SINUSOIDAL_LAYOUTS', 'TextEmbed']
 
 
 POSITION_EMBEDDINGS = ('learned', 'sinusoidal', 'none')
+BIAS_INITS = ('zeros', 'fan_in_uniform')  # PatchEmbed's
 
 
 class TextEmbed(nn.Module):
@@ -145,25 +147,42 @@ class PatchEmbed(nn.Module):
 
   A convolution with kernel = stride = P and no padding is that map: its (P, P, C, D) kernel
   flattened in (row, column, channel) order is the (P*P*C, D) patch matrix. The grid is read row
-  by row into (B, num_patches, D).
+  by row into (B, num_patches, D). `initializer` draws that matrix LeCun-normal ('normal') or
+  Xavier-uniform over its fans P*P*C and D ('xavier_uniform': DiT's, which initializes the
+  convolution "like nn.Linear"); `bias_init` 'zeros', or 'fan_in_uniform': U(+-1 / sqrt(P*P*C)),
+  PyTorch's default for a Conv2d's bias, which DiT's initialization leaves as it is.
   """
   patch_size: int
   features: int
   use_bias: bool = True  # CLIP's patch embedding has none (Radford et al. 2021)
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
+  initializer: str = 'normal'
+  bias_init: str = 'zeros'
+
+  def __post_init__(self):
+    if self.initializer not in INITS or self.bias_init not in BIAS_INITS:
+      raise ValueError(f'PatchEmbed initializer={self.initializer!r}, bias_init='
+                       f'{self.bias_init!r}: use one of {list(INITS)} and one of '
+                       f'{list(BIAS_INITS)}.')
+    super().__post_init__()
 
   @nn.compact
   def __call__(self, images: jax.Array) -> jax.Array:
     """images (B, H, W, C) -> (B, H/P * W/P, features), patches read row by row."""
     p = self.patch_size
+    fan_in = p * p * images.shape[-1]
+    draw_kernel = (xavier_uniform(fan_in, self.features) if self.initializer == 'xavier_uniform'
+                   else nn.initializers.lecun_normal())
+    bound = fan_in ** -0.5
+    draw_bias = ((lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, -bound, bound))
+                 if self.bias_init == 'fan_in_uniform' else nn.initializers.zeros)
     conv = nn.Conv(
         self.features, (p, p), strides=(p, p), padding='VALID', use_bias=self.use_bias,
         dtype=self.dtype,
         param_dtype=self.param_dtype,
-        kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(),
-                                                 (None, None, 'channels', 'embed')),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ('embed',)), name='conv')
+        kernel_init=nn.with_logical_partitioning(draw_kernel, (None, None, 'channels', 'embed')),
+        bias_init=nn.with_logical_partitioning(draw_bias, ('embed',)), name='conv')
     grid = conv(images.astype(self.dtype))  # (B, H/P, W/P, D)
     return grid.reshape(grid.shape[0], -1, grid.shape[-1])
 

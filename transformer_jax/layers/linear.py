@@ -1,4 +1,5 @@
 """The one dense layer every projection uses, with logical axis names on its parameters."""
+import math
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -7,7 +8,12 @@ import jax.numpy as jnp
 
 from transformer_jax.kernels.contraction import contract
 
-__all__ = ['kernel_init', 'Linear']
+__all__ = ['INITS', 'kernel_init', 'Linear', 'xavier_uniform']
+
+# How a kernel is drawn: 'normal', N(0, init_std) (LeCun normal where init_std is None);
+# 'xavier_uniform' (Glorot & Bengio 2010), PyTorch's xavier_uniform_ of the (fan_in, fan_out)
+# matrix, which DiT draws its blocks' kernels from.
+INITS = ('normal', 'xavier_uniform')
 
 
 def kernel_init(std: float | None, in_axes: int = 1, out_axes: int = 1, gain: float = 1.0):
@@ -22,6 +28,16 @@ def kernel_init(std: float | None, in_axes: int = 1, out_axes: int = 1, gain: fl
       out_axis=tuple(range(in_axes, in_axes + out_axes)))
 
 
+def xavier_uniform(fan_in: int, fan_out: int, gain: float = 1.0):
+  """U(-a, a) with a = gain * sqrt(6 / (fan_in + fan_out)) (standard deviation gain *
+  sqrt(2 / (fan_in + fan_out))), as torch.nn.init.xavier_uniform_ of a (fan_out, fan_in)
+  matrix. The fans are given, not read from the shape: a kernel with several input or output
+  dimensions, or one part of a wider matrix of the original, has the fans of that matrix."""
+  limit = gain * math.sqrt(6.0 / (fan_in + fan_out))
+  return lambda key, shape, dtype=jnp.float32: jax.random.uniform(key, shape, dtype, -limit,
+                                                                  limit)
+
+
 class Linear(nn.Module):
   """y = x W + b: the trailing len(in_axes) dimensions of x contracted into `features`.
 
@@ -31,7 +47,10 @@ class Linear(nn.Module):
   `in_axes` and `out_axes` are the logical names of the contracted and the output dimensions
   (what sharding rules refer to); their lengths say how many dimensions each side has. The
   kernel keeps the natural multi-dimensional shape, in_shape + features (see
-  `kernels.contraction`, which picks the platform's form of the product).
+  `kernels.contraction`, which picks the platform's form of the product). `initializer` (INITS)
+  draws it N(0, init_std) or Xavier-uniform over fan-in prod(in_shape) and fan-out
+  prod(features) (`init_fan_out` where the kernel is a part of a wider matrix, such as the
+  queries of a fused query-key-value projection); biases start at zero.
   """
   features: Sequence[int]
   in_axes: Sequence[str]
@@ -39,6 +58,8 @@ class Linear(nn.Module):
   use_bias: bool = True
   init_std: float | None = 0.02  # None: LeCun normal
   init_gain: float = 1.0  # times the initial standard deviation
+  initializer: str = 'normal'  # one of INITS
+  init_fan_out: int | None = None  # Xavier's fan-out; None: prod(features)
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   out_dtype: Any = None  # e.g. float32 logits from bfloat16 activations
@@ -50,6 +71,9 @@ class Linear(nn.Module):
                        f'{tuple(self.in_axes)} at least one contracted input dimension.')
     if any(f < 1 for f in self.features):
       raise ValueError(f'Linear features {tuple(self.features)} must be positive.')
+    if self.initializer not in INITS:
+      raise ValueError(f'Unknown Linear initializer {self.initializer!r}: use one of '
+                       f'{list(INITS)}.')
     super().__post_init__()
 
   @nn.compact
@@ -62,10 +86,13 @@ class Linear(nn.Module):
                        f'its input, which has shape {x.shape}: it needs at least one more '
                        '(leading) dimension.')
     in_shape = x.shape[x.ndim - num_in:]
+    if self.initializer == 'xavier_uniform':
+      draw = xavier_uniform(math.prod(in_shape), self.init_fan_out or math.prod(features),
+                            self.init_gain)
+    else:
+      draw = kernel_init(self.init_std, num_in, len(features), self.init_gain)
     kernel = self.param(
-        'kernel', nn.with_logical_partitioning(kernel_init(self.init_std, num_in, len(features),
-                                                           self.init_gain),
-                                               (*self.in_axes, *self.out_axes)),
+        'kernel', nn.with_logical_partitioning(draw, (*self.in_axes, *self.out_axes)),
         in_shape + features, self.param_dtype)
     y = contract(x.astype(self.dtype), kernel.astype(self.dtype), num_in, self.out_dtype)
     if self.use_bias:

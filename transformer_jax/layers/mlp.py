@@ -34,7 +34,8 @@ class MLP(nn.Module):
     mlp = MLP(hidden=512, activation='swiglu')
     y = mlp.apply(mlp.init(rng, x), x)  # x (..., D) -> (..., out_features or D)
 
-  `activation` is one of KINDS; `init_std` None draws the kernels LeCun-normal. `dropout_rate`
+  `activation` is one of KINDS; `initializer` (Linear's INITS) draws the kernels N(0, init_std)
+  (LeCun normal where init_std is None) or Xavier-uniform. `dropout_rate`
   drops the hidden activation (after the activation or the gate's product, before the down
   projection: T5's) where the call is not `deterministic`, with the 'dropout' rng.
   """
@@ -43,6 +44,7 @@ class MLP(nn.Module):
   out_features: int | None = None  # None: the input's width
   use_bias: bool = True
   init_std: float | None = 0.02
+  initializer: str = 'normal'
   dropout_rate: float = 0.0  # of the hidden activation, in training
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
@@ -62,7 +64,7 @@ class MLP(nn.Module):
     activation at `dropout_rate`."""
     dense = lambda features, in_axis, out_axis, name: Linear(
         (features,), (in_axis,), (out_axis,), use_bias=self.use_bias, init_std=self.init_std,
-        dtype=self.dtype, param_dtype=self.param_dtype, name=name)
+        initializer=self.initializer, dtype=self.dtype, param_dtype=self.param_dtype, name=name)
     if self.activation in GATED:
       gate = dense(self.hidden, 'embed', 'mlp', 'gate')(x)
       h = GATED[self.activation](gate) * dense(self.hidden, 'embed', 'mlp', 'up')(x)

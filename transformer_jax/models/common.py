@@ -57,14 +57,15 @@ def attention(cfg: ModelConfig, cross: bool = False) -> functools.partial:
       Attention, num_heads=cfg.num_heads, head_dim=cfg.head_dim, num_kv_heads=cfg.kv_heads,
       rope_base=cfg.rope_base if cfg.positions == 'rope' and not cross else None,
       use_bias=cfg.use_bias, key_bias=cfg.key_bias, is_cross=cross, kernel=cfg.attention_kernel,
-      init_std=cfg.init_std, scale_logits=cfg.scale_attention,
+      init_std=cfg.init_std, initializer=cfg.init, scale_logits=cfg.scale_attention,
       dropout_rate=cfg.attention_dropout_rate, dtype=cfg.compute_dtype,
       param_dtype=cfg.weight_dtype)
 
 
 def mlp(cfg: ModelConfig) -> functools.partial:
   return functools.partial(MLP, hidden=cfg.hidden_dim, activation=cfg.mlp, use_bias=cfg.use_bias,
-                           init_std=cfg.init_std, dropout_rate=cfg.mlp_dropout_rate,
+                           init_std=cfg.init_std, initializer=cfg.init,
+                           dropout_rate=cfg.mlp_dropout_rate,
                            dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype)
 
 

@@ -69,7 +69,11 @@ class DiTConfig(ModelConfig):
   norm_eps: float = 1e-6
   mlp: str = 'gelu_tanh'
   positions: str = 'sinusoidal'
-  init_std: float | None = None  # LeCun normal (DiT: Xavier uniform)
+  # DiT's initialize_weights: the blocks' kernels and the patch matrix Xavier-uniform (the
+  # patch bias PyTorch's Conv2d default), the timestep MLP and class table N(0, 0.02), adaLN
+  # and the head zero. 'normal' draws the blocks and patches LeCun-normal (init_std None).
+  init: str = 'xavier_uniform'
+  init_std: float | None = None
 
   RANGES: ClassVar = {**ModelConfig.RANGES, 'image_size': COUNT, 'patch_size': COUNT,
                       'num_channels': COUNT, 'num_classes': Range(0, integer=True, example=10),
@@ -90,6 +94,10 @@ class DiTConfig(ModelConfig):
       raise ConfigError(f'model.noise_schedule={self.noise_schedule!r} over '
                         f'model.diffusion_steps={self.diffusion_steps} steps: {error}; the linear '
                         'schedule needs at least 21 steps.') from None
+
+  @property
+  def drops_in_training(self) -> bool:
+    return super().drops_in_training or self.class_dropout > 0
 
   @property
   def num_patches(self) -> int:
@@ -134,7 +142,10 @@ class DiT(nn.Module):
   @nn.compact
   def __call__(self, images, timesteps, labels, *, deterministic=True):
     cfg, dtypes = self.cfg, dict(dtype=self.cfg.compute_dtype, param_dtype=self.cfg.weight_dtype)
-    x = PatchEmbed(cfg.patch_size, cfg.width, name='patch_embed', **dtypes)(images)
+    dits_init = cfg.init == 'xavier_uniform'
+    x = PatchEmbed(cfg.patch_size, cfg.width, initializer=cfg.init,
+                   bias_init='fan_in_uniform' if dits_init else 'zeros', name='patch_embed',
+                   **dtypes)(images)
     grid = cfg.image_size // cfg.patch_size
     # A parameter, as DiT counts it, but never trained: no gradient reaches it.
     positions = self.param('pos_embed', nn.with_logical_partitioning(
@@ -160,25 +171,34 @@ class DiT(nn.Module):
   def diffusion_losses(self, images, labels, rng, *, deterministic=True):
     """The summed training terms of a batch of images in [-1, 1] (B, H, W, C) and labels (B,):
     timesteps uniform per example, labels dropped to the null class with probability
-    class_dropout, x_t = q_sample(images, t, noise), and diffusion.training_losses's 'mse'
-    (+ 'vb' with learn_sigma) summed over the examples; 'loss' their sum, 'weight' the count;
-    'loss_t0' .. 'loss_t3' the loss summed over the examples whose t fell in each quarter of the
-    steps (t0: the least noise), 'weight_loss_t0' .. their counts (quarter_sums)."""
+    class_dropout in training (not `deterministic`; evaluation scores the true labels, as DiT's
+    LabelEmbedder drops in train mode only), and `diffusion_terms` there summed over the
+    examples; 'weight' the count; 'loss_t0' .. 'loss_t3' the loss summed over the examples
+    whose t fell in each quarter of the steps (t0: the least noise), 'weight_loss_t0' .. their
+    counts (quarter_sums)."""
     cfg, schedule = self.cfg, schedule_of(self.cfg)
     t_rng, noise_rng, drop_rng = jax.random.split(rng, 3)
     batch = images.shape[0]
     t = jax.random.randint(t_rng, (batch,), 0, schedule.num_steps)
     noise = jax.random.normal(noise_rng, images.shape, jnp.float32)
-    x_t = diffusion.q_sample(schedule, images.astype(jnp.float32), t, noise)
-    dropped = jax.random.bernoulli(drop_rng, cfg.class_dropout, (batch,))
-    labels = jnp.where(dropped, cfg.num_classes, labels)
-    output = self(x_t, t, labels, deterministic=deterministic)
-    terms = diffusion.training_losses(schedule, output, images.astype(jnp.float32), x_t, t,
-                                      noise, variance=cfg.variance)
+    if not deterministic:
+      dropped = jax.random.bernoulli(drop_rng, cfg.class_dropout, (batch,))
+      labels = jnp.where(dropped, cfg.num_classes, labels)
+    terms = self.diffusion_terms(images, labels, t, noise, deterministic=deterministic)
     return {**{name: jnp.sum(value) for name, value in terms.items()},
             **quarter_sums(terms['loss'], t, schedule.num_steps),
             'weight': jnp.asarray(batch, jnp.float32)}
 
+  def diffusion_terms(self, images, labels, t, noise, *, deterministic=True):
+    """Per example (B,), the model's diffusion.training_losses at x_t = q_sample(images, t,
+    noise) given these labels: 'mse' of the predicted noise, with learn_sigma 'vb' (the bound's
+    term at t with the predicted noise held fixed), 'loss' their sum (DiT's training_losses)."""
+    cfg, schedule = self.cfg, schedule_of(self.cfg)
+    images = images.astype(jnp.float32)
+    x_t = diffusion.q_sample(schedule, images, t, noise)
+    output = self(x_t, t, labels, deterministic=deterministic)
+    return diffusion.training_losses(schedule, output, images, x_t, t, noise,
+                                     variance=cfg.variance)
 
 QUARTERS = 4
 

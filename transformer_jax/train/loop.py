@@ -380,7 +380,8 @@ def evaluate_and_log(run: Run, eval_step, params, step: int, writer) -> None:
            'eval_sample_accuracy': 'sample accuracy {:.4f}', 'eval_sample_fd': 'sample FD {:.3f}'}
   extra = ''.join(f' | {form.format(results[key])}' for key, form in shown.items()
                   if key in results)
-  log.info('step %d | held-out loss %.4f%s', step, results['eval_loss'], extra)
+  log.info('step %d | held-out loss %.4f%s | of %s', step, results['eval_loss'], extra,
+           setup.weights_in_use(run.training, step))
 
 
 def evaluate(config, workdir: str | None) -> dict:

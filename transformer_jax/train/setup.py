@@ -16,13 +16,13 @@ from transformer_jax import config_lib, convert, data, lora, models
 from transformer_jax.errors import CheckpointMismatchError, ConfigError, UserError
 from transformer_jax.train import checkpoint, optim, sharding, towers
 from transformer_jax.train.run_settings import RunSettings, resolve
-from transformer_jax.train.step import (LoraState, StepSettings, TrainState, make_eval_step,
-                                        make_train_step)
+from transformer_jax.train.step import (LoraState, StepSettings, TrainState, ema_decay_at,
+                                        make_eval_step, make_train_step)
 
 __all__ = [
     'boxed_abstract_state', 'build_run', 'checkpoint_dir', 'initial_state', 'layout', 'Layout',
     'restore_or_init', 'restore_trained', 'Run', 'save_config', 'save_tokenizer',
-    'starting_params', 'state_of', 'tokenizer_dir']
+    'starting_params', 'state_of', 'tokenizer_dir', 'weights_in_use']
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +103,20 @@ class Run:
     if not isinstance(state, LoraState):
       return trained
     return jax.jit(LoraState.model_params, out_shardings=self.param_sharding)(state, trained)
+
+
+def weights_in_use(training, step: int) -> str:
+  """Which weights evaluation and sampling run after `step` updates (Run.model_params): the
+  moving average, with the decay of its last update (training.ema_decay warmed up:
+  step.ema_decay_at), or the trained weights."""
+  if not training.ema_decay:
+    return 'the trained weights'
+  if step == 0:
+    return 'the moving average of the weights (at step 0, the initial weights)'
+  decay = float(ema_decay_at(step - 1, training.ema_decay, training.ema_warmup))
+  warming = (f', warming up to {training.ema_decay:g}'
+             if training.ema_warmup and decay < training.ema_decay else '')
+  return f'the moving average of the weights (decay {decay:.4g} at step {step}{warming})'
 
 
 def build_run(config: 'ml_collections.ConfigDict | RunSettings', workdir: str | None = None,
@@ -282,6 +296,7 @@ def restore_trained(config, workdir: str | None) -> tuple[Run, dict, int]:
     finally:
       checkpoints.close()
     if params is not None:
+      log.info('Restored step %d: %s.', step, weights_in_use(run.training, step))
       return run, jax.device_put(params, run.param_sharding), step
   params = starting_params(run)
   if params is None:

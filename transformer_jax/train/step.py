@@ -21,8 +21,8 @@ from transformer_jax.models.registry import Family
 from transformer_jax.train import losses, sharding
 from transformer_jax.train.sharding import DATA_AXIS
 
-__all__ = ['dropout_root', 'LoraState', 'make_eval_step', 'make_stacked_train_step',
-           'make_train_step', 'StepSettings', 'TrainState']
+__all__ = ['dropout_root', 'ema_decay_at', 'LoraState', 'make_eval_step',
+           'make_stacked_train_step', 'make_train_step', 'StepSettings', 'TrainState']
 
 
 class TrainState(flax.struct.PyTreeNode):
@@ -52,12 +52,13 @@ class StepSettings:
   seed: int = 0  # the dropout streams are fold_in(key(seed), 1), then the step and microbatch
   grad_accum_steps: int = 1  # sequential microbatches per global batch, one update
   label_smoothing: float = 0.0
-  dropout: bool = False  # whether the dropout layers are active
+  dropout: bool = False  # whether training runs the model with deterministic=False
   parallelism: str = 'jit'  # 'jit' (GSPMD) or 'shard_map' (per device, explicit pmean)
   rules: tuple = ()  # logical axis -> mesh axis, for the activations (sharding.rules_of)
   ema_decay: float = 0.0  # of the state's ema after each update (a state without one: unused)
   z_loss: float = 0.0  # of the cross-entropy's log(Z)^2, added to the objective
   loss_normalizing_factor: float | None = None  # None: the global batch's total weight
+  ema_warmup: bool = True  # ema_decay_at's warm-up
 
   @classmethod
   def of(cls, settings) -> 'StepSettings':
@@ -65,9 +66,10 @@ class StepSettings:
     training = settings.training
     return cls(seed=settings.seed, grad_accum_steps=training.grad_accum_steps,
                label_smoothing=training.label_smoothing,
-               dropout=any(rate > 0 for rate in settings.model.dropout_rates.values()),
+               dropout=settings.model.drops_in_training,
                parallelism=settings.parallelism, rules=settings.rules, ema_decay=training.ema_decay,
-               z_loss=training.z_loss, loss_normalizing_factor=training.loss_normalizing_factor)
+               ema_warmup=training.ema_warmup, z_loss=training.z_loss,
+               loss_normalizing_factor=training.loss_normalizing_factor)
 
   def normalizer(self, family: Family, batch) -> jax.Array:
     """What the summed objective of `batch` (the global batch) is divided by."""
@@ -109,7 +111,19 @@ def _grads_and_sums(model, family, settings, state, params, batch, rng, total_we
   return grads, jax.tree.map(lambda s: s.sum(axis=0), sums)
 
 
-def _apply_update(tx, schedule, state, grads, sums, ema_decay, constrain):
+def ema_decay_at(step, decay: float, warmup: bool = True):
+  """The moving average's decay in the update of the state at `step` (the updates before it):
+  with `warmup`, 0 at step 0 (the average starts as the first updated parameters) and then
+  min(decay, (1 + step) / (10 + step)), diffusers' EMAModel.get_decay (use_ema_warmup=False) of
+  its optimization_step step + 1; else `decay`. A function of the step alone, so that a resumed
+  run averages as an unbroken one."""
+  if not warmup:
+    return decay
+  step = jnp.asarray(step, jnp.float32)
+  return jnp.where(step == 0, 0.0, jnp.minimum(decay, (1.0 + step) / (10.0 + step)))
+
+
+def _apply_update(tx, schedule, state, grads, sums, settings, constrain):
   """One optax update, the parameters then as the family constrains them (`constrain(params)`:
   Family.constrain), and of the state's ema where it has one; the metrics say whether the new
   parameters are all finite, which the loop checks before it can save them."""
@@ -120,7 +134,8 @@ def _apply_update(tx, schedule, state, grads, sums, ema_decay, constrain):
                  params_finite=params_finite)
   ema = state.ema
   if ema is not None:
-    ema = optax.incremental_update(params, ema, 1.0 - ema_decay)
+    decay = ema_decay_at(state.step, settings.ema_decay, settings.ema_warmup)
+    ema = optax.incremental_update(params, ema, 1.0 - decay)
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state, ema=ema), metrics
 
 
@@ -131,7 +146,7 @@ def _jit_step(model, family, settings, mesh, tx, schedule, rng_root, state, batc
   total = settings.normalizer(family, batch)
   with sharding.activation_rules(mesh, settings.rules):
     grads, sums = _grads_and_sums(model, family, settings, state, state.params, batch, rng, total)
-  return _apply_update(tx, schedule, state, grads, sums, settings.ema_decay,
+  return _apply_update(tx, schedule, state, grads, sums, settings,
                        functools.partial(family.constrain, model.cfg))
 
 
@@ -233,7 +248,7 @@ def _shard_map_step(model, family, tx, schedule, settings, mesh, state_sharding,
                                   mean_total)
     grads = jax.lax.pmean(grads, DATA_AXIS)
     sums = jax.lax.psum(sums, DATA_AXIS)
-    return _apply_update(tx, schedule, state, grads, sums, settings.ema_decay,
+    return _apply_update(tx, schedule, state, grads, sums, settings,
                          functools.partial(family.constrain, model.cfg))
 
   return jax.shard_map(local_step, mesh=mesh, in_specs=(P(), P(DATA_AXIS)), out_specs=(P(), P()))
