@@ -40,7 +40,9 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   run.configure_logging(_VERBOSE.value)
-  if _MODE.value == 'compile':  # compile-only devices: this machine's accelerator stays unused
+  on_target = _MODE.value == 'compile' or (_MODE.value == 'describe'
+                                            and _CONFIG.value.compile.target)
+  if on_target:  # compile-only devices: this machine's accelerator stays unused
     jax.config.update('jax_platforms', 'cpu')
   if _COORDINATOR.value:
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)

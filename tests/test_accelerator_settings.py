@@ -80,11 +80,12 @@ def test_an_explicit_dtype_wins_on_every_platform():
 
 
 def test_describe_states_the_resolved_compute_dtype():
-  text = describe.describe(small_config())
+  text = describe.describe(small_config(**{'compile.xla_memory': False}))
   assert ('Compute dtype: float32 (auto on cpu: bfloat16 products run slower than float32 ones '
           'on XLA:CPU); parameters in float32') in text
   assert 'KV cache per sequence of 16 tokens in float32' in text
-  explicit = describe.describe(small_config(**{'model.dtype': 'bfloat16'}))
+  explicit = describe.describe(small_config(**{'model.dtype': 'bfloat16',
+                                               'compile.xla_memory': False}))
   assert 'Compute dtype: bfloat16 (chosen by name); parameters in float32' in explicit
 
 

@@ -4,6 +4,7 @@ CI runs these in its slow step, with the extra installed."""
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -15,7 +16,8 @@ pytest.importorskip('libtpu', reason="compile-only TPU devices need pip install 
 
 from helpers import load_experiment  # noqa: E402
 from train_helpers import small_config  # noqa: E402
-from transformer_jax import accounting, aot, config_lib, memory, models, targets  # noqa: E402
+from transformer_jax import (accounting, aot, config_lib, describe, memory, models,  # noqa: E402
+                             targets, train)
 from transformer_jax.errors import UserError  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -148,6 +150,31 @@ def test_every_run_of_the_colab_notebook_fits_one_chip_of_a_v5e_1_runtime():
   assert len(compiled_runs) >= 4 + 6
   for run_name, report in compiled_runs.items():
     assert report.devices == 1 and report.fits, (run_name, report.xla_bytes)
+
+
+def test_describe_fits_gpt2_small_at_batch_128_on_a_v5e_2x2_by_xlas_figure(tmp_path,
+                                                                          monkeypatch):
+  """Where the plan misses at the limit: GPT-2 small at batch 128 x 1024 on four v5e chips is
+  planned at 18.29 GiB a device, which would not fit their 15.75; XLA:TPU compiles it in 14.91
+  (--mode=compile's figure, 16,014,115,840 bytes with libtpu 0.0.42.1), and describe's verdict is
+  XLA's. Describing it again reads the figure from the cache."""
+  monkeypatch.setenv('TRANSFORMER_JAX_CACHE', str(tmp_path))
+  config = config_lib.from_file(os.path.join(ROOT, 'configs', 'gpt2_small.py'))
+  config.data.batch_size = 128
+  config.compile.target = 'v5e:2x2'
+  text = describe.describe(config)
+  assert re.search(r"\n  train step total +18.29 GiB \(the plan: 1.23x XLA's buffers\)\n"
+                   r'  compiled by XLA:TPU +14.91 GiB: fits in 15.75 GiB \(95%\)\n', text), text
+  assert re.search(r'\n  Compiled in [\d.]+ s and cached', text)
+  again = describe.describe(config)
+  assert again.splitlines()[:-1] == text.splitlines()[:-1]
+  assert again.splitlines()[-1].startswith('  From the cache (compiled in ')
+  settings = train.resolve(config, 'tpu')
+  cached = aot.train_step_memory(settings, targets.target('v5e:2x2').devices)
+  assert cached.cached and cached.xla_bytes['total'] == 16_014_115_840
+  config.compile.xla_memory = False
+  assert re.search(r'\n  train step total +18.29 GiB: does NOT fit in 15.75 GiB \(116%\), by the '
+                   r'plan\n', describe.describe(config))
 
 
 def test_launch_compiles_writes_nothing_and_ends_with_one_json_line(tmp_path):

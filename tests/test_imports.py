@@ -22,7 +22,8 @@ LAYERING = (
     ('image_scores',),
     ('train',),
     ('memory',),
-    ('describe', 'aot'),
+    ('aot',),
+    ('describe',),  # with XLA's memory of the compiled step
     ('run',),
     ('sweep',),
     (import_graph.PACKAGE,),  # its subpackages are imported when first used (PEP 562)

@@ -210,6 +210,7 @@ def test_describe_names_the_kernel_and_why():
   from transformer_jax import config_lib, describe
   config = config_lib.from_file('configs/llama_shakespeare.py')
   config.model.vocab_size = 65
+  config.compile.xla_memory = False
   text = describe.describe(config)
   assert ('Attention kernel: cpu (auto on cpu: heads before positions and the backward written '
           'out run fastest there)') in text
@@ -226,6 +227,7 @@ def test_describe_on_a_cpu_says_what_runs_once_and_no_other_platforms_fallback(m
   for module in (cudnn, splash):
     monkeypatch.setattr(module, '_logged', set())  # what earlier tests logged logs again
   config = config_lib.from_file('configs/gpt2_small.py')
+  config.compile.xla_memory = False
   with caplog.at_level('INFO', logger='transformer_jax'):
     text = describe.describe(config)
   assert 'runs XLA' not in caplog.text and 'cuDNN' not in text and 'splash' not in text

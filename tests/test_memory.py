@@ -3,16 +3,19 @@ set of experiments/memory_sets.py (1 and 8 devices under data, fully-sharded and
 parallelism) and a dual encoder's, a tower locked or not; memory_fit.json against the recorded
 compiles; the plan's state against the real shards."""
 import dataclasses
+import os
 import pathlib
+import re
 
 import jax
 import pytest
 
 from helpers import load_experiment
 from train_helpers import small_config
-from transformer_jax import accounting, config_lib, describe, memory, models, train
+from transformer_jax import accounting, aot, config_lib, describe, memory, models, run, train
 from transformer_jax.models import vit
 from transformer_jax.sweep import override
+from transformer_jax.train import metrics
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 fit_memory = load_experiment('fit_memory')
@@ -116,13 +119,57 @@ def test_the_plans_state_is_what_each_device_holds(tmp_path, optimizer):
 
 def test_describe_prints_the_plan_and_whether_it_fits():
   config = held_out('decoder', '8 fsdp')
+  config.compile.xla_memory = False
   config.training.device_memory_gb = 0.001
   text = describe.describe(config)
   assert "Memory per device on 8 devices (data=8, rule set 'fsdp')" in text
   assert 'gathered weights (FSDP)' in text and 'does NOT fit in 1.0 MiB' in text
+  assert ('No XLA:CPU figure: compile.xla_memory=False skips the compile; the plan is an '
+          'estimate.') in text
   config.training.device_memory_gb = 80
-  assert 'train step total' in describe.describe(config)
-  assert ': fits in 74.51 GiB' in describe.describe(config)
+  assert ': fits in 74.51 GiB (0%), by the plan' in describe.describe(config)
+
+
+def test_describe_prints_xlas_figure_and_its_verdict_compiling_once_then_from_the_cache(
+    tmp_path, monkeypatch, capsys):
+  """XLA:CPU's bytes of the compiled train step beside the plan: those --mode=compile's compile
+  of the same step (aot.compiled_train_step) reports. With the device's memory between the
+  plan's total and XLA's, the verdict is XLA's. One compile, whose figure is kept in the user's
+  cache: describing again (through launch.py's run, with a workdir) compiles nothing and writes
+  nothing in the workdir."""
+  monkeypatch.setenv('TRANSFORMER_JAX_CACHE', str(tmp_path / 'cache'))
+  config = held_out('decoder', '1 device')
+  compiled, _ = aot.compiled_train_step(train.build_run(config))
+  xla = metrics.compiled_memory(compiled)['total']
+  planned = memory.plan(config).train_total
+  assert abs(planned / xla - 1) > 0.01  # room between them
+  config.training.device_memory_gb = (planned + xla) / 2 / 1e9
+  xla_fits, plan_fits = ('fits', 'does NOT fit') if xla < planned else ('does NOT fit', 'fits')
+  compiles = []
+  compile_ = jax.stages.Lowered.compile
+  monkeypatch.setattr(jax.stages.Lowered, 'compile',
+                      lambda self, *args: compiles.append(self) or compile_(self, *args))
+  text = describe.describe(config)
+  assert len(compiles) == 1
+  printed = re.search(r'\n  compiled by XLA:CPU +([\d.]+) MiB: (fits|does NOT fit) in ', text)
+  assert printed and float(printed[1]) == round(xla / 2**20, 1), text
+  assert printed[2] == xla_fits
+  assert re.search(r'\n  Compiled in [\d.]+ s and cached: describing this step again compiles '
+                   r'nothing \(compile.xla_memory=False skips the compile\)', text)
+  assert f"(the plan: {planned / metrics.compiled_memory(compiled)['buffers']:.2f}x" in text
+  assert len(os.listdir(tmp_path / 'cache' / 'xla_memory')) == 1
+
+  workdir = tmp_path / 'workdir'
+  workdir.mkdir()
+  capsys.readouterr()
+  run.run(config, str(workdir), 'describe')
+  again = capsys.readouterr().out
+  assert not compiles[1:] and not os.listdir(workdir)
+  assert again.strip().splitlines()[:-1] == text.splitlines()[:-1]  # all but where it came from
+  assert again.strip().splitlines()[-1].startswith('  From the cache (compiled in ')
+
+  config.compile.xla_memory = False  # the plan alone gives the other verdict
+  assert f'{plan_fits} in ' in describe.describe(config) and not compiles[1:]
 
 
 @pytest.mark.parametrize('family', ['decoder', 'encoder_decoder'])
@@ -134,7 +181,7 @@ def test_the_kv_cache_of_a_family_without_formulas_is_measured_from_its_cache(mo
   ours = models.registry.get(family)
   models.registry.register(dataclasses.replace(ours, name=f'plain_{family}', param_counts=None,
                                                forward_flops=None))
-  config = small_config(family, **{'model.num_kv_heads': 2})
+  config = small_config(family, **{'model.num_kv_heads': 2, 'compile.xla_memory': False})
   cfg = models.model_config(config.model)
   plain = dataclasses.replace(cfg, family=f'plain_{family}')
   for dtype in ('float32', 'bfloat16'):
@@ -151,6 +198,10 @@ def test_describe_cautions_with_the_test_sets_range_for_the_kind_of_model():
   range over its models; one it has no model of is said to be untested."""
   measured = memory.read_fit()['test']['cpu']
   config = held_out('vit', '8 fsdp')
+  config.compile.xla_memory = False  # the plan alone
+  low, high, count = measured['vit']
+  assert (f'\n  For vit models the plan was {low:.2f}-{high:.2f}x what XLA:CPU needed over the '
+          f'{count} of its test set.' in describe.describe(config))
   assert 'Caution' not in describe.describe(config)
   config.model.remat_policy = 'full'
   low, high, count = measured['remat full']

@@ -208,6 +208,7 @@ def test_bad_configs_fail_at_build_time_naming_the_fix(overrides, message):
 @pytest.mark.parametrize('path', CONFIG_FILES, ids=lambda p: p.stem)
 def test_every_config_builds_and_describes(path):
   config = load_config(path)
+  config.compile.xla_memory = False  # full-sized models: their plan, no compile
   text = describe.describe(config)
   assert f'{models.model_config(config.model).family} model:' in text
   assert 'FLOPs per' in text
@@ -233,6 +234,7 @@ def test_a_family_of_your_own_joins_with_one_entry_and_trains(tmp_path):
   assert counts == accounting.count_params(state.params)
   assert counts['attention'] > 0 and counts['other'] == 0  # the convolutions fill the attn slot
   assert accounting.forward_flops(config.model, seq_len=16)['total'] > 0
+  config.compile.xla_memory = False
   assert 'conv_lm model' in describe.describe(config)
   with pytest.raises(ValueError, match="'conv_lm' model cannot decode"):
     decode.generate(models.build(config.model), state.params, np.zeros((1, 2), np.int32),

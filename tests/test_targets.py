@@ -45,8 +45,12 @@ def test_describe_plans_for_a_target_without_its_devices(monkeypatch, name, plat
   text = describe.describe(config)
   assert f'Memory per device on {devices} devices (data={devices}' in text
   assert f'as XLA:{platform.upper()} compiles it' in text
-  assert f'fits in {hbm}' in text
+  assert f'fits in {hbm}' in text and ', by the plan' in text
   assert f'Compute dtype: bfloat16 (auto on {platform}' in text
+  package = ('libtpu (compile-only TPU devices)' if platform == 'tpu' else
+             'the CUDA plugin (jax-cuda12-plugin)')
+  assert (f'\n  No XLA:{platform.upper()} figure: {package} is not installed (pip install -e '
+          "'.[compile]'); the plan is an estimate.\n") in text
   low, high, count = memory.read_fit()['test'][platform]['under 1 GiB']  # a few MiB's plan
   assert (f'Caution: for models under 1 GiB per device the plan was {low:.2f}-{high:.2f}x what '
           f'XLA:{platform.upper()} needed over the {count} of its test set') in text

@@ -18,7 +18,8 @@ from transformer_jax.errors import ConfigError
 from transformer_jax import data, decode, lora, models
 from transformer_jax.model_config import names
 from transformer_jax.ranges import Range
-from transformer_jax.settings import MeshSettings, OptimizerSettings, Settings, TrainingSettings
+from transformer_jax.settings import (CompileSettings, MeshSettings, OptimizerSettings, Settings,
+                                     TrainingSettings)
 
 __all__ = [
     'assign', 'base_config', 'check_values', 'CheckedConfigFile', 'CHOICES', 'differences',
@@ -88,9 +89,9 @@ def base_config(family: str = 'decoder') -> ml_collections.ConfigDict:
   # mesh axis) rules of sharding_rules, which win: (('embed', 'data'),) alone makes 'dp' into FSDP.
   config.rule_set = 'dp'
   config.sharding_rules = ()
-  # --mode=compile: the accelerator to compile the run's steps for, without it (transformer_jax
-  # .targets): a TPU topology 'v5e:2x2', a Cloud TPU type 'v4-8', or GPUs 'h100x8'.
-  config.compile = ml_collections.ConfigDict(dict(target=''))
+  # The accelerator --mode=compile and --mode=describe compile for, and whether describe asks
+  # XLA for the train step's memory (settings.CompileSettings).
+  config.compile = section_of(CompileSettings)
   # A Hugging Face checkpoint directory to start from instead of a random init (see
   # transformer_jax.convert); a checkpoint of the run's own, once there is one, wins.
   config.init_from_hf = ''

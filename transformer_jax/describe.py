@@ -1,8 +1,9 @@
-"""`--mode=describe`: the model's shape, parameters by part, FLOPs per token, KV-cache bytes, and
-the memory plan per device on the run's mesh."""
+"""`--mode=describe`: the model's shape, parameters by part, FLOPs per token, KV-cache bytes, the
+memory plan per device on the run's mesh and, where the compiler is installed, XLA's own figure
+of the compiled train step, whose verdict (fits or not) it gives."""
 import jax
 
-from transformer_jax import accounting, memory, models, targets
+from transformer_jax import accounting, aot, memory, models, targets
 from transformer_jax.settings import TrainingSettings
 from transformer_jax.train import run_settings, sharding
 
@@ -62,8 +63,7 @@ def describe(config) -> str:
 
 
 def _target(config):
-  target = (config.compile_target if isinstance(config, run_settings.RunSettings)
-            else config.compile.target)
+  target = config.compile.target
   return targets.target(target) if target else None
 
 
@@ -84,7 +84,10 @@ def device_memory(training: TrainingSettings, target=None) -> float | None:
 
 def memory_lines(settings, target=None) -> list[str]:
   """The per-device plan of the train step (and a decoding cache) of a run's resolved settings
-  on its mesh and rules, over the devices of `target` (a targets.Target) or of this machine."""
+  on its mesh and rules, over the devices of `target` (a targets.Target) or of this machine;
+  beside it XLA's figure of the compiled step (aot.train_step_memory) and the verdict by it,
+  where the settings ask for it (compile.xla_memory) and the compiler is installed; else the
+  plan's verdict and how far plans of its kind held (memory.accuracy)."""
   platform, cfg, data = settings.platform, settings.model, settings.data
   sizes = sharding.mesh_sizes(settings.mesh, target and target.num_devices)
   plan = memory.plan(settings, sizes)
@@ -100,12 +103,50 @@ def memory_lines(settings, target=None) -> list[str]:
            ('batch', plan.batch), ('activations (estimate)', plan.activations)]
   lines += [f'  {name:<24} {_size(value):>12}' for name, value in parts if value or
             name.startswith(('parameters', 'activations'))]
-  total, limit = plan.train_total, device_memory(settings.training, target)
-  verdict = ('' if limit is None else f': {"fits" if total <= limit else "does NOT fit"} in '
-             f'{_size(limit)} ({total / limit:.0%})')
-  lines.append(f'  {"train step total":<24} {_size(total):>12}{verdict}')
+  limit, compiler = device_memory(settings.training, target), f'XLA:{platform.upper()}'
+  xla, why_none = _xla_memory(settings, target)
+  if xla is None:  # the plan's verdict, and how far plans of its kind held
+    lines.append(f'  {"train step total":<24} {_size(plan.train_total):>12}'
+                 f'{_verdict(plan.train_total, limit)}{", by the plan" if limit else ""}')
+    accurate, accuracy = memory.accuracy(cfg, platform, plan)
+    notes = [f'No {compiler} figure: {why_none}; the plan is an estimate.',
+             f'{accuracy[0].upper()}{accuracy[1:]}.' if accurate else f'Caution: {accuracy}.']
+  else:
+    total = xla.xla_bytes['total']
+    lines.append(f'  {"train step total":<24} {_size(plan.train_total):>12}' + (
+        '' if xla.refused else
+        f' (the plan: {plan.train_total / xla.xla_bytes["buffers"]:.2f}x XLA\'s buffers)'))
+    compiled = f'  {"compiled by " + compiler:<24} '
+    if xla.refused:  # too big to compile: XLA:TPU's need, by its out-of-memory error
+      lines.append(compiled + (f'{_size(total):>12}' if total else 'more than it holds') +
+                   f': does NOT fit{f" in {_size(limit)}" if limit else ""} ({compiler} refused '
+                   'to compile it, out of memory)')
+    else:
+      lines.append(compiled + f'{_size(total):>12}{_verdict(total, limit)}')
+    skip = 'compile.xla_memory=False skips the compile'
+    notes = [f'From the cache (compiled in {xla.compile_seconds:.1f} s before; {skip}).'
+             if xla.cached else f'Compiled in {xla.compile_seconds:.1f} s and cached: '
+             f'describing this step again compiles nothing ({skip}).']
   if plan.kv_cache is not None:
     lines.append(f'  {"KV cache per sequence":<24} {_size(plan.kv_cache):>12} (decoding '
                  f'{data.seq_len} tokens)')
-  cautions = memory.caveats(cfg, platform, plan)
-  return lines + [f'  Caution: {caveat}' for caveat in cautions]
+  return lines + [f'  {note}' for note in notes]
+
+
+def _verdict(total: float, limit: float | None) -> str:
+  if limit is None:
+    return ''
+  return f': {"fits" if total <= limit else "does NOT fit"} in {_size(limit)} ({total / limit:.0%})'
+
+
+def _xla_memory(settings, target) -> tuple:
+  """(XLA's memory of the run's compiled train step for `target` or this machine, an
+  aot.StepMemory, else None; why there is none)."""
+  if not settings.compile.xla_memory:
+    return None, 'compile.xla_memory=False skips the compile'
+  if target is not None and target.missing:
+    return None, f"{target.missing} is not installed (pip install -e '.[compile]')"
+  xla = aot.train_step_memory(settings, target and target.devices)
+  if xla.xla_bytes is None:
+    return None, f'XLA:{settings.platform.upper()} reports no memory analysis'
+  return xla, None

@@ -10,7 +10,8 @@ from typing import Any, Mapping
 from transformer_jax.errors import ConfigError
 from transformer_jax.ranges import COUNT, FRACTION, Range
 
-__all__ = ['check_templates', 'MeshSettings', 'OptimizerSettings', 'Settings', 'TrainingSettings']
+__all__ = ['check_templates', 'CompileSettings', 'MeshSettings', 'OptimizerSettings', 'Settings',
+           'TrainingSettings']
 
 
 class Settings:
@@ -145,6 +146,21 @@ class MeshSettings(Settings):
     if any(not isinstance(s, int) or (s < 1 and s != -1) for s in shape) or shape.count(-1) > 1:
       raise ConfigError(f'mesh.shape={shape} must hold positive sizes and at most one -1 (all '
                         'the remaining devices).')
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileSettings(Settings):
+  """The keys of config.compile."""
+  SECTION = 'compile'
+  # The accelerator to compile the run's steps for, without it (transformer_jax.targets): a TPU
+  # topology 'v5e:2x2', a Cloud TPU type 'v4-8', or GPUs 'h100x8'. --mode=compile needs one;
+  # --mode=describe describes the run on it; unset: on this machine's devices.
+  target: str = ''
+  # --mode=describe compiles the train step (for the target, else for this machine) and prints
+  # XLA's bytes per device beside the plan's, and whether the step fits by XLA's figure; kept
+  # in the user's cache (aot.train_step_memory), so that describing it again compiles nothing.
+  # False: the plan alone, an instant estimate, as where the target's compiler is not installed.
+  xla_memory: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -71,6 +71,9 @@ _SLICES_2D = {1: '1x1', 4: '2x2', 8: '2x4', 16: '4x4', 32: '4x8', 64: '8x8', 128
 _SLICES_3D = {4: '2x2x1', 8: '2x2x2', 16: '2x2x4', 32: '2x4x4', 64: '4x4x4', 128: '4x4x8',
               256: '4x8x8', 512: '8x8x8'}
 _CLOUD_NAMES = {'v5litepod': 'v5e'}
+# The module each platform's compile-only devices come from, and what installs it.
+_COMPILERS = {'tpu': ('libtpu', 'libtpu (compile-only TPU devices)'),
+              'gpu': ('jax_plugins.xla_cuda12', 'the CUDA plugin (jax-cuda12-plugin)')}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,11 +88,24 @@ class Target:
     return self.chip.platform
 
   @property
+  def missing(self) -> str | None:
+    """What compiling for the target needs and is not installed ('libtpu (compile-only TPU
+    devices)'); None: its compiler is here."""
+    module, what = _COMPILERS[self.platform]
+    try:
+      found = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is absent
+      found = False
+    return None if found else what
+
+  @property
   def devices(self) -> tuple:
     """The compile-only jax.Devices, made when first asked for (they need the extra; a plan of
     the target, --mode=describe's, needs only their number)."""
+    if self.missing:
+      raise ConfigError(f'compile.target={self.name!r} needs {self.missing}, which is not '
+                        "installed: pip install -e '.[compile]'.")
     if self.platform == 'gpu':
-      _require('jax_plugins.xla_cuda12', 'the CUDA plugin (jax-cuda12-plugin)', self.name)
       return _gpu_devices(self.name.rpartition('x')[0], self.topology)
     return _tpu_devices(self.topology, self.topology.partition(':')[0])
 
@@ -136,19 +152,8 @@ def _tpu_topology(name: str) -> tuple[str, str]:
       f'({", ".join(f"{g}x8" for g in GPU_TARGETS)}; 1 to 8 of them).')
 
 
-def _require(module: str, what: str, name: str) -> None:
-  try:
-    found = importlib.util.find_spec(module) is not None
-  except ModuleNotFoundError:  # its parent package is absent
-    found = False
-  if not found:
-    raise ConfigError(f'compile.target={name!r} needs {what}, which is not installed: '
-                      "pip install -e '.[compile]'.")
-
-
 @functools.cache
 def _tpu_devices(topology: str, chip: str) -> tuple:
-  _require('libtpu', 'libtpu (compile-only TPU devices)', topology)
   # libtpu locks a file against a second process loading it, as a TPU's owner must; compiling
   # claims no chip, so several compiles (a sweep's, the tests') may run at once.
   os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')

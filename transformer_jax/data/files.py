@@ -1,11 +1,19 @@
-"""Files and folders written whole or not at all: a reader never sees a part of one."""
+"""Files and folders written whole or not at all: a reader never sees a part of one; the user's
+cache, where such files are kept between runs."""
 import json
 import os
 import pathlib
 import shutil
 from typing import Callable
 
-__all__ = ['completed', 'write_atomically']
+__all__ = ['completed', 'user_cache', 'write_atomically']
+
+
+def user_cache(name: str) -> str:
+  """The folder `name` of the user's cache: $TRANSFORMER_JAX_CACHE/name, else
+  ~/.cache/transformer_jax/name (tokenized corpora, XLA's memory figures)."""
+  cache = os.environ.get('TRANSFORMER_JAX_CACHE', os.path.expanduser('~/.cache/transformer_jax'))
+  return os.path.join(cache, name)
 
 
 def write_atomically(path: pathlib.Path, text: str) -> None:

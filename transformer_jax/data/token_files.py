@@ -12,7 +12,6 @@ documents (data.packing) is written beside them in the same way.
 import hashlib
 import json
 import logging
-import os
 import pathlib
 import time
 
@@ -34,8 +33,7 @@ _CHUNK = 1024  # documents tokenized at a time (in parallel by the tokenizers pa
 
 def default_root() -> str:
   """$TRANSFORMER_JAX_CACHE/tokens, else ~/.cache/transformer_jax/tokens."""
-  cache = os.environ.get('TRANSFORMER_JAX_CACHE', os.path.expanduser('~/.cache/transformer_jax'))
-  return os.path.join(cache, 'tokens')
+  return files.user_cache('tokens')
 
 
 class TokenFile:

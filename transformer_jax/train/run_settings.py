@@ -17,7 +17,8 @@ from transformer_jax.data import DataSettings
 from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.models.registry import Family
-from transformer_jax.settings import MeshSettings, OptimizerSettings, TrainingSettings
+from transformer_jax.settings import (CompileSettings, MeshSettings, OptimizerSettings,
+                                     TrainingSettings)
 from transformer_jax.train import sharding
 
 __all__ = ['resolve', 'RunSettings']
@@ -45,7 +46,7 @@ class RunSettings:
   parallelism: str
   init_from_hf: str
   init_from_checkpoint: str
-  compile_target: str
+  compile: CompileSettings  # the target describe and --mode=compile compile for
 
   @property
   def family(self) -> Family:
@@ -106,7 +107,7 @@ def resolve(config: 'ml_collections.ConfigDict | RunSettings',
       rules=sharding.rules_of(config.rule_set, config.sharding_rules),
       parallelism=config.parallelism,
       init_from_hf=config.init_from_hf, init_from_checkpoint=config.init_from_checkpoint,
-      compile_target=config.compile.target)
+      compile=CompileSettings.of(config.compile))
 
 
 def _eval_settings(family: Family, cfg: ModelConfig, section, sample):
