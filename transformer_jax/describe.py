@@ -104,7 +104,7 @@ def memory_lines(settings, target=None) -> list[str]:
   lines += [f'  {name:<24} {_size(value):>12}' for name, value in parts if value or
             name.startswith(('parameters', 'activations'))]
   limit, compiler = device_memory(settings.training, target), f'XLA:{platform.upper()}'
-  xla, why_none = _xla_memory(settings, target)
+  xla, why_none = _xla_memory(settings, target, limit)
   if xla is None:  # the plan's verdict, and how far plans of its kind held
     lines.append(f'  {"train step total":<24} {_size(plan.train_total):>12}'
                  f'{_verdict(plan.train_total, limit)}{", by the plan" if limit else ""}')
@@ -139,11 +139,16 @@ def _verdict(total: float, limit: float | None) -> str:
   return f': {"fits" if total <= limit else "does NOT fit"} in {_size(limit)} ({total / limit:.0%})'
 
 
-def _xla_memory(settings, target) -> tuple:
+def _xla_memory(settings, target, limit) -> tuple:
   """(XLA's memory of the run's compiled train step for `target` or this machine, an
-  aot.StepMemory, else None; why there is none)."""
+  aot.StepMemory, else None; why there is none). A machine that states no memory to fit in
+  (a CPU, without training.device_memory_gb) has no verdict to settle: its describe stays the
+  instant plan rather than a compile of minutes for a large model."""
   if not settings.compile.xla_memory:
     return None, 'compile.xla_memory=False skips the compile'
+  if limit is None:
+    return None, ('this machine states no memory to fit in (set training.device_memory_gb, or '
+                  'compile.target, to have the step compiled and judged)')
   if target is not None and target.missing:
     return None, f"{target.missing} is not installed (pip install -e '.[compile]')"
   xla = aot.train_step_memory(settings, target and target.devices)

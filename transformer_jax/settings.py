@@ -156,9 +156,10 @@ class CompileSettings(Settings):
   # topology 'v5e:2x2', a Cloud TPU type 'v4-8', or GPUs 'h100x8'. --mode=compile needs one;
   # --mode=describe describes the run on it; unset: on this machine's devices.
   target: str = ''
-  # --mode=describe compiles the train step (for the target, else for this machine) and prints
-  # XLA's bytes per device beside the plan's, and whether the step fits by XLA's figure; kept
-  # in the user's cache (aot.train_step_memory), so that describing it again compiles nothing.
+  # --mode=describe compiles the train step (for the target, else for this machine where it
+  # states a memory to fit in: a GPU or TPU, or training.device_memory_gb) and prints XLA's
+  # bytes per device beside the plan's, and whether the step fits by XLA's figure; kept in the
+  # user's cache (aot.train_step_memory), so that describing it again compiles nothing.
   # False: the plan alone, an instant estimate, as where the target's compiler is not installed.
   xla_memory: bool = True
 
