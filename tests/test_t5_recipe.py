@@ -20,6 +20,7 @@ compute the same update (train.optim.scale_by_adafactor says more):
 - the same: the second moments' decay 1 - t^-0.8 (t from 1), epsilon 1e-30 added to the squared
   gradients, updates clipped to an RMS of 1, scaled by max(RMS(param), 1e-3).
 """
+import dataclasses
 import math
 
 import jax
@@ -28,8 +29,8 @@ import pytest
 import torch
 import transformers
 
-from helpers import ROOT, load_config
-from transformer_jax import convert, train
+from helpers import ROOT, init, load_config
+from transformer_jax import convert, models, train
 from transformer_jax.train import checkpoint, optim, setup, sharding
 
 VOCAB, BATCH, SOURCE, TARGET, STEPS = 40, 4, 12, 7, 20
@@ -165,3 +166,42 @@ def test_t5_small_trains_with_t5s_recipe(arg, dropout, schedule, rate, normalize
                factoring, is_leaf=lambda x: isinstance(x, optim.Factoring))}
   assert {path for path, f in paths.items() if not f.rows} == {
       path for path in paths if path.endswith(('scale', 'relative_attention_bias'))}
+
+
+@pytest.mark.parametrize('feed_forward', ['relu', 'gated-gelu'])
+def test_a_fresh_t5_starts_as_t5s_initialization(tmp_path, feed_forward):
+  """Each tensor of a T5 initialized here has the mean and spread of the same tensor of a fresh
+  transformers T5ForConditionalGeneration (whose _init_weights writes Mesh TensorFlow's: the
+  embedding N(0, 1), the queries N(0, (d_model d_kv)^-1/2) with attention's 1/sqrt(d_kv) folded
+  in, keys, values and wi N(0, d_model^-1/2), o and wo their fan-in's), within 4 standard
+  errors; norms start at one. Where transformers departs from T5X, ours is T5X's: the relative
+  bias tables variance-scaled (fan_avg, uniform: std sqrt(2 / (buckets + heads)); transformers
+  d_model^-1/2) and T5 1.1's untied head LeCun normal (T5X's fan-in; transformers N(0, 1))."""
+  torch.manual_seed(0)
+  theirs = transformers.T5ForConditionalGeneration(transformers.T5Config(
+      vocab_size=512, d_model=64, d_kv=16, d_ff=256, num_layers=2, num_decoder_layers=2,
+      num_heads=4, relative_attention_num_buckets=32, feed_forward_proj=feed_forward,
+      dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1))
+  theirs.save_pretrained(tmp_path / 'theirs')
+  cfg = models.model_config(convert.directory.load_model_config(tmp_path / 'theirs')).on('cpu')
+  params = init(cfg, jax.random.key(0))
+  convert.directory.save(tmp_path / 'ours', cfg, params)
+  ours = convert.directory.read_tensors(tmp_path / 'ours')
+  theirs = {name: tensor.numpy() for name, tensor in theirs.state_dict().items()}
+  # transformers' state dict repeats the tied embedding as each stack's and the head's.
+  assert set(ours) == set(theirs) - {'encoder.embed_tokens.weight', 'decoder.embed_tokens.weight',
+                                     'lm_head.weight'}
+  for name, tensor in ours.items():
+    if name.endswith('layer_norm.weight'):
+      np.testing.assert_array_equal(tensor, 1.0)
+      continue
+    rms = lambda x: np.sqrt(np.mean(np.square(x)))
+    expected = (math.sqrt(2 / (32 + 4)) if 'relative_attention_bias' in name else
+                rms(theirs[name]))
+    error = 1 / math.sqrt(tensor.size)  # relative, of the spread of one side's draw
+    assert abs(rms(tensor) / expected - 1) < 4 * error, name
+    assert abs(np.mean(tensor)) < 5 * error * expected, name  # centred, as theirs
+  untied = init(dataclasses.replace(cfg, tie_embeddings=False, scale_tied_head=False),
+                jax.random.key(1))
+  head = np.asarray(untied['head']['unembed']['kernel'])
+  assert abs(np.std(head) / 64 ** -0.5 - 1) < 4 / math.sqrt(head.size)
