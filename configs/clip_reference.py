@@ -21,7 +21,9 @@ def get_config(arg=None):
       dtype='float32')
   config.data.update(name='synthetic', batch_size=64, eval_batch_size=64, eval_examples=256,
                      tokenizer='chars')
-  config.optimizer.update(learning_rate=1e-3, warmup_steps=20, weight_decay=0.1)
+  # 20 warmup steps, or a tenth of a shorter run (a warmup past the run is refused).
+  config.optimizer.update(learning_rate=1e-3, warmup_steps=min(20, arg.steps // 10),
+                          weight_decay=0.1)
   config.training.update(steps=arg.steps, log_every=50, eval_every=arg.steps,
                          checkpoint_every=arg.steps)
   if arg.smoke:

@@ -14,7 +14,8 @@ def get_config(arg=None):
                       num_mels=40, num_frames=100, max_len=16, dtype='float32')
   config.data.update(name='synthetic', seq_len=8, batch_size=16, eval_batch_size=16,
                      eval_examples=64, wer_examples=64)
-  config.optimizer.update(learning_rate=2e-3, warmup_steps=20)
+  # 20 warmup steps, or a tenth of a shorter run (a warmup past the run is refused).
+  config.optimizer.update(learning_rate=2e-3, warmup_steps=min(20, arg.steps // 10))
   config.training.update(steps=arg.steps, log_every=25, eval_every=arg.steps,
                          checkpoint_every=arg.steps)
   return config_lib.smoke(config) if arg.smoke else config
