@@ -44,7 +44,7 @@ def test_the_dit_configs_train_as_dits_train_py():
   """DiT's initialization, no gradient clipping, and an EMA of 0.9999 warmed up, whatever the
   length of the run (the argument or a --config.training.steps override)."""
   for name, arg in (('dit_xl2.py', None), ('dit_reference.py', None),
-                    ('dit_reference.py', 'steps=300')):
+                    ('dit_reference.py', 'steps=300'), ('dit_digits.py', None)):
     config = config_lib.from_file(CONFIGS / name, arg)
     assert config.optimizer.grad_clip_norm == 0 and config.optimizer.weight_decay == 0
     assert (config.training.ema_decay, config.training.ema_warmup) == (0.9999, True)

@@ -13,7 +13,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from transformer_jax import config_lib, data, sweep, train
-from transformer_jax.errors import ConfigError
+from transformer_jax.errors import ConfigError, UserError
 from transformer_jax.train import losses, setup
 from helpers import mock_tfds, ROOT
 
@@ -248,3 +248,98 @@ def test_the_default_preprocessing_brings_images_to_the_models_size():
     run = setup.build_run(train.resolve(config))
     assert run.data.info['image_shape'] == (16, 16, 3)
     assert run.data.train_batch(0)['image'].shape == (8, 16, 16, 3)
+
+
+def image_folder(root, splits=('train', 'test'), classes=('cat', 'dog', 'emu'), count=4):
+  """A folder of torchvision's ImageFolder layout: per split and class `count` images of their
+  own sizes, grey PNGs and RGB JPEGs, one in a subfolder, and a file that is no image. Returns
+  {(split, class): [the pixels of each image, in name order]}."""
+  noise, pixels = np.random.default_rng(0), {}
+  for split in splits:
+    for name in classes:
+      folder = root / split / name
+      (folder / 'more').mkdir(parents=True)
+      (folder / 'notes.txt').write_text('not an image')
+      pixels[split, name] = []
+      for i in range(count):
+        grey = i % 2 == 0
+        image = noise.integers(0, 256, size=(6 + i, 7 + i) + (() if grey else (3,)),
+                               dtype=np.uint8)
+        # names sort as 0.png, 1.jpg, ...; the last in a subfolder (more/3.jpg sorts last)
+        path = folder / ('more/' if i == count - 1 else '') / f'{i}.{"png" if grey else "jpg"}'
+        Image.fromarray(image).save(path, quality=95)
+        with Image.open(path) as saved:  # a JPEG's pixels as Pillow decodes them
+          pixels[split, name].append(np.asarray(saved.convert('RGB')))
+  return pixels
+
+
+def folder_data(root, **overrides):
+  config = {'name': 'imagefolder', 'image_dir': str(root), 'batch_size': 4, 'eval_batch_size': 3,
+            'pp_eval': 'decode|resize(8, method="nearest")', **overrides}
+  return data.make_data(config, 'image', seed=0, process_index=0, process_count=1, image_size=8)
+
+
+def test_an_image_folder_is_read_class_by_folder_name_the_classes_in_turn(tmp_path):
+  pixels = image_folder(tmp_path)
+  ds = folder_data(tmp_path)
+  assert ds.info['num_classes'] == 3 and ds.info['splits'] == ('train', 'test')
+  assert ds.info['num_train_examples'] == 12 and ds.task.num_eval_examples == 12
+  held_out = ds.task.held_out
+  # Class i is the i-th folder name in sorted order; the records take the classes in turn.
+  assert [held_out[i]['label'] for i in range(6)] == [0, 1, 2, 0, 1, 2]
+  assert held_out[4]['image'] == (tmp_path / 'test' / 'dog' / '1.jpg').read_bytes()
+  batch = ds.task.eval_examples(np.arange(6))
+  expected = [pixels['test', name][rank] for rank in (0, 1) for name in ('cat', 'dog', 'emu')]
+  expected = [np.asarray(Image.fromarray(p).convert('RGB').resize((8, 8), Image.NEAREST))
+              for p in expected]
+  np.testing.assert_array_equal(batch['image'], np.stack(expected).astype(np.float32))
+  np.testing.assert_array_equal(batch['label'], [0, 1, 2, 0, 1, 2])
+  assert sorted(held_out.paths)[-1].endswith('emu/more/3.jpg')  # subfolders read too
+
+
+def test_an_image_folder_without_a_held_out_split_holds_out_a_tenth_of_each_class(tmp_path):
+  image_folder(tmp_path, splits=('train',), count=12)
+  ds = folder_data(tmp_path)
+  assert ds.info['num_train_examples'] == 33 and ds.task.num_eval_examples == 3
+  assert [p.rsplit('/', 2)[-2:] for p in ds.task.held_out.paths] == [
+      ['more', '11.jpg']] * 3  # each class's last image by name
+  assert [ds.task.held_out[i]['label'] for i in range(3)] == [0, 1, 2]
+
+
+def test_data_eval_split_holds_out_a_folder_of_another_name(tmp_path):
+  image_folder(tmp_path, splits=('train', 'dev'), classes=('a', 'b'))
+  with pytest.raises(ConfigError, match=r'split folder dev beside train, and no test or '
+                                        r'validation: set data.eval_split=dev'):
+    folder_data(tmp_path)
+  assert folder_data(tmp_path, eval_split='dev').info['splits'] == ('train', 'dev')
+
+
+@pytest.mark.parametrize('breakage, message', [
+    (lambda root: None, r"data.image_dir=.*/nowhere is not a folder: an image folder is "
+                        r"DIR/train/<class>/<image>"),
+    (lambda root: (root / 'test' / 'fox').mkdir(), r'test/fox is a class the training folder '
+                                                   r'.*/train lacks \(its classes: a, b\)'),
+    (lambda root: (root / 'train' / 'a' / '0.png').write_bytes(b'not a png'),
+     r'train/a/0.png is not an image Pillow reads'),
+    (lambda root: (root / 'train' / 'c').mkdir(), r'The class folder .*/train/c holds no images'),
+])
+def test_a_bad_image_folder_is_refused_naming_the_folder_or_file(tmp_path, breakage, message):
+  image_folder(tmp_path, classes=('a', 'b'), count=2)
+  breakage(tmp_path)
+  root = tmp_path / 'nowhere' if 'nowhere' in message else tmp_path
+  with pytest.raises((ConfigError, UserError), match=message) as error:
+    folder_data(root)
+  assert '\n' not in str(error.value)
+
+
+@pytest.mark.parametrize('overrides, message', [
+    ({'image_dir': None}, r"data.name='imagefolder' reads data.image_dir"),
+    ({'eval_split': 'validation'}, r"data.eval_split='validation': .* has no split folder "
+                                   r'validation; its folders: test, train'),
+    ({'train_split': 'test', 'eval_split': 'test'}, r"data.eval_split='test' is the training "
+                                                    'folder too'),
+])
+def test_image_folder_settings_that_name_no_folder_are_refused(tmp_path, overrides, message):
+  image_folder(tmp_path, classes=('a',), count=1)
+  with pytest.raises(ConfigError, match=message):
+    folder_data(tmp_path, **overrides)

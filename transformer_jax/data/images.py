@@ -26,6 +26,7 @@ __all__ = ['ArraySource', 'channel_stats', 'ImageSettings', 'ImageTask', 'Mixing
 class ImageSettings(DataPart):
   """The keys of config.data that image datasets read."""
   PART = 'image'
+  image_dir: str | None = None  # an image folder (data.name='imagefolder'; data.imagefolder)
   image_key: str = 'image'  # the image and ClassLabel features of an image dataset
   label_key: str = 'label'
   # Preprocessing of each training and held-out image, a spec of ops (data.preprocess), e.g.

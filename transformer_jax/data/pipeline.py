@@ -9,7 +9,7 @@ import grain
 import numpy as np
 
 from transformer_jax.errors import ConfigError
-from transformer_jax.data import (images, preprocess, rng, seq2seq, sources,
+from transformer_jax.data import (imagefolder, images, preprocess, rng, seq2seq, sources,
                                   span_corruption_task, speech, text_data, text_to_text,
                                   translation)
 from transformer_jax.data.settings import DataSettings
@@ -211,9 +211,9 @@ SYNTHETIC_IMAGE_SIZE, SYNTHETIC_CLASSES = 32, 10
 def _image_task(settings: DataSettings, seed: int, tokenizer_dir=None, image_size=None,
                 num_classes=None, num_channels=3, **unused) -> images.ImageTask:
   """Image classification: generated images of the model's size, classes and channels (other
-  than 3: latents, of the model's size already, kept as they are by decode(num_channels)), or a
-  TFDS dataset (CIFAR-10 prepared from its archive where needed) preprocessed to the model's
-  size."""
+  than 3: latents, of the model's size already, kept as they are by decode(num_channels)), an
+  image folder (data.image_dir), or a TFDS dataset (CIFAR-10 prepared from its archive where
+  needed), preprocessed to the model's size."""
   del tokenizer_dir, unused
   name, own = settings.name, settings.part(images.ImageSettings)
   image_size = image_size or SYNTHETIC_IMAGE_SIZE
@@ -230,13 +230,21 @@ def _image_task(settings: DataSettings, seed: int, tokenizer_dir=None, image_siz
     source, splits = name, ('generated', 'generated')
   else:
     pp_train, pp_eval = image_preprocessing(own, image_size)  # checked before reading
-    if name == 'cifar10':
-      name = sources.prepare_cifar10(settings.tfds_data_dir, settings.manual_dir,
-                                     settings.download)
-    dataset = sources.open_image_dataset(
-        name, data_dir=settings.tfds_data_dir, manual_dir=settings.manual_dir,
-        train_split=settings.train_split, eval_split=settings.eval_split,
-        image_key=own.image_key, label_key=own.label_key)
+    if name == 'imagefolder':
+      if not own.image_dir:
+        raise ConfigError("data.name='imagefolder' reads data.image_dir: set it to the folder "
+                          'holding train/<class>/<image> (and test/<class>/<image>).')
+      dataset = imagefolder.open_folder(own.image_dir, train_split=settings.train_split,
+                                        eval_split=settings.eval_split)
+      own = dataclasses.replace(own, image_key='image', label_key='label')  # the folder's keys
+    else:
+      if name == 'cifar10':
+        name = sources.prepare_cifar10(settings.tfds_data_dir, settings.manual_dir,
+                                       settings.download)
+      dataset = sources.open_image_dataset(
+          name, data_dir=settings.tfds_data_dir, manual_dir=settings.manual_dir,
+          train_split=settings.train_split, eval_split=settings.eval_split,
+          image_key=own.image_key, label_key=own.label_key)
     train, held_out, num_classes = dataset.train, dataset.held_out, dataset.num_classes
     source, splits = name, dataset.splits
   task = images.ImageTask(train, held_out, num_classes=num_classes, seed=seed, pp_train=pp_train,
@@ -259,7 +267,7 @@ def image_preprocessing(settings: images.ImageSettings, size: int,
           preprocess.build(held_out, key='data.pp_eval'))
 
 
-for _task in (Task('image', _image_task, ('cifar10', 'synthetic')),
+for _task in (Task('image', _image_task, ('cifar10', 'synthetic', 'imagefolder')),
               Task('next_token', _text_task('next_token'), TEXT_SOURCES),
               Task('masked', _text_task('masked'), TEXT_SOURCES),
               Task('seq2seq', _seq2seq_task, tuple(seq2seq.TASKS)),
