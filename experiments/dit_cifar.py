@@ -144,15 +144,11 @@ def sample_scores(run, params, classifier, budget: Budget, results_dir: str) -> 
   for scale in GUIDANCE:
     wanted = dit.SampleSettings(num_samples=budget.samples, steps=budget.sample_steps,
                                 sampler=SAMPLER, guidance_scale=scale)
-    labels = wanted.labels(run.model_config.num_classes)
-    start = time.time()
-    images = dit.draw(run.model, params, labels, wanted, run.data.eval_batch_size)
-    seconds = time.time() - start
-    scores = image_scores.score_samples(images, labels, real, features, classifier)
+    images, labels, scores = image_scores.draw_and_score(run, params, wanted, real, features,
+                                                         classifier)
     name = f'grid_guidance_{scale:g}'
     Image.fromarray(class_rows(images, labels)).save(os.path.join(results_dir, f'{name}.png'))
-    rows.append({'guidance_scale': scale, 'sample_seconds': seconds, 'grid': f'{name}.png',
-                 **scores})
+    rows.append({'guidance_scale': scale, 'grid': f'{name}.png', **scores})
   return rows
 
 

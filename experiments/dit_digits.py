@@ -33,7 +33,6 @@ import io
 import os
 import pathlib
 import shutil
-import time
 import uuid
 
 from absl import flags
@@ -175,14 +174,10 @@ def sample_scores(run, params, classifier, budget: Budget) -> tuple[list[dict], 
     for scale in GUIDANCE:
       wanted = dit.SampleSettings(num_samples=budget.samples, steps=budget.steps[sampler],
                                   sampler=sampler, guidance_scale=scale)
-      labels = wanted.labels(run.model_config.num_classes)
-      start = time.time()
-      images = dit.draw(run.model, params, labels, wanted, run.data.eval_batch_size)
-      seconds = time.time() - start
-      scores = image_scores.score_samples(images, labels, real, features, classifier)
+      images, labels, scores = image_scores.draw_and_score(run, params, wanted, real, features,
+                                                           classifier)
       rows.append({'sampler': sampler, 'steps': wanted.steps, 'guidance_scale': scale,
-                   'sample_seconds': seconds, **class_rows(images, labels),
-                   **scores})
+                   **class_rows(images, labels), **scores})
   return rows, reference
 
 

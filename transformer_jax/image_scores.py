@@ -16,6 +16,7 @@ the standard FID:
 import dataclasses
 import functools
 import importlib
+import time
 from collections.abc import Callable
 
 import jax
@@ -140,6 +141,18 @@ def score_samples(images: np.ndarray, labels: np.ndarray, real: np.ndarray, feat
     scores['sample_accuracy'] = float(correct.mean())
     scores['per_class'] = {int(c): float(correct[labels == c].mean()) for c in np.unique(labels)}
   return scores
+
+
+def draw_and_score(run, params, wanted: dit.SampleSettings, real: np.ndarray, features,
+                   classifier=None) -> tuple[np.ndarray, np.ndarray, dict]:
+  """(uint8 samples, their labels, scores) of a DiT run drawn as `wanted` (its classes cycled):
+  score_samples' scores against `real`, and 'sample_seconds', the drawing's wall time."""
+  labels = wanted.labels(run.model_config.num_classes)
+  start = time.perf_counter()
+  images = dit.draw(run.model, params, labels, wanted, run.data.eval_batch_size)
+  seconds = time.perf_counter() - start
+  return images, labels, {'sample_seconds': seconds,
+                          **score_samples(images, labels, real, features, classifier)}
 
 
 def _check_classifier(classifier: Classifier, cfg) -> None:
