@@ -56,10 +56,11 @@ NANOGPT_FLAGS = ('config/train_shakespeare_char.py', '--device=cpu', '--compile=
                  '--eval_iters=20', '--log_interval=1', '--block_size=64', '--batch_size=12',
                  '--n_layer=4', '--n_head=4', '--n_embd=128', '--max_iters=2000',
                  '--lr_decay_iters=2000', '--dropout=0.0')
-# Added, changing nothing it computes: where it writes, and a checkpoint at every evaluation
-# (its default keeps the best one only), so that the model scored is that after its 2,000th
-# update (the evaluation at iteration 2,000 comes before the 2,001st update its loop takes).
-NANOGPT_UPDATES, NANOGPT_EVAL_INTERVAL = 2000, 250
+# nanogpt() adds, changing nothing it computes: where it writes, and a checkpoint at every
+# evaluation (its default keeps the best one only), so that the model scored is that after its
+# 2,000th update (the evaluation at iteration 2,000 comes before the 2,001st update its loop
+# takes).
+NANOGPT_UPDATES = 2000
 QUICK = {'data.name': 'synthetic', 'data.seq_len': 16, 'data.batch_size': 8,
          'data.eval_batch_size': 8, 'data.eval_steps': 2, 'model.width': 32,
          'model.num_heads': 2, 'model.num_layers': 1, 'model.max_len': 16,
@@ -203,7 +204,8 @@ def held_out_loss(nanogpt_dir: pathlib.Path, checkpoint: pathlib.Path,
     for first in range(0, windows // batch * batch, batch):
       starts = (first + np.arange(batch))[:, None] * length + np.arange(length + 1)
       rows = torch.from_numpy(ids[starts])
-      losses.append(float(model(rows[:, :-1], rows[:, 1:])[1]))
+      # Contiguous: its loss views the targets flat.
+      losses.append(float(model(rows[:, :-1].contiguous(), rows[:, 1:].contiguous())[1]))
   return float(np.mean(losses))
 
 
@@ -271,8 +273,8 @@ def bursts(kinds: list[str], count: int, steps: int, worker_flags: list[str]) ->
       [sys.executable, __file__, f'--time_worker={kind}', *worker_flags], stdin=subprocess.PIPE,
       stdout=subprocess.PIPE, text=True) for kind in kinds}
   try:
-    for kind, worker in workers.items():
-      if worker.stdout.readline().strip() != 'ready':
+    for kind, worker in workers.items():  # nanoGPT's code prints its sizes before 'ready'
+      if not any(line.strip() == 'ready' for line in iter(worker.stdout.readline, '')):
         raise RuntimeError(f'The timing worker of {kind} failed to start (its log above).')
     ms, loads = {kind: [] for kind in kinds}, []
     for round_ in range(count):
@@ -334,9 +336,9 @@ def burst_summary(ms: dict[str, list[float]], base: list[dict]) -> dict:
   for kind, times in ms.items():
     steps = NANOGPT_UPDATES if kind == 'nanoGPT' else sweep.config_for(
         sweep.SweepRun(kind, arg=f'recipe={kind}'), CONFIG, *base).training.steps
-    rows[kind] = {'ms': statistics.median(times), 'steps': steps}
+    median = statistics.median(times)
+    rows[kind] = {'ms': median, 'steps': steps, 'seconds': steps * median / 1000}
   for row in rows.values():
-    row['seconds'] = row['steps'] * row['ms'] / 1000
     for reference in ('nanoGPT', 'nanogpt'):
       if reference in rows:
         row[f'ratio_to_{reference}'] = row['seconds'] / rows[reference]['seconds']
@@ -355,8 +357,8 @@ def report(results: list[dict], command: str, extra: dict) -> str:
            'random batches of 12 beside it). Seconds: the training steps only (no compilation, '
            'no evaluation); the ratio is to nanoGPT\'s seconds in the same sitting.', '',
            f'Command: `{command}`', '',
-           f'Machine: {extra["cpu"]}, {os.cpu_count()} cores, shared with other trainings (the '
-           'load average: the 1-minute figure when each run started and ended).', '',
+           f'Machine: {extra["cpu"]}, {os.cpu_count()} cores (the load column: the 1-minute '
+           'load average when each run started and ended).', '',
            '| sitting | run | seed | steps | held-out loss | nanoGPT\'s estimate | '
            'seconds of steps | ms a step | ratio to nanoGPT | load |',
            '|---|---|---|---|---|---|---|---|---|---|']
@@ -386,7 +388,7 @@ def report(results: list[dict], command: str, extra: dict) -> str:
   lines += ['', 'The record\'s settings, against `recipe=nanogpt`:', '']
   lines += [f'- `{line}`' for line in extra['record_config']]
   lines += ['', sweep.figure_markdown(NAME, f'Held-out loss against the seconds of training '
-                                      f'steps (left) and against the step (right); the dashed '
+                                      f'steps (left) and against the step (right); the dotted '
                                       f'line is {TARGET}. nanoGPT\'s points are its own '
                                       '20-batch estimates, its star its trained model on our '
                                       'held-out windows; dashed lines: the second sitting.')]
