@@ -25,7 +25,8 @@ FIGURES = {'ablations': ['ablations'], 'beam_search': ['beam_search'],
            'dit_cifar': ['dit_cifar', 'grid_guidance_1', 'grid_guidance_2', 'grid_guidance_4'],
            'dit_digits': ['dit_digits', 'samples'],
            'long_context': ['loss_vs_position'],
-           'lora_finetune': ['lora_finetune'], 'norm_order': ['norm_order'],
+           'lora_finetune': ['lora_finetune'], 'nanogpt_speedrun': ['nanogpt_speedrun'],
+           'norm_order': ['norm_order'],
            'optimizer_compare': ['optimizer_compare'],
            'patch_sweep': ['accuracy_vs_flops', 'accuracy_vs_patch', 'flops_vs_tokens', 'resize'],
            'scaling': ['isoflop', 'loss_vs_params', 'loss_vs_tokens', 'surface'],
@@ -461,3 +462,22 @@ def test_tokenizer_compare_quick_mode_trains_each_tokenizer_on_a_text_of_its_own
   assert [(r['name'], r['status'], r['vocab_size']) for r in payload['runs']] == [
       ('chars', 'finished', len(set(text))), ('bpe300', 'finished', 300)]
   assert (tmp_path / 'results' / 'tokenizer_compare.png').stat().st_size > 0
+
+
+def test_nanogpt_speedrun_reads_nanogpts_log():
+  """Its per-iteration times of the 2,000 updates, an iteration that evaluated counted at the
+  median of the others (the 2,001st left out), and its evaluations at the seconds before them."""
+  lines = []
+  for i in range(2001):
+    if i % 250 == 0:
+      lines.append(f'step {i}: train loss {4 - i / 1000:.4f}, val loss {4.1 - i / 1000:.4f}')
+    ms = 500.0 if i % 250 == 0 else (20.0 if i < 1000 else 30.0)
+    lines.append(f'iter {i}: loss {3 - i / 1000:.4f}, time {ms:.2f}ms, mfu -100.00%')
+  parsed = load_experiment('nanogpt_speedrun').parse_nanogpt_log('\n'.join(lines))
+  # 996 iterations of 20 ms, 996 of 30 (median 25) and 8 that evaluated (0, 250, ..., 1750).
+  assert parsed['step_ms'] == pytest.approx(25.0)
+  assert parsed['step_seconds'] == pytest.approx(996 * 0.020 + 996 * 0.030 + 8 * 0.025)
+  assert parsed['estimate'] == pytest.approx(2.1)
+  assert parsed['final_loss'] == pytest.approx(3 - 1999 / 1000)
+  assert [row['step'] for row in parsed['eval_curve']] == list(range(0, 2001, 250))
+  assert parsed['eval_curve'][1]['seconds'] == pytest.approx(0.025 + 249 * 0.020)

@@ -87,6 +87,11 @@ class ModelConfig:
   # The blocks' dense kernels (attention, MLP): 'normal' as init_std says, or 'xavier_uniform'
   # (layers.Linear's INITS; DiT's), which reads no init_std.
   init: str = 'normal'
+  # GPT-2's residual scaling (Radford et al. 2019, section 2.3): the kernels that write into the
+  # residual stream, each attention's output and each MLP's down projection, start
+  # 1 / sqrt(N) as large, N being the residual branches of their stack (2 a block, 3 with
+  # cross-attention): nanoGPT's c_proj, N(0, 0.02 / sqrt(2 n_layer)), as transformers' GPT-2.
+  scale_residual_init: bool = False
   embed_init_std: float = 0.02
   # Execution.
   # A name of transformer_jax.kernels; 'auto' picks by the platform the step is compiled for.

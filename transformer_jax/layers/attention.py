@@ -103,7 +103,8 @@ class Attention(nn.Module):
   (Linear's INITS) draws the kernels N(0, init_std) (LeCun normal where init_std is None) or
   Xavier-uniform, the queries, keys and values with the fans of one fused (D, (heads +
   2 kv_heads) head_dim) projection: timm's qkv Linear(D, 3D), which DiT initializes so.
-  `scale_logits` False leaves out the 1 / sqrt(head_dim) and
+  `out_init_gain` multiplies the output projection's initial draw (GPT-2's 1 / sqrt(N) for the
+  N residual branches of a stack). `scale_logits` False leaves out the 1 / sqrt(head_dim) and
   folds it into the initialization of the queries, as T5 does. Where the 'intermediates'
   collection is mutable, the layer sows the attention weights (B, heads, T, S) there, computed
   by the reference kernel. `dropout_rate` > 0 drops attention probabilities where the call is
@@ -133,6 +134,7 @@ class Attention(nn.Module):
   cache_layout: str = 'folded'
   init_std: float | None = 0.02
   initializer: str = 'normal'
+  out_init_gain: float = 1.0  # times the output projection's initial draw
   scale_logits: bool = True
   dropout_rate: float = 0.0  # of the attention probabilities, in training
   dtype: Any = jnp.float32
@@ -210,8 +212,9 @@ class Attention(nn.Module):
                  kernels.reference.weights(q, k, dense_mask, scale, bias))
     out = axes.constrain(out, axes.HEADS, None)
     return Linear((self.out_features or x.shape[-1],), ('heads', 'head_dim'), ('embed',),
-                  use_bias=self.use_bias, init_std=self.init_std, initializer=self.initializer,
-                  dtype=self.dtype, param_dtype=self.param_dtype, name='out')(out)
+                  use_bias=self.use_bias, init_std=self.init_std, init_gain=self.out_init_gain,
+                  initializer=self.initializer, dtype=self.dtype, param_dtype=self.param_dtype,
+                  name='out')(out)
 
   def _cached(self, k, v, cache_index):
     """The cached keys and values in `cache_layout`, with the new ones written in."""

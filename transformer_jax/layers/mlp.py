@@ -35,7 +35,8 @@ class MLP(nn.Module):
     y = mlp.apply(mlp.init(rng, x), x)  # x (..., D) -> (..., out_features or D)
 
   `activation` is one of KINDS; `initializer` (Linear's INITS) draws the kernels N(0, init_std)
-  (LeCun normal where init_std is None) or Xavier-uniform. `dropout_rate`
+  (LeCun normal where init_std is None) or Xavier-uniform, the down projection's times
+  `out_init_gain` (GPT-2's 1 / sqrt(N) for the N residual branches of a stack). `dropout_rate`
   drops the hidden activation (after the activation or the gate's product, before the down
   projection: T5's) where the call is not `deterministic`, with the 'dropout' rng.
   """
@@ -45,6 +46,7 @@ class MLP(nn.Module):
   use_bias: bool = True
   init_std: float | None = 0.02
   initializer: str = 'normal'
+  out_init_gain: float = 1.0  # times the down projection's initial draw
   dropout_rate: float = 0.0  # of the hidden activation, in training
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
@@ -62,13 +64,14 @@ class MLP(nn.Module):
   def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
     """x (..., D) -> (..., out_features or D), in `dtype`; deterministic False drops the hidden
     activation at `dropout_rate`."""
-    dense = lambda features, in_axis, out_axis, name: Linear(
+    dense = lambda features, in_axis, out_axis, name, gain=1.0: Linear(
         (features,), (in_axis,), (out_axis,), use_bias=self.use_bias, init_std=self.init_std,
-        initializer=self.initializer, dtype=self.dtype, param_dtype=self.param_dtype, name=name)
+        init_gain=gain, initializer=self.initializer, dtype=self.dtype,
+        param_dtype=self.param_dtype, name=name)
     if self.activation in GATED:
       gate = dense(self.hidden, 'embed', 'mlp', 'gate')(x)
       h = GATED[self.activation](gate) * dense(self.hidden, 'embed', 'mlp', 'up')(x)
     else:
       h = ACTIVATIONS[self.activation](dense(self.hidden, 'embed', 'mlp', 'up')(x))
     h = nn.Dropout(self.dropout_rate)(axes.constrain(h, axes.MLP), deterministic=deterministic)
-    return dense(self.out_features or x.shape[-1], 'mlp', 'embed', 'down')(h)
+    return dense(self.out_features or x.shape[-1], 'mlp', 'embed', 'down', self.out_init_gain)(h)

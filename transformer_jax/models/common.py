@@ -24,9 +24,9 @@ __all__ = [
     'attention', 'attention_params', 'attention_weights', 'attention_width', 'block',
     'block_params', 'block_weights', 'both_masks', 'decoder_mask', 'default_positions',
     'follow_text_data', 'key_mask', 'lm_head', 'LmHead', 'mlp', 'mlp_params', 'mlp_weights',
-    'norm', 'norm_params', 'packed_arguments', 'stack', 'text_data_sizes', 'text_embed',
-    'text_embedding_params', 'text_example_inputs', 'text_family', 'text_flops', 'text_lengths',
-    'text_logits_shape', 'TextConfig', 'untied_head_params', 'with_total']
+    'norm', 'norm_params', 'packed_arguments', 'residual_init_gain', 'stack', 'text_data_sizes',
+    'text_embed', 'text_embedding_params', 'text_example_inputs', 'text_family', 'text_flops',
+    'text_lengths', 'text_logits_shape', 'TextConfig', 'untied_head_params', 'with_total']
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,34 +52,49 @@ def norm(cfg: ModelConfig) -> functools.partial:
                            dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype)
 
 
-def attention(cfg: ModelConfig, cross: bool = False) -> functools.partial:
+def residual_init_gain(cfg: ModelConfig, num_layers: int, cross_attention: bool = False) -> float:
+  """What the kernels writing into the residual stream of a stack of `num_layers` blocks start
+  times (model.scale_residual_init): 1 / sqrt(N), N = num_layers * (2, or 3 with
+  cross-attention) residual branches; 1 without the scaling."""
+  if not cfg.scale_residual_init:
+    return 1.0
+  return (num_layers * (3 if cross_attention else 2)) ** -0.5
+
+
+def attention(cfg: ModelConfig, cross: bool = False, out_init_gain: float = 1.0
+              ) -> functools.partial:
   return functools.partial(
       Attention, num_heads=cfg.num_heads, head_dim=cfg.head_dim, num_kv_heads=cfg.kv_heads,
       rope_base=cfg.rope_base if cfg.positions == 'rope' and not cross else None,
       use_bias=cfg.use_bias, key_bias=cfg.key_bias, is_cross=cross, kernel=cfg.attention_kernel,
-      init_std=cfg.init_std, initializer=cfg.init, scale_logits=cfg.scale_attention,
-      dropout_rate=cfg.attention_dropout_rate, dtype=cfg.compute_dtype,
+      init_std=cfg.init_std, initializer=cfg.init, out_init_gain=out_init_gain,
+      scale_logits=cfg.scale_attention, dropout_rate=cfg.attention_dropout_rate,
+      dtype=cfg.compute_dtype,
       param_dtype=cfg.weight_dtype)
 
 
-def mlp(cfg: ModelConfig) -> functools.partial:
+def mlp(cfg: ModelConfig, out_init_gain: float = 1.0) -> functools.partial:
   return functools.partial(MLP, hidden=cfg.hidden_dim, activation=cfg.mlp, use_bias=cfg.use_bias,
                            init_std=cfg.init_std, initializer=cfg.init,
-                           dropout_rate=cfg.mlp_dropout_rate,
+                           out_init_gain=out_init_gain, dropout_rate=cfg.mlp_dropout_rate,
                            dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype)
 
 
-def block(cfg: ModelConfig, cross_attention: bool = False) -> functools.partial:
-  """The Block of every family, bound to the config's options."""
+def block(cfg: ModelConfig, cross_attention: bool = False, num_layers: int | None = None
+          ) -> functools.partial:
+  """The Block of every family, bound to the config's options; `num_layers`: the depth of its
+  stack (default model.num_layers), which model.scale_residual_init scales by."""
+  gain = residual_init_gain(cfg, num_layers or cfg.num_layers, cross_attention)
   return functools.partial(
-      Block, attention=attention(cfg), mlp=mlp(cfg), norm=norm(cfg) if cfg.use_norm else None,
-      cross_attention=attention(cfg, cross=True) if cross_attention else None,
+      Block, attention=attention(cfg, out_init_gain=gain), mlp=mlp(cfg, gain),
+      norm=norm(cfg) if cfg.use_norm else None,
+      cross_attention=attention(cfg, cross=True, out_init_gain=gain) if cross_attention else None,
       norm_position=cfg.norm_position, use_attention=cfg.use_attention, use_mlp=cfg.use_mlp,
       use_residual=cfg.use_residual, dropout_rate=cfg.dropout_rate)
 
 
 def stack(cfg: ModelConfig, num_layers: int, cross_attention: bool = False, **kwargs) -> BlockStack:
-  return BlockStack(block(cfg, cross_attention), num_layers, scan=cfg.scan_layers,
+  return BlockStack(block(cfg, cross_attention, num_layers), num_layers, scan=cfg.scan_layers,
                     remat_policy=cfg.remat_policy, **kwargs)
 
 

@@ -7,8 +7,11 @@ from transformer_jax.models import registry
 __all__ = ['of', 'STYLES']
 
 STYLES = {
+    # Radford et al. 2019: pre-LN, tanh GELU, learned positions, a tied head, the kernels that
+    # write into the residual stream initialized 1 / sqrt(2 num_layers) as large.
     'gpt2': dict(norm='layernorm', norm_eps=1e-5, mlp='gelu_tanh', positions='learned',
-                 use_bias=True, tie_embeddings=True, norm_position='pre'),
+                 use_bias=True, tie_embeddings=True, norm_position='pre',
+                 scale_residual_init=True),
     'llama': dict(norm='rmsnorm', norm_eps=1e-6, mlp='swiglu', positions='rope', use_bias=False,
                   tie_embeddings=False, norm_position='pre'),
     'bert': dict(norm='layernorm', norm_eps=1e-12, mlp='gelu', positions='learned', use_bias=True,
