@@ -47,7 +47,6 @@ from transformer_jax import data, run as run_lib, sweep
 from transformer_jax.data import audio, audiofolder, speech
 from transformer_jax.errors import UserError
 from transformer_jax.layers import log_mel
-from transformer_jax.train import cpu_runtime
 
 NAME = 'speech_digits'
 TITLE = 'Spoken digit strings: the reference Whisper on speech espeak-ng synthesizes'
@@ -201,7 +200,6 @@ def throughput(quick: bool, workdir: str, *unused, **unused_keywords) -> None:
   """--throughput: prints the input pipeline's and the train step's rates on the set, with the
   log-Mel features made on the host (in the pipeline) and on the device (in the step)."""
   del unused, unused_keywords
-  cpu_runtime.configure()  # as launch.py runs a step
   audio_dir = f'{workdir}/audio'
   made = synthesize(audio_dir, QUICK_UTTERANCES if quick else NUM_UTTERANCES)
   config = config_for(audio_dir, quick)

@@ -31,7 +31,7 @@ import ml_collections
 
 from transformer_jax import config_lib, errors, run as run_lib
 from transformer_jax.data import builders
-from transformer_jax.train import checkpoint, vmapped
+from transformer_jax.train import checkpoint, cpu_runtime, vmapped
 from transformer_jax.train.metrics import read_metrics
 
 __all__ = [
@@ -417,5 +417,8 @@ def main(name: str, run: Callable, argv=None, figures: Callable | None = None) -
       raise app.UsageError(f'{name} draws no figures: --plot_only has nothing to draw.')
     redraw(parsed['results'], figures, smoke=parsed['quick'])
     return
+  # Steps run as launch.py runs them (inline dispatch, freed memory kept mapped), so that an
+  # experiment's seconds are a user's.
+  cpu_runtime.configure()
   run(parsed['quick'], parsed['workdir'], parsed['results'], parsed['data'], parsed['command'],
       vmap=parsed['vmap'])
