@@ -172,11 +172,9 @@ def evaluate_samples(run, params, restore) -> dict[str, float]:
   if wanted.sample_classifier:
     classifier = load_classifier(wanted.sample_classifier, restore)
     _check_classifier(classifier, cfg)
-  labels = run.settings.sample.labels(cfg.num_classes)
-  images = dit.draw(run.model, params, labels, run.settings.sample, run.data.eval_batch_size)
   count = wanted.fid_examples or run.data.info['num_eval_examples']
   real = dit.to_uint8(dit.held_out(run, count)[0])
-  scores = score_samples(images, labels, real, feature_function(wanted.fid_features, classifier),
-                         classifier)
-  scores.pop('per_class', None)
-  return {f'eval_{name}': value for name, value in scores.items()}
+  _, _, scores = draw_and_score(run, params, run.settings.sample, real,
+                                feature_function(wanted.fid_features, classifier), classifier)
+  return {f'eval_{name}': value for name, value in scores.items()
+          if name not in ('per_class', 'sample_seconds')}
