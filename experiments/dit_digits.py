@@ -237,9 +237,11 @@ def report(command: str, payload: dict) -> str:
       '| sampler | guidance | ' + ' | '.join(str(c) for c in range(CLASSES)) + ' |',
       '|---|---:|' + '---:|' * CLASSES]
   for row in payload['samples']:
+    # Keyed by int when fresh, by str once read back from results.json.
+    per_class = {int(c): accuracy for c, accuracy in row['per_class'].items()}
     lines.append(f'| {row["sampler"].upper()}-{row["steps"]} | {row["guidance_scale"]:g} | '
-                 + ' | '.join(f'{row["per_class"][str(c)]:.0%}' if str(c) in row['per_class']
-                              else '-' for c in range(CLASSES)) + ' |')
+                 + ' | '.join(f'{per_class[c]:.0%}' if c in per_class else '-'
+                              for c in range(CLASSES)) + ' |')
   evaluations = [r for r in dit_run['eval_curve'] if 'eval_sample_accuracy' in r]
   lines += ['', f'## During training ({during["samples"]} samples, {during["sampler"].upper()}-'
             f'{during["steps"]}, guidance {during["guidance_scale"]:g}, at each evaluation)', '',

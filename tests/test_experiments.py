@@ -442,7 +442,7 @@ def test_dit_digits_plots_and_reports_its_curves_scores_and_grids(tmp_path):
            'eval_curve': [evaluation(4, 0.2, 0.3, 40.0), evaluation(8, 0.1, 0.9, 4.0)]}]
   samples = [{'sampler': sampler, 'steps': steps, 'guidance_scale': scale,
               'sample_accuracy': accuracy, 'sample_fd': fd, 'sample_seconds': 12.0,
-              'per_class': {str(c): accuracy for c in range(10)}, **grid(value)}
+              'per_class': {c: accuracy for c in range(10)}, **grid(value)}  # as scored
              for sampler, steps, scale, accuracy, fd, value in (
                  ('ddim', 50, 1.0, 0.5, 9.0, 10), ('ddim', 50, 4.0, 0.92, 5.0, 20),
                  ('ddpm', 250, 1.0, 0.6, 8.0, 30), ('ddpm', 250, 4.0, 0.95, 3.25, 40))]
@@ -474,6 +474,7 @@ def test_dit_digits_plots_and_reports_its_curves_scores_and_grids(tmp_path):
   assert '| DDPM-250 | 4 | 95.0% | 3.25 | 12 |' in text
   assert '| real training images | - | - | 1.50 | - |' in text
   assert '| 8 | 0.1000 | 90.0% | 4.00 |' in text
+  assert '| DDIM-50 | 1 | ' + ' | '.join(['50%'] * 10) + ' |' in text
   assert redrawn(dit_digits, payload, tmp_path) == ['dit_digits', 'samples']
 
 
@@ -499,9 +500,7 @@ def test_text_memory_plots_memory_and_rate_against_the_corpus(tmp_path):
   assert (tmp_path / 'text_memory.png').read_bytes().startswith(b'\x89PNG\r\n\x1a\n')
 
 
-# dit_digits is built and its quick mode tested; its run (about an hour) is not committed yet.
-@pytest.mark.parametrize('name', sorted({*FIGURES, 'speech_digits', 'tokenizer_compare'} -
-                                        {'dit_digits'}))
+@pytest.mark.parametrize('name', sorted({*FIGURES, 'speech_digits', 'tokenizer_compare'}))
 def test_plot_only_redraws_the_committed_results_into_the_committed_figures(tmp_path, name):
   """Each results folder holds every figure its script draws from its results.json, and
   --plot_only draws them again from that file alone."""
