@@ -451,7 +451,7 @@ def test_dit_digits_plots_and_reports_its_curves_scores_and_grids(tmp_path):
                            'train_images': 200, **grid(0)},
              'samples': samples, 'budget': {'samples': 200, 'steps': {'ddim': 50, 'ddpm': 250}},
              'during': {'samples': 100, 'sampler': 'ddim', 'steps': 50, 'guidance_scale': 4.0},
-             'machine': {'cpu': '2 x CPU', 'jax': '0', 'load_average_end': 5.0}}
+             'machine': {'cpu': 'CPU', 'cores': 2, 'jax': '0', 'load_average_end': 5.0}}
   drawn = dit_digits.figures(payload)
   curve_ax, quarter_ax, during_ax, fd_during_ax, accuracy_ax, distance_ax = drawn[
       'dit_digits'].axes
