@@ -1,38 +1,63 @@
 """Zero-shot CIFAR-10 from a small CLIP trained on CIFAR-10's own images captioned by class name,
 against a ViT of the same size trained supervised on the same images; CLIP's softmax loss
-(Radford et al. 2021) against SigLIP's sigmoid loss (Zhai et al. 2023) at several batch sizes.
+(Radford et al. 2021) against SigLIP's sigmoid loss (Zhai et al. 2023) at batch 32, 128 and 512.
 
 The dual encoder is configs/clip_reference.py (image tower: width 64, 2 blocks, 4 heads, 8x8
 patches of 32x32 images; causal text tower: width 64, 2 blocks; embedding 64). Its pairs are the
 CIFAR-10 training images, each caption drawn per example from CAPTION_TEMPLATES filled with the
-image's class name (data.captions='label'); at the end it classifies the 10,000 test images
+image's class name (data.captions='label'); each evaluation classifies the 10,000 test images
 zero-shot against the prompts of ZERO_SHOT_TEMPLATES (class embeddings averaged over them, as
-CLIP does). The supervised baseline is the ViT family at the image tower's sizes, trained with
-a cross-entropy head on the same images, preprocessing, optimizer and steps. Every run sees the
-same number of training images (EPOCHS epochs), so a smaller batch takes more steps. SigLIP's
-claim under test: the sigmoid loss is the better one at small batches.
+CLIP does). The supervised baseline is the ViT family at the image tower's sizes, trained at
+batch 128 with a cross-entropy head on the same images, preprocessing and optimizer, and scored
+on every test image.
+
+What it measures: test accuracy against training images seen, to a plateau. Every run sees the
+same images, EPOCHS epochs rounded down to 16 x 12,288 = 196,608 (a quarter epoch in whole steps
+of the largest batch), so a smaller batch takes more steps (6,144 at 32, 384 at 512), each with
+a tenth warmup and a cosine to 1% of the peak; every run evaluates after each 12,288 images, so
+the 16 points of each curve lie at the same images seen for every batch size (the contrastive
+loss depends on the batch: a batch of B pairs holds B - 1 negatives per image). The report
+gives each run's final and best accuracy and, to tell a plateau from a curve still climbing, the
+mean of its last quarter (4 evaluations) and its gain over that quarter. SigLIP's claim under
+test: the sigmoid loss is the better one at small batches.
 
   python experiments/clip_zero_shot.py --quick
   nice -n 5 python experiments/clip_zero_shot.py --manual_dir DIR
 
-Writes experiments/results/clip_zero_shot/: results.json, README.md and clip_zero_shot.png
-(zero-shot accuracy against the batch size).
+Time on 2 CPU cores, an estimate (not measured): the 1.5-epoch runs this replaced trained at 160
+to 770 pairs a second (CLIP; the spread is mostly the load) and 1,400 images a second (ViT, batch
+128) with other jobs loading the 2 cores (load average 9 to 14), which puts the steps of the 7
+runs' 196,608 images each at about an hour. Each of those runs spent another 20 to 80 s
+compiling and on its one evaluation; at 10 to 30 s for an evaluation of the 10,000 test images,
+the 15 more evaluations of each run add 20 to 50 minutes: 1.5 to 2 hours in all, less on a
+machine to itself.
+
+Writes experiments/results/clip_zero_shot/: results.json, README.md, clip_zero_shot_curves.png
+(test accuracy against images seen, a panel per loss, a line per batch size) and
+clip_zero_shot.png (the final accuracy against the batch size).
 """
 import pathlib
+import statistics
 
+import matplotlib
 from matplotlib.figure import Figure
+from matplotlib.ticker import PercentFormatter
 
-from transformer_jax import sweep
+from transformer_jax import config_lib, sweep
 
 NAME = 'clip_zero_shot'
+CURVES = f'{NAME}_curves'
 TITLE = 'Zero-shot CIFAR-10 from a small CLIP: softmax against sigmoid loss, by batch size'
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CLIP_CONFIG = ROOT / 'configs' / 'clip_reference.py'
 VIT_CONFIG = ROOT / 'configs' / 'vit_cifar.py'
 TRAIN_IMAGES = 50_000
-EPOCHS = 1.5
-BATCH_SIZES = (32, 128, 256)
-VIT_BATCH_SIZES = (32, 128)
+CHANCE = 1 / 10  # CIFAR-10's ten classes
+EPOCHS = 4
+EVALS_PER_EPOCH = 4
+BATCH_SIZES = (32, 128, 512)
+VIT_BATCH_SIZE = 128
+LOSSES = {'softmax': 'softmax (CLIP)', 'sigmoid': 'sigmoid (SigLIP)'}
 CAPTION_TEMPLATES = ('a photo of a {}.', 'a blurry picture of the {}.', 'a close-up of a {}.',
                      'a small {} in the picture.', 'this is a {}', 'a cropped photo of the {}.',
                      'my {}.', 'a low resolution image of a {}.')
@@ -56,25 +81,43 @@ QUICK = {'data.name': 'synthetic', 'data.pp_train': None, 'data.pp_eval': None,
          'data.eval_batch_size': 16, 'data.eval_steps': 1, 'data.eval_examples': 32,
          'eval.zero_shot_dataset': None, 'model.num_layers': 1}
 QUICK_BATCH_SIZES = (8, 16)
+QUICK_EVALS = 2
+
+
+def batch_sizes(quick: bool) -> tuple[int, ...]:
+  return QUICK_BATCH_SIZES if quick else BATCH_SIZES
+
+
+def images_per_eval(quick: bool) -> int:
+  """The training images between two evaluations: a quarter epoch rounded down to whole steps
+  of the largest batch, so that every batch size evaluates after the same images (with --quick,
+  one step of the largest batch)."""
+  largest = max(batch_sizes(quick))
+  return largest if quick else TRAIN_IMAGES // EVALS_PER_EPOCH // largest * largest
 
 
 def schedule(batch_size: int, quick: bool) -> dict:
-  """The steps of EPOCHS epochs at `batch_size` (3 with --quick), a tenth of them warmup."""
-  steps = 3 if quick else int(EPOCHS * TRAIN_IMAGES) // batch_size
+  """EPOCHS * EVALS_PER_EPOCH evaluations (QUICK_EVALS with --quick), the last at the last
+  step, `images_per_eval` apart; a tenth of the steps warmup."""
+  every, rest = divmod(images_per_eval(quick), batch_size)
+  if rest:
+    raise ValueError(f'Batch {batch_size} does not divide the {images_per_eval(quick)} images '
+                     'between evaluations: choose batch sizes that divide the largest.')
+  steps = every * (QUICK_EVALS if quick else EPOCHS * EVALS_PER_EPOCH)
   return {'data.batch_size': batch_size, 'training.steps': steps,
-          'optimizer.warmup_steps': max(steps // 10, 1), 'training.log_every': max(steps // 20, 1),
-          'training.eval_every': steps, 'training.checkpoint_every': steps}
+          'optimizer.warmup_steps': max(steps // 10, 1), 'training.log_every': max(every // 2, 1),
+          'training.eval_every': every, 'training.checkpoint_every': steps}
 
 
 def clip_runs(quick: bool) -> list[sweep.SweepRun]:
-  return sweep.product(sweep.values('model.loss', ('softmax', 'sigmoid'), 'loss'),
-                       sweep.values('data.batch_size',
-                                    QUICK_BATCH_SIZES if quick else BATCH_SIZES, 'batch'))
+  return sweep.product(sweep.values('model.loss', tuple(LOSSES), 'loss'),
+                       sweep.values('data.batch_size', batch_sizes(quick), 'batch'))
 
 
 def vit_runs(quick: bool) -> list[sweep.SweepRun]:
-  return sweep.product(sweep.named({'vit': {}}), sweep.values(
-      'data.batch_size', QUICK_BATCH_SIZES if quick else VIT_BATCH_SIZES, 'batch'))
+  batch = max(QUICK_BATCH_SIZES) if quick else VIT_BATCH_SIZE
+  return sweep.product(sweep.named({'vit': {}}), sweep.values('data.batch_size', (batch,),
+                                                               'batch'))
 
 
 def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{NAME}',
@@ -91,8 +134,27 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
   results = sweep.run_all(clip_runs(quick), lambda r: config(r, CLIP_CONFIG, TOWER, CLIP),
                           workdir)
   results += sweep.run_all(vit_runs(quick), lambda r: config(r, VIT_CONFIG, VIT), workdir)
-  return sweep.finish(TITLE, command, results, lambda: report(results, command), figures,
-                      results_dir or f'{workdir}/results', quick)
+  machine = sweep.machine()
+  return sweep.finish(TITLE, command, results, lambda: report(results, command, machine),
+                      figures, results_dir or f'{workdir}/results', quick, machine=machine)
+
+
+def loss(result: dict) -> str | None:
+  """The dual encoder's loss (None for the ViT)."""
+  return result['overrides'].get('model.loss')
+
+
+def is_vit(result: dict) -> bool:
+  return loss(result) is None
+
+
+def batch_size(result: dict) -> int:
+  return result['overrides']['data.batch_size']
+
+
+def accuracy_key(result: dict) -> str:
+  """The test accuracy's metric: zero-shot for a dual encoder, the classifier's for the ViT."""
+  return 'eval_accuracy' if is_vit(result) else 'eval_zero_shot_accuracy'
 
 
 def final(result: dict, key: str):
@@ -101,61 +163,182 @@ def final(result: dict, key: str):
 
 
 def accuracy(result: dict) -> float | None:
-  """The test accuracy: zero-shot for a dual encoder, the classifier's for the ViT."""
-  key = 'eval_accuracy' if result['name'].startswith('vit') else 'eval_zero_shot_accuracy'
-  return final(result, key)
+  return final(result, accuracy_key(result))
+
+
+def curve(result: dict) -> tuple[list, list]:
+  """(training images seen, test accuracy) at each of the run's evaluations."""
+  steps, accuracies = sweep.series(result['eval_curve'], accuracy_key(result))
+  return [step * batch_size(result) for step in steps], accuracies
+
+
+def best(result: dict) -> tuple[float, int] | tuple[None, None]:
+  """(the highest test accuracy of the run's evaluations, the images seen when it was reached;
+  the first such evaluation)."""
+  images, accuracies = curve(result)
+  if not accuracies:
+    return None, None
+  top = max(accuracies)
+  return top, images[accuracies.index(top)]
+
+
+def last_quarter(result: dict) -> tuple[float, float] | tuple[None, None]:
+  """(the mean test accuracy of the last quarter of the run's evaluations, the accuracy gained
+  over that quarter: the last evaluation's less the one a quarter before it). None for a run
+  with fewer than 4 evaluations."""
+  accuracies = curve(result)[1]
+  quarter = len(accuracies) // 4
+  if not quarter:
+    return None, None
+  return (statistics.mean(accuracies[-quarter:]),
+          accuracies[-1] - accuracies[-1 - quarter])
 
 
 def _shown(value, form='{:.1%}') -> str:
   return '-' if value is None else form.format(value)
 
 
-def report(results: list[dict], command: str) -> str:
-  lines = [f'# {TITLE}', '',
-           'configs/clip_reference.py (image tower: width 64, 2 blocks, 4 heads, 8x8 patches of '
-           '32x32 images; causal text tower: width 64, 2 blocks, character tokens; shared '
-           'embedding 64) trained on the 50,000 CIFAR-10 training images, each captioned per '
-           f'example by one of {len(CAPTION_TEMPLATES)} templates filled with its class name '
-           f'({", ".join(repr(t) for t in CAPTION_TEMPLATES[:3])}, ...), for {EPOCHS} epochs at '
-           'every batch size; then zero-shot on the 10,000 test images against class embeddings '
-           f'averaged over {len(ZERO_SHOT_TEMPLATES)} prompts '
-           f'({", ".join(repr(t) for t in ZERO_SHOT_TEMPLATES)}). The supervised baseline is a '
-           'ViT of the image tower\'s sizes with a linear head, trained on the same images with '
-           'the same preprocessing (padded random crop, flip), AdamW (peak 1e-3, a tenth warmup, '
-           'cosine to 1%, weight decay 0.1) and steps. CIFAR-10 here is a JPEG q75 copy (about 2 '
-           'to 3 points lower accuracy than the original images).', '',
-           f'Command: `{command}`', '',
-           f'Machine: 2 shared CPU cores (other jobs ran at the same time), jax 0.10.2; '
-           f'{sweep.machine_seconds(results) / 60:.1f} min of training over {len(results)} runs.',
-           '', '| run | batch | steps | test accuracy | top-5 | held-out loss | final '
-           'temperature | status |', '|---|---|---|---|---|---|---|---|']
+def _points(gain: float | None) -> str:
+  """An accuracy difference in percentage points."""
+  return '-' if gain is None else f'{100 * gain:+.1f} points'
+
+
+def _epochs(images: int) -> str:
+  return f'{images:,} images ({images / TRAIN_IMAGES:.2f} epochs)'
+
+
+def report(results: list[dict], command: str, machine: dict) -> str:
+  model = config_lib.from_file(CLIP_CONFIG).model
+  images = max(r['steps'] * batch_size(r) for r in results)
+  evaluations = max(len(curve(r)[0]) for r in results)
+  loads = [r[key] for r in results for key in ('load_average_start', 'load_average_end')]
+  lines = [
+      f'# {TITLE}', '',
+      f'configs/clip_reference.py (image tower: width {TOWER["model.width"]}, '
+      f'{TOWER["model.num_layers"]} blocks, {TOWER["model.num_heads"]} heads, '
+      f'{TOWER["model.patch_size"]}x{TOWER["model.patch_size"]} patches of '
+      f'{TOWER["model.image_size"]}x{TOWER["model.image_size"]} images; causal text tower: width '
+      f'{model.text_width}, {model.text_layers} blocks, character tokens; shared embedding '
+      f'{model.embed_dim}) trained on the {TRAIN_IMAGES:,} CIFAR-10 training images, each '
+      f'captioned per example by one of {len(CAPTION_TEMPLATES)} templates filled with its class '
+      f'name ({", ".join(repr(t) for t in CAPTION_TEMPLATES[:3])}, ...), with the softmax loss '
+      '(CLIP) or the sigmoid loss (SigLIP), for the same number of training images at every '
+      f'batch size: {_epochs(images)}; {evaluations} evaluation{"s" * (evaluations != 1)} a run, '
+      'at the same images seen for every batch size, each classifying the 10,000 test images '
+      'zero-shot against class embeddings averaged over '
+      f'{len(ZERO_SHOT_TEMPLATES)} prompts ({", ".join(repr(t) for t in ZERO_SHOT_TEMPLATES)}). '
+      'The supervised baseline is a ViT of the image tower\'s sizes with a linear head, trained '
+      'with the same preprocessing (padded random crop, flip), AdamW (peak '
+      f'{SHARED["optimizer.learning_rate"]:g}, a tenth warmup, cosine to '
+      f'{SHARED["optimizer.min_lr_ratio"]:.0%}, weight decay '
+      f'{SHARED["optimizer.weight_decay"]:g}), training images and evaluation points, and scored '
+      'on every test image. CIFAR-10 here is a JPEG q75 copy (about 2 to 3 points lower accuracy '
+      'than the original images). Chance is '
+      f'{CHANCE:.0%}. One seed per setting.', '',
+      f'Command: `{command}`', '',
+      f'Machine: {machine["cpu"]}, {machine["cores"]} cores (load average {min(loads):.1f} to '
+      f'{max(loads):.1f} at the runs\' starts and ends), jax {machine["jax"]};'
+      f' {sweep.machine_seconds(results) / 60:.1f} min of training and evaluation over '
+      f'{len(results)} runs.', '',
+      'Test top-1: zero-shot for the dual encoders, the classifier\'s for the ViT; best: the '
+      'highest of the run\'s evaluations and the training images seen when it was reached.', '',
+      '| run | batch | steps | test top-1 | top-5 | best top-1 (images seen) | held-out loss | '
+      'final temperature | final bias | status |', '|---|---|---|---|---|---|---|---|---|---|']
   for r in results:
-    batch = r['overrides']['data.batch_size']
     top5 = final(r, 'eval_zero_shot_top5') or final(r, 'eval_top5_accuracy')
-    temperature = final(r, 'eval_temperature')
-    lines.append(f'| {r["name"]} | {batch} | {r["steps"]} | {_shown(accuracy(r))} | '
-                 f'{_shown(top5)} | {_shown(r["eval_loss"], "{:.3f}")} | '
-                 f'{_shown(temperature, "{:.1f}")} | {r["status"]} |')
-  lines += ['', sweep.figure_markdown(NAME, 'CIFAR-10 test accuracy against the batch size after '
+    top, seen = best(r)
+    lines.append(
+        f'| {r["name"]} | {batch_size(r)} | {r["steps"]} | {_shown(accuracy(r))} | '
+        f'{_shown(top5)} | {_shown(top)}{"" if seen is None else f" ({seen:,})"} | '
+        f'{_shown(r["eval_loss"], "{:.3f}")} | {_shown(final(r, "eval_temperature"), "{:.1f}")} |'
+        f' {_shown(final(r, "eval_bias"), "{:.2f}")} | {r["status"]} |')
+  lines += ['', '## What the recipe reaches', '', reaches(results), '',
+            '| run | mean test top-1 over the last quarter | gain over the last quarter |',
+            '|---|---|---|']
+  for r in results:
+    mean, gain = last_quarter(r)
+    lines.append(f'| {r["name"]} | {_shown(mean)} | {_points(gain)} |')
+  lines += ['', sweep.figure_markdown(CURVES, 'CIFAR-10 test accuracy against the training '
+                                      'images seen: zero-shot for each loss and batch size, the '
+                                      'supervised ViT dashed, chance dotted.'),
+            '', sweep.figure_markdown(NAME, 'CIFAR-10 test accuracy against the batch size after '
                                       'the same number of training images: zero-shot for each '
                                       'loss, supervised for the ViT.')]
   return '\n'.join(lines) + '\n'
+
+
+def reaches(results: list[dict]) -> str:
+  """One paragraph from the results: the last quarter's mean accuracy of the best dual encoder
+  and of the ViT, and how the last quarter's gains compare."""
+  means = [(last_quarter(r)[0], r) for r in results if last_quarter(r)[0] is not None]
+  scored = [(mean, r) for mean, r in means if not is_vit(r)]
+  if not scored:
+    return 'No dual encoder has the 4 evaluations a last quarter needs.'
+  quarter = len(curve(scored[0][1])[1]) // 4
+  mean, top = max(scored, key=lambda pair: pair[0])
+  gains = [last_quarter(r)[1] for _, r in scored]
+  text = (f'Mean of the last quarter of training (its last {quarter} evaluations): the best dual '
+          f'encoder, {top["name"]}, reaches {mean:.1%} zero-shot top-1 (the dual encoders: '
+          f'{min(scored, key=lambda pair: pair[0])[0]:.1%} to {mean:.1%})')
+  for vit_mean, vit in means:
+    if is_vit(vit):
+      text += f'; the supervised {vit["name"]} {vit_mean:.1%}'
+  return (f'{text}; chance {CHANCE:.0%}. Over that quarter the dual encoders\' top-1 moved by '
+          f'{_points(min(gains))} to {_points(max(gains))} (the last evaluation\'s less the one '
+          f'{quarter} before it).')
+
+
+def _percent_axis(ax) -> None:
+  ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+  ax.axhline(CHANCE, color='0.5', linestyle=':', linewidth=1, label=f'chance ({CHANCE:.0%})')
+
+
+def curves_figure(results: list[dict]) -> Figure:
+  """Test accuracy against the training images seen: a panel per loss, a colour per batch size,
+  the supervised ViT dashed in both."""
+  fig = Figure(figsize=(10, 4))
+  axes = fig.subplots(1, len(LOSSES), sharey=True)
+  sizes = sorted({batch_size(r) for r in results if not is_vit(r)})
+  colours = {b: matplotlib.colormaps['viridis'](0.85 * i / max(len(sizes) - 1, 1))
+             for i, b in enumerate(sizes)}
+  # The dual encoders first, the ViT after them: the legend's order.
+  ordered = sorted(results, key=lambda r: (is_vit(r), batch_size(r)))
+  for ax, (panel, title) in zip(axes, LOSSES.items()):
+    for r in ordered:
+      images, accuracies = curve(r)
+      epochs = [seen / TRAIN_IMAGES for seen in images]
+      if is_vit(r):
+        ax.plot(epochs, accuracies, color='k', linestyle='--', marker='.',
+                label=f'supervised ViT, batch {batch_size(r)}')
+      elif loss(r) == panel:
+        ax.plot(epochs, accuracies, color=colours[batch_size(r)], marker='o', markersize=3,
+                label=f'batch {batch_size(r)}')
+    _percent_axis(ax)
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(f'training images seen (epochs of {TRAIN_IMAGES:,})')
+    ax.legend(frameon=False, fontsize=8, loc='lower right')
+  axes[0].set_ylabel('CIFAR-10 test top-1')
+  fig.suptitle('CIFAR-10 test accuracy during training (the dual encoders zero-shot, the ViT '
+               'supervised)', fontsize=10)
+  return fig
 
 
 def figure(results: list[dict]) -> Figure:
   """Test accuracy against the batch size: zero-shot per loss, and the supervised ViT."""
   fig = Figure(figsize=(5.5, 4))
   ax = fig.subplots()
-  groups = {'softmax (CLIP)': 'loss=softmax', 'sigmoid (SigLIP)': 'loss=sigmoid',
-            'supervised ViT': 'vit'}
-  for label, prefix in groups.items():
-    points = sorted((r['overrides']['data.batch_size'], accuracy(r)) for r in results
-                    if r['name'].startswith(prefix) and accuracy(r) is not None)
+  for group, label in {**LOSSES, None: 'supervised ViT'}.items():
+    points = sorted((batch_size(r), accuracy(r)) for r in results
+                    if loss(r) == group and accuracy(r) is not None)
     if points:
-      ax.plot(*zip(*points), marker='o', label=label)
+      ax.plot(*zip(*points), marker='o', label=label,
+              **({'color': 'k', 'linestyle': '--'} if group is None else {}))
+  _percent_axis(ax)
   ax.set_xscale('log', base=2)
   ax.set_xlabel('batch size')
-  ax.set_ylabel('CIFAR-10 test accuracy')
+  ax.set_ylabel('CIFAR-10 test top-1')
   ax.legend(frameon=False)
   fig.suptitle('CIFAR-10 test accuracy after the same number of training images\n(the dual '
                'encoders zero-shot, the ViT supervised)', fontsize=10)
@@ -163,8 +346,9 @@ def figure(results: list[dict]) -> Figure:
 
 
 def figures(payload: dict) -> dict[str, Figure]:
-  """From results.json's content: the accuracy against the batch size."""
-  return {NAME: figure(payload['runs'])}
+  """From results.json's content: the accuracy against the images seen, and the final accuracy
+  against the batch size."""
+  return {CURVES: curves_figure(payload['runs']), NAME: figure(payload['runs'])}
 
 
 def main(argv=None):

@@ -36,7 +36,6 @@ import shutil
 import uuid
 
 from absl import flags
-import jax
 from matplotlib.figure import Figure
 import numpy as np
 from PIL import Image
@@ -181,17 +180,6 @@ def sample_scores(run, params, classifier, budget: Budget) -> tuple[list[dict], 
   return rows, reference
 
 
-def cpu_model() -> str:
-  """The processor's name as lscpu gives it (Linux), else platform's."""
-  try:
-    with open('/proc/cpuinfo', encoding='utf-8') as f:
-      names = [line.split(':', 1)[1].strip() for line in f if line.startswith('model name')]
-    return f'{len(names)} x {names[0]}' if names else 'unknown'
-  except OSError:
-    import platform  # pylint: disable=import-outside-toplevel
-    return platform.processor() or 'unknown'
-
-
 def percent(value: float) -> str:
   return f'{value:.1%}'
 
@@ -203,7 +191,8 @@ def report(command: str, payload: dict) -> str:
   during = payload['during']
   lines = [
       f'# {TITLE}', '', f'Command: `{command}`', '',
-      f'Machine: {payload["machine"]["cpu"]}, shared with other jobs (load average '
+      f'Machine: {payload["machine"]["cpu"]}, {payload["machine"]["cores"]} cores, shared with '
+      'other jobs (load average '
       f'{dit_run["load_average_start"]:.1f} when the DiT started, {dit_run["load_average_end"]:.1f}'
       f' when it ended, {payload["machine"]["load_average_end"]:.1f} after sampling), jax '
       f'{payload["machine"]["jax"]}.', '',
@@ -353,8 +342,7 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
       'budget': dataclasses.asdict(budget),
       'during': {'samples': sample.num_samples, 'sampler': sample.sampler, 'steps': sample.steps,
                  'guidance_scale': sample.guidance_scale},
-      'machine': {'cpu': cpu_model(), 'jax': jax.__version__,
-                  'load_average_end': os.getloadavg()[0]}}
+      'machine': {**sweep.machine(), 'load_average_end': os.getloadavg()[0]}}
   return sweep.finish(TITLE, command, results, lambda: report(command, {'runs': results,
                                                                         **payload}),
                       figures, results_dir, quick, **payload)

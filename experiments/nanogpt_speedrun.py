@@ -78,17 +78,6 @@ _TIME_WORKER = flags.DEFINE_string('time_worker', None, "Internal: serve --burst
                                    "worker of a run ('nanoGPT', 'nanogpt', 'speedrun').")
 
 
-def cpu_model() -> str:
-  """The CPU's model name (/proc/cpuinfo), or the platform's processor string."""
-  try:
-    with open('/proc/cpuinfo') as f:
-      names = re.findall(r'^model name\s*:\s*(.+)$', f.read(), re.M)
-    return names[0].strip() if names else 'unknown'
-  except OSError:
-    import platform  # pylint: disable=g-import-not-at-top
-    return platform.processor() or 'unknown'
-
-
 # Ours.
 
 def ours(recipe: str, sitting: int, workdir: str, base: list[dict]) -> dict:
@@ -318,7 +307,7 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
   record = config_lib.differences(
       json.loads(config_lib.from_file(CONFIG, 'recipe=nanogpt').to_json_best_effort()),
       config_lib.from_file(CONFIG, 'recipe=speedrun'))
-  extra = {'cpu': cpu_model(), 'target': TARGET, 'record_config': record}
+  extra = {'cpu': sweep.machine()['cpu'], 'target': TARGET, 'record_config': record}
   if quick or burst_count:
     worker_flags = [f'--{key.partition(".")[2]}={value}' for key, value in data.items()]
     worker_flags += [f'--nanogpt_dir={theirs}'] * bool(theirs) + ['--quick'] * quick

@@ -21,7 +21,7 @@ from transformer_jax.data import tokenizer as tokenizer_lib
 
 # Each experiment's plots, by file name.
 FIGURES = {'ablations': ['ablations'], 'beam_search': ['beam_search'],
-           'clip_zero_shot': ['clip_zero_shot'],
+           'clip_zero_shot': ['clip_zero_shot', 'clip_zero_shot_curves'],
            'dit_cifar': ['dit_cifar', 'grid_guidance_1', 'grid_guidance_2', 'grid_guidance_4'],
            'dit_digits': ['dit_digits', 'samples'],
            'long_context': ['loss_vs_position'],
@@ -313,6 +313,69 @@ def test_tokenizer_compare_plots_bits_per_byte_against_training_flops(tmp_path):
   assert redrawn(compare, payload, tmp_path) == ['tokenizer_compare']
 
 
+def test_clip_zero_shot_evaluates_every_batch_size_at_the_same_images_seen():
+  clip = load_experiment('clip_zero_shot')
+  full = {b: clip.schedule(b, quick=False) for b in (32, 128, 512)}
+  assert [s['training.steps'] for s in full.values()] == [6144, 1536, 384]
+  assert {b * s['training.eval_every'] for b, s in full.items()} == {12288}
+  assert all(s['training.steps'] == 16 * s['training.eval_every'] for s in full.values())
+  quick = clip.schedule(8, quick=True)
+  assert (quick['training.steps'], quick['training.eval_every']) == (4, 2)
+  with pytest.raises(ValueError, match='Batch 100 does not divide the 12288 images'):
+    clip.schedule(100, quick=False)
+
+
+def test_clip_zero_shot_plots_and_reports_accuracy_against_images_seen(tmp_path):
+  clip = load_experiment('clip_zero_shot')
+  def run(name, overrides, every, key, accuracies, **last):
+    evaluations = [{'step': every * k, 'eval_loss': 1.0, key: accuracy}
+                   for k, accuracy in enumerate(accuracies, 1)]
+    evaluations[-1].update(last)
+    return {'name': name, 'overrides': overrides, 'status': 'finished', 'steps': 8 * every,
+            'eval_loss': 1.0, 'eval_curve': evaluations, 'train_seconds': 60.0,
+            'load_average_start': 1.0, 'load_average_end': 2.0}
+  zero_shot = 'eval_zero_shot_accuracy'
+  runs = [run('loss=softmax,batch=4', {'model.loss': 'softmax', 'data.batch_size': 4}, 2,
+              zero_shot, (0.1, 0.2, 0.3, 0.4, 0.6, 0.45, 0.5, 0.55), eval_zero_shot_top5=0.9,
+              eval_temperature=12.25),
+          run('loss=sigmoid,batch=8', {'model.loss': 'sigmoid', 'data.batch_size': 8}, 1,
+              zero_shot, (0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.38), eval_zero_shot_top5=0.8,
+              eval_temperature=9.5, eval_bias=-9.75),
+          run('vit,batch=8', {'data.batch_size': 8}, 1, 'eval_accuracy',
+              (0.2, 0.3, 0.4, 0.5, 0.6, 0.66, 0.7, 0.74), eval_top5_accuracy=0.95)]
+  payload = {'command': 'c', 'runs': runs,
+             'machine': {'cpu': 'CPU', 'cores': 2, 'jax': '0'}}
+  drawn = clip.figures(payload)
+  softmax_ax, sigmoid_ax = drawn['clip_zero_shot_curves'].axes
+  epochs = lambda images_per_eval: pytest.approx([images_per_eval * k / 50_000
+                                                  for k in range(1, 9)])
+  softmax, sigmoid = plotted(softmax_ax), plotted(sigmoid_ax)
+  assert list(softmax) == ['batch 4', 'supervised ViT, batch 8', 'chance (10%)']
+  assert softmax['batch 4'] == (epochs(8), [0.1, 0.2, 0.3, 0.4, 0.6, 0.45, 0.5, 0.55])
+  assert sigmoid['batch 8'][0] == epochs(8)
+  assert sigmoid['supervised ViT, batch 8'][1] == [0.2, 0.3, 0.4, 0.5, 0.6, 0.66, 0.7, 0.74]
+  assert sigmoid['chance (10%)'][1] == [0.1, 0.1]
+  final = plotted(drawn['clip_zero_shot'].axes[0])
+  assert final['softmax (CLIP)'] == ([4], [0.55]) and final['sigmoid (SigLIP)'] == ([8], [0.38])
+  assert final['supervised ViT'] == ([8], [0.74])
+  text = clip.report(runs, 'c', payload['machine'])
+  assert '64 images (0.00 epochs); 8 evaluations a run' in text
+  # Best: the highest evaluation and the images seen then (its step times the batch).
+  for row in ('| loss=softmax,batch=4 | 4 | 16 | 55.0% | 90.0% | 60.0% (40) | 1.000 | 12.2 | - |',
+              '| loss=sigmoid,batch=8 | 8 | 8 | 38.0% | 80.0% | 40.0% (56) | 1.000 | 9.5 | -9.75 |',
+              '| vit,batch=8 | 8 | 8 | 74.0% | 95.0% | 74.0% (64) | 1.000 | - | - | finished |'):
+    assert row in text
+  # The last quarter: the mean of the last 2 of 8 evaluations, and the last less the one 2 before.
+  assert '| loss=softmax,batch=4 | 52.5% | +10.0 points |' in text
+  assert '| loss=sigmoid,batch=8 | 39.0% | +3.0 points |' in text
+  assert '| vit,batch=8 | 72.0% | +8.0 points |' in text
+  assert ('the best dual encoder, loss=softmax,batch=4, reaches 52.5% zero-shot top-1 (the dual '
+          'encoders: 39.0% to 52.5%); the supervised vit,batch=8 72.0%; chance 10%. Over that '
+          'quarter the dual encoders\' top-1 moved by +3.0 points to +10.0 points') in text
+  assert 'Machine: CPU, 2 cores (load average 1.0 to 2.0' in text
+  assert redrawn(clip, payload, tmp_path) == ['clip_zero_shot', 'clip_zero_shot_curves']
+
+
 def test_dit_cifar_plots_its_curve_held_out_quarters_and_sample_scores(tmp_path):
   dit_cifar = load_experiment('dit_cifar')
   quarters = {'eval_loss': 0.1, 'eval_loss_t0': 0.3, 'eval_loss_t1': 0.05, 'eval_loss_t2': 0.03,
@@ -388,7 +451,7 @@ def test_dit_digits_plots_and_reports_its_curves_scores_and_grids(tmp_path):
                            'train_images': 200, **grid(0)},
              'samples': samples, 'budget': {'samples': 200, 'steps': {'ddim': 50, 'ddpm': 250}},
              'during': {'samples': 100, 'sampler': 'ddim', 'steps': 50, 'guidance_scale': 4.0},
-             'machine': {'cpu': '2 x CPU', 'jax': '0', 'load_average_end': 5.0}}
+             'machine': {'cpu': 'CPU', 'cores': 2, 'jax': '0', 'load_average_end': 5.0}}
   drawn = dit_digits.figures(payload)
   curve_ax, quarter_ax, during_ax, fd_during_ax, accuracy_ax, distance_ax = drawn[
       'dit_digits'].axes

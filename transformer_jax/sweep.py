@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import pathlib
+import platform
 import re
 import shlex
 import statistics
@@ -27,6 +28,7 @@ import time
 from typing import Any, Callable, Iterable, Mapping
 
 from absl import app, flags
+import jax
 import ml_collections
 
 from transformer_jax import config_lib, errors, run as run_lib
@@ -36,10 +38,10 @@ from transformer_jax.train.metrics import read_metrics
 
 __all__ = [
     'args', 'config_for', 'CURVE_KEYS', 'curves', 'DATA_FLAGS', 'figure_markdown', 'finish',
-    'machine_seconds', 'main', 'named', 'override', 'parse_flags', 'product', 'READING', 'redraw',
-    'RESULTS_FILE', 'run_all', 'series', 'SMOKE_NOTE', 'smoke_report', 'STATUS_FILE', 'summary',
-    'SweepRun', 'text_halves', 'train_once', 'values', 'write_figures', 'write_readme',
-    'write_results']
+    'machine', 'machine_seconds', 'main', 'named', 'override', 'parse_flags', 'product',
+    'READING', 'redraw', 'RESULTS_FILE', 'run_all', 'series', 'SMOKE_NOTE', 'smoke_report',
+    'STATUS_FILE', 'summary', 'SweepRun', 'text_halves', 'train_once', 'values', 'write_figures',
+    'write_readme', 'write_results']
 
 log = logging.getLogger(__name__)
 
@@ -354,6 +356,18 @@ def text_halves(name: str, text: str | None, workdir: str, data_flags: dict) -> 
       path.write_text(part_text, encoding='utf-8')
     paths[part] = str(path)
   return paths
+
+
+def machine() -> dict:
+  """Where an experiment ran, for its report: {'cpu': the processor's model name (Linux's
+  /proc/cpuinfo, else platform's), 'cores': the CPUs this process sees, 'jax': its version}."""
+  try:
+    with open('/proc/cpuinfo', encoding='utf-8') as f:
+      names = [line.split(':', 1)[1].strip() for line in f if line.startswith('model name')]
+  except OSError:
+    names = []
+  return {'cpu': names[0] if names else platform.processor() or 'unknown',
+          'cores': os.cpu_count(), 'jax': jax.__version__}
 
 
 def machine_seconds(results: list[dict]) -> float:
