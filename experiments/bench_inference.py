@@ -16,7 +16,7 @@ Rows (random weights, float32, the CPU; torch on --torch_threads threads, CTrans
 - t5: T5 1.1 small, inputs of 128 tokens, --t5_new_tokens new tokens (EOS suppressed), greedy
   and beam 4, batches 1 and 32, against transformers' generate.
 - dit: DiT-S/2 (learned sigma) on 32x32x4 latents, a batch of --dit_batch images, DDIM-50 and
-  DDPM-250, guidance 1 and 4: ours (models.dit.generate, jitted) against diffusers'
+  DDPM-250 (--dit_steps), guidance 1 and 4: ours (models.dit.generate, jitted) against diffusers'
   DiTPipeline's loop over the same transformer (DiTTransformer2DModel) and scheduler
   (DDIMScheduler, DDPMScheduler with DiT's linear schedule and ADM's spacing), up to the
   latents (no VAE). Images per second.
@@ -61,7 +61,8 @@ _BATCHES = flags.DEFINE_list('batches', ['1', '8'], "Whisper's batches (windows 
 _T5_BATCHES = flags.DEFINE_list('t5_batches', ['1', '32'], "T5's batches.")
 _NEW_TOKENS = flags.DEFINE_integer('new_tokens', 100, 'Tokens per Whisper window.')
 _T5_NEW_TOKENS = flags.DEFINE_integer('t5_new_tokens', 64, 'New tokens per T5 input.')
-_DIT_BATCH = flags.DEFINE_integer('dit_batch', 4, 'Images per DiT call.')
+_DIT_BATCH = flags.DEFINE_integer('dit_batch', 2, 'Images per DiT call.')
+_DIT_STEPS = flags.DEFINE_list('dit_steps', ['ddim50', 'ddpm250'], 'DiT samplers and steps.')
 _REPEATS = flags.DEFINE_integer('repeats', 2, 'Timed calls per side, interleaved.')
 _TORCH_THREADS = flags.DEFINE_integer('torch_threads', 2, "torch's and CTranslate2's threads.")
 _JSON_OUT = flags.DEFINE_string('json_out', None, 'Also write the rows here as JSON.')
@@ -95,14 +96,16 @@ def measure(row: Row, repeats: int) -> dict:
   """Each side once (compiling ours) and the check, then `repeats` interleaved timed calls."""
   print(f'{row.system}: {row.name}', flush=True)
   results = {side: np.asarray(call()) for side, call in row.sides.items()}
-  print(f'  check: {row.check(results)}', flush=True)
+  check = row.check(results)
+  print(f'  check: {check}', flush=True)
   seconds = {side: [] for side in row.sides}
   for _ in range(repeats):
     for side, call in row.sides.items():
       start = time.perf_counter()
       call()
       seconds[side].append(time.perf_counter() - start)
-  out = dict(system=row.system, row=row.name, unit=row.unit, units=row.units, sides={})
+  out = dict(system=row.system, row=row.name, unit=row.unit, units=row.units, check=check,
+             sides={})
   ours = statistics.median(seconds['ours'])
   for side, times in seconds.items():
     median = statistics.median(times)
@@ -130,17 +133,19 @@ def first_difference(a: np.ndarray, b: np.ndarray) -> str:
 
 
 def token_check(new_tokens: int, greedy: bool):
-  """Every side wrote new_tokens per row; with greedy decoding, how each compares with ours."""
+  """Every side wrote new_tokens per row (raises otherwise); how each side's tokens (greedy, or
+  the best beam's) compare with ours, for the record: float32 rounding can turn a near-tie
+  (int8 more), and the beam searches differ in their details."""
   def check(results: dict[str, np.ndarray]) -> str:
     notes = []
     for side, tokens in results.items():
       if tokens.shape[-1] != new_tokens:
         raise RuntimeError(f'{side} wrote {tokens.shape[-1]} tokens per row, not {new_tokens}: '
                            'the sides would not do the same work.')
-      if side != 'ours' and greedy:
+      if side != 'ours':
         notes.append(f'{side} {first_difference(tokens, results["ours"])}')
-    counts = f'{new_tokens} tokens per row on every side'
-    return counts + ('; greedy tokens against ours: ' + ', '.join(notes) if notes else '')
+    what = 'greedy tokens' if greedy else "the best beam's tokens"
+    return f'{new_tokens} tokens per row on every side; {what} against ours: ' + ', '.join(notes)
   return check
 
 
@@ -424,7 +429,8 @@ def main(argv):
           'tiny' if quick else 'small', batches, 16 if quick else 128,
           8 if quick else _T5_NEW_TOKENS.value)]
     elif system == 'dit' and not missing('diffusers'):
-      sampling = [('ddim', 5), ('ddpm', 10)] if quick else [('ddim', 50), ('ddpm', 250)]
+      chosen = ['ddim5', 'ddpm10'] if quick else _DIT_STEPS.value
+      sampling = [(name[:4], int(name[4:])) for name in chosen]
       rows += [measure(row, repeats) for row in dit_rows(
           'tiny' if quick else 'small', 2 if quick else _DIT_BATCH.value, sampling)]
     elif system in ('clip', 'siglip'):

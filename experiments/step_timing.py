@@ -32,12 +32,13 @@ class TimedStep:
                params=None):
     self.run = run = setup.build_run(config)
     params = setup.starting_params(run) if params is None else params
+    ema = run.training.ema_decay > 0
     if params is None:
       init = functools.partial(setup.initial_state, run.model, run.tx,
-                               run.family.example_inputs(run.model_config))
+                               run.family.example_inputs(run.model_config), ema=ema)
       self._state = jax.jit(init, out_shardings=run.state_sharding)(jax.random.key(0))
     else:
-      start = functools.partial(setup.state_of, run.tx, ema=run.training.ema_decay > 0)
+      start = functools.partial(setup.state_of, run.tx, ema=ema)
       self._state = jax.jit(start, out_shardings=run.state_sharding)(params)
     self.batches = batches or [run.data.train_batch(i) for i in range(READY_BATCHES)]
     self._ready = [sharding.global_batch(batch, run.mesh) for batch in self.batches]

@@ -173,6 +173,21 @@ class T5(Peer):
         **self.shape.hf, dropout_rate=0.0, feed_forward_proj='gated-gelu',
         tie_word_embeddings=False, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1))
 
+  def build(self, directory: str):
+    """T5 1.1's head is its own: transformers 5 builds and saves T5's head tied to the
+    embedding, and unties it where the checkpoint holds an lm_head.weight of its own; one is
+    written here (N(0, 1), as transformers initializes an untied T5 head) and the model read
+    back."""
+    import safetensors.numpy
+    import transformers
+    super().build(directory)
+    path = f'{directory}/model.safetensors'
+    weights = safetensors.numpy.load_file(path)
+    head = np.random.default_rng(0).standard_normal(weights['shared.weight'].shape)
+    safetensors.numpy.save_file(weights | {'lm_head.weight': head.astype(np.float32)}, path,
+                                metadata={'format': 'pt'})
+    return transformers.T5ForConditionalGeneration.from_pretrained(directory)
+
   def data_settings(self, directory: str) -> dict:
     del directory
     return dict(seq_len=self.shape.lengths['inputs'])
