@@ -51,7 +51,7 @@ import numpy as np
 
 from transformer_jax import convert, decode, diffusion, models
 from transformer_jax.models import dit
-from transformer_jax.train import cpu_runtime
+from transformer_jax.train import cpu_runtime, metrics
 
 SYSTEMS = ('whisper', 't5', 'dit', 'clip', 'siglip')
 
@@ -175,10 +175,10 @@ def ours_model(directory: str):
 
 # Whisper.
 
-def whisper_rows(size: str, batches: list[int], new_tokens: int) -> list[Row]:
+def whisper_rows(directory: str, size: str, batches: list[int], new_tokens: int) -> list[Row]:
+  """Whisper of `size`: its checkpoint (and the CTranslate2 conversions) in `directory`."""
   import torch
   import system_peers as peers
-  directory = tempfile.mkdtemp()
   hf = peers.whisper_checkpoint(size, f'{directory}/hf')
   model, params = ours_model(f'{directory}/hf')
   config = hf.config
@@ -255,10 +255,10 @@ def whisper_sides(model, params, hf, openai, engines, features, beams: int, new_
 
 # T5.
 
-def t5_rows(shape: str, batches: list[int], source_len: int, new_tokens: int) -> list[Row]:
+def t5_rows(directory: str, shape: str, batches: list[int], source_len: int,
+            new_tokens: int) -> list[Row]:
   import torch
   import system_peers as peers
-  directory = tempfile.mkdtemp()
   hf = peers.T5(shape).build(directory).eval()
   model, params = ours_model(directory)
   vocab = hf.config.vocab_size
@@ -353,11 +353,11 @@ def dit_check(model, params, cfg, sampler: str, steps: int, guidance: float, lab
 
 # CLIP and SigLIP.
 
-def dual_encoder_rows(name: str, shape: str, images: int, texts: int, classes: int) -> list[Row]:
+def dual_encoder_rows(directory: str, name: str, shape: str, images: int, texts: int,
+                      classes: int) -> list[Row]:
   import torch
   import system_peers as peers
   peer = peers.PEERS[name](shape)
-  directory = tempfile.mkdtemp()
   hf = peer.build(directory).eval()
   model, params = ours_model(directory)
   image_batch = peer.batch(0, images)['image']
@@ -412,35 +412,40 @@ def main(argv):
     if missing(*modules):
       print(f'No {name} column: {", ".join(missing(*modules))} not installed (pip install -e '
             '\'.[bench]\').')
-  print(f'jax {jax.__version__}, torch {torch.__version__}, {os.cpu_count()} CPUs, torch '
-        f'threads {torch.get_num_threads()}, {load_average()}')
+  unknown = set(_SYSTEMS.value) - set(SYSTEMS)
+  if unknown:
+    raise app.UsageError(f'--systems: {sorted(unknown)} unknown; of {SYSTEMS}.')
+  print(f'jax {jax.__version__}, torch {torch.__version__}, {metrics.cpu_model()}, '
+        f'{os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, {load_average()}')
   repeats = 1 if quick else _REPEATS.value
   rows = []
-  for system in _SYSTEMS.value:
-    if system == 'whisper':
-      sizes = ['micro'] if quick else _WHISPER_SIZES.value
-      batches = [1, 2] if quick else [int(b) for b in _BATCHES.value]
-      for size in sizes:
-        rows += [measure(row, repeats) for row in whisper_rows(
-            size, batches, 8 if quick else _NEW_TOKENS.value)]
-    elif system == 't5':
-      batches = [1, 2] if quick else [int(b) for b in _T5_BATCHES.value]
-      rows += [measure(row, repeats) for row in t5_rows(
-          'tiny' if quick else 'small', batches, 16 if quick else 128,
-          8 if quick else _T5_NEW_TOKENS.value)]
-    elif system == 'dit' and not missing('diffusers'):
-      chosen = ['ddim5', 'ddpm10'] if quick else _DIT_STEPS.value
-      sampling = [(name[:4], int(name[4:])) for name in chosen]
-      rows += [measure(row, repeats) for row in dit_rows(
-          'tiny' if quick else 'small', 2 if quick else _DIT_BATCH.value, sampling)]
-    elif system in ('clip', 'siglip'):
-      sizes = (4, 4, 3) if quick else (32, 256, 100)
-      rows += [measure(row, repeats) for row in dual_encoder_rows(
-          system, 'tiny' if quick else 'small', *sizes)]
+  with tempfile.TemporaryDirectory() as directory:
+    for system in _SYSTEMS.value:
+      folder = f'{directory}/{system}'
+      if system == 'whisper':
+        sizes = ['micro'] if quick else _WHISPER_SIZES.value
+        batches = [1, 2] if quick else [int(b) for b in _BATCHES.value]
+        for size in sizes:
+          rows += [measure(row, repeats) for row in whisper_rows(
+              f'{folder}_{size}', size, batches, 8 if quick else _NEW_TOKENS.value)]
+      elif system == 't5':
+        batches = [1, 2] if quick else [int(b) for b in _T5_BATCHES.value]
+        rows += [measure(row, repeats) for row in t5_rows(
+            folder, 'tiny' if quick else 'small', batches, 16 if quick else 128,
+            8 if quick else _T5_NEW_TOKENS.value)]
+      elif system == 'dit' and not missing('diffusers'):
+        chosen = ['ddim5', 'ddpm10'] if quick else _DIT_STEPS.value
+        sampling = [(name[:4], int(name[4:])) for name in chosen]
+        rows += [measure(row, repeats) for row in dit_rows(
+            'tiny' if quick else 'small', 2 if quick else _DIT_BATCH.value, sampling)]
+      elif system in ('clip', 'siglip'):
+        sizes = (4, 4, 3) if quick else (32, 256, 100)
+        rows += [measure(row, repeats) for row in dual_encoder_rows(
+            folder, system, 'tiny' if quick else 'small', *sizes)]
   print(f'{load_average()} at the end')
   if _JSON_OUT.value:
-    pathlib.Path(_JSON_OUT.value).write_text(json.dumps({'cpus': os.cpu_count(), 'rows': rows},
-                                                        indent=2))
+    pathlib.Path(_JSON_OUT.value).write_text(json.dumps(
+        {'cpu': metrics.cpu_model(), 'cpus': os.cpu_count(), 'rows': rows}, indent=2))
 
 
 if __name__ == '__main__':

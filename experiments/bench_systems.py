@@ -54,6 +54,7 @@ from transformer_jax.train import cpu_runtime, metrics, setup
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SYSTEMS = ('t5', 'clip', 'siglip', 'whisper', 'dit')
+SHAPES = ('tiny', 'small')
 PARTS = ('train', 'input')
 
 _SYSTEMS = flags.DEFINE_list('systems', list(SYSTEMS), f'Of {SYSTEMS}.')
@@ -72,8 +73,8 @@ _TORCH_ADAMW = flags.DEFINE_enum('torch_adamw', 'fused', ['default', 'foreach', 
                                  'the CPU).')
 _LOSS_RTOL = flags.DEFINE_float('loss_rtol', 1e-4, 'Step 0 losses must agree to this.')
 _BATCHES = flags.DEFINE_integer('batches', 20, 'Timed batches per input pipeline.')
-_TEXT = flags.DEFINE_string('text', None, "A text file for T5's span corruption (generated "
-                            'words without it).')
+_TEXT = flags.DEFINE_string('text', None, "A text file whose paragraphs (blank-line separated) "
+                            "are T5's documents to corrupt; generated documents without it.")
 _TFDS_DATA_DIR = flags.DEFINE_string('tfds_data_dir', None, 'TFDS data dir holding CIFAR-10 '
                                      "(prepared), for DiT's pipeline; generated images without.")
 _JSON_OUT = flags.DEFINE_string('json_out', None, 'Also write the rows here as JSON.')
@@ -130,13 +131,14 @@ def train_row(peers, name: str, shape: str, peak: float, steps: int, budget: flo
                            peer.first_draws(run, batches[0]))
   flops = step_flops(run, batches[0])
   params = accounting.count_params(run.abstract_params)['total']
-  print(f'{name} ({shape}): {params:,} parameters, batch {peer.batch_size}, '
-        f'{flops / 1e9:.1f} GFLOP per step (accounting)', flush=True)
+  peer_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+  print(f'{name} ({shape}): {params:,} parameters trained ({peer_params:,} by the peer), batch '
+        f'{peer.batch_size}, {flops / 1e9:.3g} GFLOP per step (accounting)', flush=True)
   ours(0)
   theirs(0)
-  loss = float(ours.metrics['loss'] / ours.metrics['weight'])
-  difference = abs(loss / theirs.loss - 1)
-  print(f'  step 0 on the same batch: loss {loss:.6f} (ours), {theirs.loss:.6f} (peer), '
+  loss, peer_loss = float(ours.metrics['loss'] / ours.metrics['weight']), theirs.loss
+  difference = abs(loss / peer_loss - 1)
+  print(f'  step 0 on the same batch: loss {loss:.6f} (ours), {peer_loss:.6f} (peer), '
         f'relative difference {difference:.1e}', flush=True)
   if not difference <= _LOSS_RTOL.value:
     raise RuntimeError(f'{name} ({shape}): the step 0 losses differ by {difference:.1e}, more '
@@ -144,8 +146,9 @@ def train_row(peers, name: str, shape: str, peak: float, steps: int, budget: flo
   for i in range(1, warmup):
     ours(i)
     theirs(i)
-  row = dict(system=name, shape=shape, params=params, batch_size=peer.batch_size,
-             gflop_per_step=flops / 1e9, loss_ours=loss, loss_peer=theirs.loss,
+  row = dict(system=name, shape=shape, params=params, peer_params=peer_params,
+             batch_size=peer.batch_size,
+             gflop_per_step=flops / 1e9, loss_ours=loss, loss_peer=peer_loss,
              loss_rel_difference=difference, ours=[], peer=[])
   for _ in range(repeats):
     for side, step in (('ours', ours), ('peer', theirs)):
@@ -354,7 +357,13 @@ def main(argv):
     if not missing_peers('t5'):
       import transformers
       transformers.logging.set_verbosity_error()
-  print(f'jax {jax.__version__}, {os.cpu_count()} CPUs, {load_average()}')
+  for flag, values, known in ((_SYSTEMS, _SYSTEMS.value, SYSTEMS), (_SHAPES, shapes, SHAPES),
+                              (_PARTS, _PARTS.value, PARTS)):
+    if set(values) - set(known):
+      raise app.UsageError(f'--{flag.name}: {sorted(set(values) - set(known))} unknown; of '
+                           f'{known}.')
+  print(f'jax {jax.__version__}, {metrics.cpu_model()}, {os.cpu_count()} CPUs, '
+        f'{load_average()}')
   peak = metrics.measured_matmul_flops()
   print(f'float32 matmul peak (best jitted square matmul): {peak / 1e9:.1f} GFLOP/s')
   rows = []
@@ -374,7 +383,8 @@ def main(argv):
   print(f'{load_average()} at the end')
   if _JSON_OUT.value:
     pathlib.Path(_JSON_OUT.value).write_text(json.dumps(
-        {'peak_flops': peak, 'cpus': os.cpu_count(), 'train': rows, 'input': inputs}, indent=2))
+        {'cpu': metrics.cpu_model(), 'cpus': os.cpu_count(), 'peak_flops': peak,
+         'train': rows, 'input': inputs}, indent=2))
 
 
 if __name__ == '__main__':

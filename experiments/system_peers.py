@@ -29,10 +29,6 @@ from transformer_jax.convert.tensors import Array, Tensor, linear
 from transformer_jax.data import image_text
 from transformer_jax.train import step as step_lib
 
-__all__ = ['PEERS', 'Peer', 'SHAPES', 'SYSTEMS', 'TorchStep']
-
-SYSTEMS = ('t5', 'clip', 'siglip', 'whisper', 'dit')
-SHAPES = ('tiny', 'small')
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -79,7 +75,7 @@ class Peer:
   adamw = 'fused'  # torch.optim.AdamW's implementation (bench_systems --torch_adamw)
 
   def __init__(self, shape: str):
-    self.shape_name, self.shape = shape, self.SHAPES[shape]
+    self.shape = self.SHAPES[shape]
 
   @property
   def batch_size(self) -> int:
@@ -121,8 +117,9 @@ class Peer:
 
   def torch_optimizer(self, model, opt):
     """torch.optim.AdamW of the run's optimizer settings (b1, b2, eps, lr), the weight decay on
-    the weights of the linear and convolution layers (ours: the kernels, the configs' default;
-    a CLIP's embeddings are decayed here too, optimizer.decay_embeddings)."""
+    the weights of the linear and convolution layers, as ours decays the kernels by default (a
+    CLIP's token and position tables, which ours decays as open_clip does, are not decayed
+    here: a few tensors' elementwise terms)."""
     decayed = {id(m.weight) for m in model.modules()
                if isinstance(m, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d))}
     trained = [p for p in model.parameters() if p.requires_grad]
@@ -142,7 +139,9 @@ class Peer:
     raise NotImplementedError
 
   def torch_loss(self, model, batch: dict, draws=None):
-    raise NotImplementedError
+    """The loss the peer model computes itself (given labels, or return_loss)."""
+    del draws
+    return model(**batch).loss
 
 
 def _tensor(array, dtype=None):
@@ -211,9 +210,6 @@ class T5(Peer):
     return dict(input_ids=_tensor(batch['inputs'], torch.long),
                 attention_mask=_tensor(batch['input_valid'], torch.long),
                 labels=_tensor(batch['targets'], torch.long))
-
-  def torch_loss(self, model, batch: dict, draws=None):
-    return model(**batch).loss
 
   def torch_optimizer(self, model, opt):
     import transformers
@@ -305,9 +301,6 @@ class Clip(Peer):
                 input_ids=_tensor(batch['text'], torch.long), return_loss=True,
                 **self.attention_mask(batch['text']))
 
-  def torch_loss(self, model, batch: dict, draws=None):
-    return model(**batch).loss
-
 
 class Siglip(Clip):
   """SigLIP against transformers' SiglipModel(return_loss=True): the sigmoid loss of every
@@ -378,8 +371,7 @@ class Whisper(Peer):
 
   def make_model(self):
     import transformers
-    return transformers.WhisperForConditionalGeneration(
-        transformers.WhisperConfig(**self.shape.hf))
+    return transformers.WhisperForConditionalGeneration(self.hf_config())
 
   def hf_config(self):
     import transformers
@@ -409,9 +401,6 @@ class Whisper(Peer):
     return dict(input_features=_tensor(batch['features'].transpose(0, 2, 1)),
                 decoder_input_ids=_tensor(batch['decoder_inputs'], torch.long),
                 labels=_tensor(batch['targets'], torch.long))
-
-  def torch_loss(self, model, batch: dict, draws=None):
-    return model(**batch).loss
 
 
 class DiT(Peer):
