@@ -39,12 +39,17 @@ class SyntheticImages(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     colours = np.random.default_rng(123).integers(32, 224, size=(CLASSES, 3))
     noise = np.random.default_rng(seed)
     shape = (32, 32) if png else (375, 500)
-    ramp = np.linspace(-40, 40, shape[1])[None, :, None]
     for index in range(count):
       label = int(noise.integers(CLASSES))
-      pixels = colours[label] + ramp + noise.normal(0, 12, size=(*shape, 3))
-      image = Image.fromarray(np.clip(np.rint(pixels), 0, 255).astype(np.uint8))
-      yield index, {'image': image, 'label': label}
+      yield index, {'image': stand_in(colours[label], noise, shape), 'label': label}
+
+
+def stand_in(colour: np.ndarray, noise: np.random.Generator, shape=(375, 500)) -> Image.Image:
+  """A photo's stand-in of `shape` (height, width): the RGB `colour`, a horizontal ramp of
+  +-40 and Gaussian noise of 12 drawn from `noise`."""
+  ramp = np.linspace(-40, 40, shape[1])[None, :, None]
+  pixels = colour + ramp + noise.normal(0, 12, size=(*shape, 3))
+  return Image.fromarray(np.clip(np.rint(pixels), 0, 255).astype(np.uint8))
 
 
 def prepare(config_name: str, data_dir: str) -> str:

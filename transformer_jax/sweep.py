@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import pathlib
-import platform
 import re
 import shlex
 import statistics
@@ -33,7 +32,7 @@ import ml_collections
 
 from transformer_jax import config_lib, errors, run as run_lib
 from transformer_jax.data import builders
-from transformer_jax.train import checkpoint, cpu_runtime, vmapped
+from transformer_jax.train import checkpoint, cpu_runtime, metrics, vmapped
 from transformer_jax.train.metrics import read_metrics
 
 __all__ = [
@@ -359,15 +358,9 @@ def text_halves(name: str, text: str | None, workdir: str, data_flags: dict) -> 
 
 
 def machine() -> dict:
-  """Where an experiment ran, for its report: {'cpu': the processor's model name (Linux's
-  /proc/cpuinfo, else platform's), 'cores': the CPUs this process sees, 'jax': its version}."""
-  try:
-    with open('/proc/cpuinfo', encoding='utf-8') as f:
-      names = [line.split(':', 1)[1].strip() for line in f if line.startswith('model name')]
-  except OSError:
-    names = []
-  return {'cpu': names[0] if names else platform.processor() or 'unknown',
-          'cores': os.cpu_count(), 'jax': jax.__version__}
+  """Where an experiment ran, for its report: {'cpu': the processor's model name, 'cores': the
+  CPUs this process sees, 'jax': its version}."""
+  return {'cpu': metrics.cpu_model(), 'cores': os.cpu_count(), 'jax': jax.__version__}
 
 
 def machine_seconds(results: list[dict]) -> float:

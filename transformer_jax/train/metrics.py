@@ -1,6 +1,7 @@
 """Metrics: a progress line with ETA, metrics.jsonl, TensorBoard events, and MFU."""
 import json
 import os
+import platform
 import time
 
 import logging
@@ -9,12 +10,23 @@ import jax
 from transformer_jax import targets
 
 __all__ = [
-    'compiled_memory', 'logged_eval_steps', 'measured_matmul_flops', 'METRICS_FILE', 'MetricWriter',
-    'peak_flops_per_device', 'read_metrics']
+    'compiled_memory', 'cpu_model', 'logged_eval_steps', 'measured_matmul_flops', 'METRICS_FILE',
+    'MetricWriter', 'peak_flops_per_device', 'read_metrics']
 
 log = logging.getLogger(__name__)
 
 METRICS_FILE = 'metrics.jsonl'
+
+
+def cpu_model() -> str:
+  """The processor's model name (Linux's /proc/cpuinfo, else platform's): CPU timings and their
+  ratios hold for the CPU they were measured on."""
+  try:
+    with open('/proc/cpuinfo', encoding='utf-8') as f:
+      names = [line.split(':', 1)[1].strip() for line in f if line.startswith('model name')]
+  except OSError:
+    names = []
+  return names[0] if names else platform.processor() or 'unknown'
 
 
 def measured_matmul_flops(sizes=(512, 1024, 2048), repeats: int = 5) -> float:
