@@ -67,17 +67,22 @@ def beam_search(model, params, prompt_tokens, *, beam_size: int, max_new_tokens:
       token_limit=token_limit)
 
 
-def _rows_of(cache, rows, one_row, two_rows):
+def _rows_of(cache, rows, one_row, two_rows, shared=None):
   """The cache of the batch rows `rows`, whatever its layout: each leaf along its batch axis (the
   one whose size grows with the batch, B or B * kv_heads folded), found by comparing the shapes
-  of a cache of one row and of two."""
-  def take(x, one, two):
+  of a cache of one row and of two. Leaves where the tree `shared` is True are left as they are:
+  `rows` only reorders rows that hold the same values there."""
+  shared = jax.tree.map(lambda _: False, one_row) if shared is None else shared
+
+  def take(x, one, two, same):
+    if same:
+      return x
     axis = next(i for i, (m, n) in enumerate(zip(one.shape, two.shape)) if m != n)
     per_row = one.shape[axis]
     grouped = x.reshape(x.shape[:axis] + (-1, per_row) + x.shape[axis + 1:])
     taken = jnp.take(grouped, rows, axis=axis)
     return taken.reshape(x.shape[:axis] + (-1,) + x.shape[axis + 1:])
-  return jax.tree.map(take, cache, one_row, two_rows)
+  return jax.tree.map(take, cache, one_row, two_rows, shared)
 
 
 def _extend(state: _Search, logits, rows_of, token_limit, eos_id, length_penalty: float):
@@ -133,7 +138,12 @@ def _beam_search(model, params, prompt_tokens, prompt_lengths, inputs, input_val
   source_len = None if encoded is None else encoded.shape[1]
   one_row, two_rows = (jax.eval_shape(lambda b=b: init_cache(model, b, ring_slots, source_len))
                        for b in (1, 2))
-  rows_of = lambda cache, rows: _rows_of(cache, rows, one_row, two_rows)
+  # The cross-attention keys and values (the leaves whose shape does not follow the slots) are
+  # the same for a prompt's K rows and never written after the prefill: a step's reorder, which
+  # keeps each row among its prompt's, need not copy them (Whisper's are most of the cache).
+  more_slots = jax.eval_shape(lambda: init_cache(model, 1, ring_slots + 1, source_len))
+  cross = jax.tree.map(lambda a, b: a.shape == b.shape, one_row, more_slots)
+  rows_of = lambda cache, rows: _rows_of(cache, rows, one_row, two_rows, cross)
   # Every prompt's K rows start as copies of its prefill; only the first is live, so the first
   # step's K beams are K different tokens.
   beam_rows = jnp.repeat(jnp.arange(batch), k)
@@ -145,7 +155,7 @@ def _beam_search(model, params, prompt_tokens, prompt_lengths, inputs, input_val
       step=jnp.int32(0), token=jnp.zeros((batch * k,), jnp.int32),
       live=Beams(tokens=empty, lengths=zeros, log_probs=first_live, scores=nothing),
       finished=Beams(tokens=empty, lengths=zeros, log_probs=nothing, scores=nothing),
-      cache=rows_of(cache, beam_rows))
+      cache=_rows_of(cache, beam_rows, one_row, two_rows))
   state = _extend(state, logits[beam_rows, -1], rows_of, token_limit, eos_id, length_penalty)
   beam_pad = pad[beam_rows]
   forward = cached_forward(model, params, window,
