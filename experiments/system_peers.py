@@ -220,6 +220,14 @@ class T5(Peer):
         relative_step=False, warmup_init=False)
 
 
+# The dual encoders' towers at the tiny shape, CLIP's and SigLIP's alike.
+TINY_TOWERS = dict(
+    text_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64, vocab_size=128, max_position_embeddings=12),
+    vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                       intermediate_size=64, image_size=16, patch_size=4))
+
+
 class Clip(Peer):
   """CLIP against transformers' CLIPModel(return_loss=True): the symmetric softmax loss over the
   batch's pairs, AdamW with CLIP's settings (b2 0.98, eps 1e-6, weight decay 0.2, no
@@ -227,12 +235,7 @@ class Clip(Peer):
   then padding, which CLIPModel masks and our causal tower never reads."""
   name = 'clip'
   SHAPES = {
-      'tiny': Shape(8, dict(
-          text_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                           intermediate_size=64, vocab_size=128, max_position_embeddings=12),
-          vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                             intermediate_size=64, image_size=16, patch_size=4),
-          projection_dim=16)),
+      'tiny': Shape(8, dict(TINY_TOWERS, projection_dim=16)),
       # transformers' CLIPConfig defaults: ViT-B/32 and its text tower.
       'small': Shape(64, dict(text_config={}, vision_config={}, projection_dim=512)),
   }
@@ -309,11 +312,7 @@ class Siglip(Clip):
   neither side masks them: the text tower pools at the last position."""
   name = 'siglip'
   SHAPES = {
-      'tiny': Shape(8, dict(
-          text_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                           intermediate_size=64, vocab_size=128, max_position_embeddings=12),
-          vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                             intermediate_size=64, image_size=16, patch_size=4))),
+      'tiny': Shape(8, TINY_TOWERS),
       # google/siglip-base-patch16-224's sizes: transformers' SiglipConfig defaults but the
       # vocabulary and its 64 positions.
       'small': Shape(16, dict(text_config=dict(vocab_size=32000, max_position_embeddings=64),
