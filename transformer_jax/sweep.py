@@ -33,7 +33,6 @@ import ml_collections
 from transformer_jax import config_lib, errors, run as run_lib
 from transformer_jax.data import builders
 from transformer_jax.train import checkpoint, cpu_runtime, metrics, vmapped
-from transformer_jax.train.metrics import read_metrics
 
 __all__ = [
     'args', 'config_for', 'CURVE_KEYS', 'curves', 'DATA_FLAGS', 'figure_markdown', 'finish',
@@ -215,7 +214,7 @@ def curves(run_dir: str) -> tuple[list[dict], list[dict]]:
   later row of a step wins.
   """
   train_rows, eval_rows = {}, {}
-  for row in read_metrics(run_dir):
+  for row in metrics.read_metrics(run_dir):
     (eval_rows if 'eval_loss' in row else train_rows)[row['step']] = row
   return [train_rows[s] for s in sorted(train_rows)], [eval_rows[s] for s in sorted(eval_rows)]
 
