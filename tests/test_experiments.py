@@ -180,20 +180,47 @@ def test_notebook_runs_end_to_end_in_its_quick_setting(tmp_path, monkeypatch):
   assert (tmp_path / 'ablations' / 'results' / 'README.md').exists()
 
 
-def test_t5_pretrain_pairs_reverse_the_words_of_each_short_line():
+def test_t5_pretrain_blanks_one_common_word_of_each_line_the_same_for_every_seed():
   t5_pretrain = load_experiment('t5_pretrain')
-  bpe = tokenizer_lib.train_bpe(['to be or not to be that is the question'] * 5, 300)
-  lines = ['to be or not', 'one', 'that is the question to be or not to be', 'be that']
-  task = t5_pretrain.ReverseWordsTask(lines, lines, bpe, seq_len=32, seed=0,
-                                      exact_match_examples=2)
-  pairs = task.eval_examples([0, 1])  # the one-word and the nine-word lines are left out
-  assert task.num_eval_examples == 2
-  assert [bpe.decode(row) for row in pairs['inputs']] == [
-      'reverse words: to be or not', 'reverse words: be that']
-  assert [bpe.decode(row) for row in pairs['targets']] == ['not or be to', 'that be']
+  blank = tokenizer_lib.sentinel(0)
+  lines = ['To be, or not to be: that is the question:', 'one two',
+           "'Tis nobler in the mind to suffer", 'Whether tis nobler in the mind']
+  common = t5_pretrain.common_words(lines)
+  assert {'to', 'the', 'be', 'in', 'mind'} < common and 'one' not in common
+  sources, targets = t5_pretrain.cloze_pairs(lines, common)
+  assert len(sources) == 3  # the two-word line is left out
+  for line, source, target in zip([lines[0], *lines[2:]], sources, targets):
+    assert target.strip() in common
+    # The blank takes the word's letters and the space before them, the target keeps the space.
+    assert source.replace(blank, target, 1) == line
+  bpe = tokenizer_lib.train_bpe(lines * 5, 300, sentinels=4)
+  make = lambda seed, per_word=None: t5_pretrain.ClozeTask(
+      lines, lines, bpe, seq_len=48, seed=seed, exact_match_examples=3, per_word=per_word)
+  task, other_seed = make(0), make(1)
+  sources, targets = t5_pretrain.balanced(sources, targets)
+  pairs = task.eval_examples(list(range(len(sources))))
+  assert pairs['targets'].shape == (len(sources), t5_pretrain.TARGET_LEN)
+  for row, (source, target) in enumerate(zip(sources, targets)):
+    length = len(bpe.encode(t5_pretrain.PREFIX + source))
+    assert pairs['inputs'][row, :length].tolist() == bpe.encode(t5_pretrain.PREFIX + source)
+    assert blank in bpe._tokenizer.decode(pairs['inputs'][row, :length].tolist(),
+                                          skip_special_tokens=False)
+    assert pairs['targets'][row][pairs['weights'][row] > 0].tolist() == (
+        bpe.encode(target) + [bpe.eos_id])
   np.testing.assert_array_equal(pairs['decoder_inputs'][:, 1:], pairs['targets'][:, :-1])
-  assert pairs['weights'].sum(axis=1).tolist() == [len(bpe.encode('not or be to')) + 1,
-                                                   len(bpe.encode('that be')) + 1]
+  for key, value in task.held_out.items():
+    np.testing.assert_array_equal(value, other_seed.held_out[key])
+
+
+def test_t5_pretrain_balances_the_pairs_over_their_words_in_their_order():
+  t5_pretrain = load_experiment('t5_pretrain')
+  sources = [f'line {i}' for i in range(7)]
+  targets = [' the', ' to', ' the', ' I', ' to', ' the', ' I']
+  kept_sources, kept_targets = t5_pretrain.balanced(sources, targets)
+  assert sorted(kept_targets) == [' I', ' I', ' the', ' the', ' to', ' to']
+  assert kept_sources == sorted(kept_sources)  # the pairs' order kept
+  assert [sources.index(s) for s in kept_sources if targets[sources.index(s)] == ' to'] == [1, 4]
+  assert sorted(t5_pretrain.balanced(sources, targets, per_word=1)[1]) == [' I', ' the', ' to']
 
 
 # The plots of the experiments, drawn from small results.json payloads without training.
@@ -279,14 +306,16 @@ def test_t5_pretrain_plots_both_phases_with_seeds_sharing_a_colour(tmp_path):
     return {'name': name, 'train_curve': curve('loss', {1: 9.0, 2: 8.0}), 'eval_curve': [
         {'step': step, 'eval_loss': loss, 'eval_exact_match': match}
         for step, loss, match in zip((2, 4), losses, matches)]}
-  payload = {'command': 'c', 'pretrain': {
-      'train_curve': curve('loss', {5: 6.0, 10: 5.0}), 'eval_curve': curve('eval_loss', {10: 5.5})},
+  pretrain = lambda held_out: {'train_curve': curve('loss', {5: 6.0, 10: 5.0}),
+                               'eval_curve': curve('eval_loss', {10: held_out})}
+  payload = {'command': 'c', 'pretrain': [pretrain(5.5), pretrain(5.25)],
       'runs': [finetuned('pretrained,seed=0', (4.0, 3.0), (0.0, 0.5)),
                finetuned('pretrained,seed=1', (4.5, 3.5), (0.0, 0.25)),
                finetuned('scratch,seed=0', (5.0, 4.0), (0.0, 0.0))]}
   pretrain_ax, loss_ax, match_ax = t5_pretrain.figures(payload)['t5_pretrain'].axes
   assert plotted(pretrain_ax) == {'training (logged mean)': ([5, 10], [6.0, 5.0]),
                                   'held-out': ([10], [5.5])}
+  assert [list(line.get_ydata()) for line in pretrain_ax.get_lines()][2:] == [[6.0, 5.0], [5.25]]
   held_out = [line for line in loss_ax.get_lines() if line.get_marker() == 'o']
   assert [list(line.get_ydata()) for line in held_out] == [[4.0, 3.0], [4.5, 3.5], [5.0, 4.0]]
   assert [line.get_color() for line in held_out] == ['#2563eb', '#2563eb', '#dc2626']
@@ -294,6 +323,29 @@ def test_t5_pretrain_plots_both_phases_with_seeds_sharing_a_colour(tmp_path):
                                                                         [0.0, 0.0]]
   assert [t.get_text() for t in match_ax.get_legend().get_texts()] == ['pretrained', 'scratch']
   assert redrawn(t5_pretrain, payload, tmp_path) == ['t5_pretrain']
+
+
+def test_t5_pretrain_reports_each_evaluation_as_the_mean_over_seeds():
+  t5_pretrain = load_experiment('t5_pretrain')
+  def finetuned(name, losses, matches):
+    curve = [{'step': step, 'eval_loss': loss, 'eval_exact_match': match}
+             for step, loss, match in zip((100, 200), losses, matches)]
+    return {'name': name, 'steps': 200, 'eval_loss': losses[-1], 'eval_curve': curve,
+            'train_seconds': 60.0}
+  results = [finetuned('pretrained,seed=0', (1.0, 0.8), (0.25, 0.375)),
+             finetuned('scratch,seed=0', (1.5, 1.25), (0.125, 0.125)),
+             finetuned('pretrained,seed=1', (1.25, 0.9), (0.25, 0.25)),
+             finetuned('scratch,seed=1', (1.75, 1.5), (0.0, 0.25))]
+  pretrained = [{'name': f'pretrain,seed={seed}', 'steps': 10, 'eval_loss': 3.0,
+                 'train_seconds': 120.0} for seed in (0, 1)]
+  majority = {'word': ' the', 'exact_match': 0.1, 'train_pairs': 1000, 'held_out_pairs': 130,
+              'decoded_pairs': 130}
+  report = t5_pretrain.report(pretrained, results, majority, 'c')
+  assert '| 100 | 1.1250 | 1.6250 | 0.2500 | 0.0625 |' in report
+  assert '| 200 | 0.8500 | 1.3750 | 0.3125 | 0.1875 |' in report
+  assert 'held-out loss over the first 128 of the 130 held-out pairs' in report
+  assert 'exact match +0.2500, +0.0000' in report
+  assert '4.0 min over the 2 pre-trainings' in report
 
 
 def test_tokenizer_compare_plots_bits_per_byte_against_training_flops(tmp_path):

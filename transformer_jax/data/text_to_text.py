@@ -92,38 +92,40 @@ def _records(source, text_key: str, label_key: str) -> tuple[list[str], np.ndarr
 
 
 def pair_arrays(sources: list[list[int]], targets: list[list[int]], seq_len: int, pad_id: int,
-                start_id: int) -> dict:
-  """seq2seq.Seq2SeqTask's arrays of token pairs whose sides (EOS included where the task puts
-  one) fit seq_len: each side padded with pad_id to seq_len, 'input_valid' and 'weights' over
-  their tokens, and the decoder's inputs, start_id then the targets but their last."""
-  count = len(sources)
-  inputs, target_rows = (np.full((count, seq_len), pad_id, np.int32) for _ in range(2))
+                start_id: int, target_len: int | None = None) -> dict:
+  """seq2seq.Seq2SeqTask's arrays of token pairs whose sources fit seq_len and targets
+  target_len (default seq_len; EOS included where the task puts one): each side padded with
+  pad_id to its length, 'input_valid' and 'weights' over their tokens, and the decoder's inputs,
+  start_id then the targets but their last."""
+  count, target_len = len(sources), target_len or seq_len
+  inputs = np.full((count, seq_len), pad_id, np.int32)
+  target_rows = np.full((count, target_len), pad_id, np.int32)
   for row, (source, target) in enumerate(zip(sources, targets)):
     inputs[row, :len(source)], target_rows[row, :len(target)] = source, target
-  positions = np.arange(seq_len)
   lengths = lambda side: np.asarray([len(ids) for ids in side], np.int64).reshape(-1, 1)
   start = np.full((count, 1), start_id, np.int32)
-  return {'inputs': inputs, 'input_valid': positions < lengths(sources),
+  return {'inputs': inputs, 'input_valid': np.arange(seq_len) < lengths(sources),
           'decoder_inputs': np.concatenate([start, target_rows[:, :-1]], axis=1),
           'targets': target_rows,
-          'weights': (positions < lengths(targets)).astype(np.float32)}
+          'weights': (np.arange(target_len) < lengths(targets)).astype(np.float32)}
 
 
 class TokenPairsTask:
   """The batches of tokenized text-to-text pairs (train, held_out: (sources, targets) of each
   split, pair_arrays's rows; the decoder starts from BOS, PAD where the tokenizer has none, as
-  T5 starts). Training example k is pair permutation(seed, k // N)[k % N] of the N training
-  pairs; held-out pairs are read in order. `generation_metrics`: the greedy exact match of the
-  first `exact_match_examples` held-out targets, decoding up to `decoded_len` tokens (default
-  seq_len)."""
+  T5 starts), the targets padded to `target_len` (default seq_len). Training example k is pair
+  permutation(seed, k // N)[k % N] of the N training pairs; held-out pairs are read in order.
+  `generation_metrics`: the greedy exact match of the first `exact_match_examples` held-out
+  targets, decoding up to `decoded_len` tokens (default: the targets' length)."""
 
   def __init__(self, tokenizer, train: tuple[list, list], held_out: tuple[list, list], *,
                seq_len: int, seed: int, exact_match_examples: int,
-               decoded_len: int | None = None):
+               decoded_len: int | None = None, target_len: int | None = None):
     self.vocab, self.token_bytes = tokenizer, tokenizer.token_bytes
-    self.seq_len, self.seed, self.decoded_len = seq_len, seed, decoded_len or seq_len
+    self.seq_len, self.seed = seq_len, seed
+    self.decoded_len = decoded_len or target_len or seq_len
     pad_id, start_id = tokenizer.pad_id or 0, decoder_start_id(tokenizer)
-    self.train, self.held_out = (pair_arrays(*pairs, seq_len, pad_id, start_id)
+    self.train, self.held_out = (pair_arrays(*pairs, seq_len, pad_id, start_id, target_len)
                                  for pairs in (train, held_out))
     self.num_eval_examples = len(self.held_out['inputs'])
     self.exact_match_examples = min(exact_match_examples, self.num_eval_examples)
