@@ -28,6 +28,11 @@ made in the pipeline, 'host', or in the step, 'device'), DiT-S/2's images (CIFAR
 --tfds_data_dir as configs/dit_reference.py reads it, else generated images). The files are
 written to a temporary folder first; setting up (tokenizing, training the BPEs) is not timed.
 
+--profile_dir: after each training row's timing, a jax.profiler trace of our steps and where
+their time goes (transformer_jax.train.profiling: by kind of work, model part and op); XLA:CPU's
+flags are read from XLA_FLAGS as ever, and printed, so that flag sets can be compared run
+against run (the peer's time in each run a yardstick).
+
 A benchmark, not a test: the figures drift with the machine's load, printed beside each. With
 --json_out the rows are also written as JSON. Without torch, transformers and diffusers (the
 `bench` extra), the peers' columns are skipped with a line saying so. Measured figures:
@@ -77,6 +82,11 @@ _TEXT = flags.DEFINE_string('text', None, "A text file whose paragraphs (blank-l
                             "are T5's documents to corrupt; generated documents without it.")
 _TFDS_DATA_DIR = flags.DEFINE_string('tfds_data_dir', None, 'TFDS data dir holding CIFAR-10 '
                                      "(prepared), for DiT's pipeline; generated images without.")
+_PROFILE_DIR = flags.DEFINE_string(
+    'profile_dir', None, 'Also trace --profile_steps of our steps per row after its timing, in '
+    'DIR/<system>_<shape> (jax.profiler), and print where their time goes by kind of work, '
+    'model part and op (transformer_jax.train.profiling).')
+_PROFILE_STEPS = flags.DEFINE_integer('profile_steps', 3, 'Steps per --profile_dir trace.')
 _JSON_OUT = flags.DEFINE_string('json_out', None, 'Also write the rows here as JSON.')
 _QUICK = flags.DEFINE_bool('quick', False, 'Every row at the tiny shapes, 2 timed steps, one '
                            'measurement each: a check that it runs and that both sides agree.')
@@ -158,7 +168,21 @@ def train_row(peers, name: str, shape: str, peak: float, steps: int, budget: flo
   row['speedup'] = median('peer') / median('ours')
   print(f'  ours {row["speedup"]:.2f}x the peer\'s speed (medians of the measurements)',
         flush=True)
+  if _PROFILE_DIR.value:
+    row['profile'] = profile_row(ours, f'{_PROFILE_DIR.value}/{name}_{shape}', warmup)
   return row
+
+
+def profile_row(ours, directory: str, first: int) -> dict:
+  """Traces our steps into `directory`, prints where their time goes, returns it (ms a step
+  by kind of work and by model part)."""
+  summary = ours.profile(directory, first, _PROFILE_STEPS.value)
+  print('\n'.join(f'  {line}' for line in summary.lines()), flush=True)
+  milliseconds = lambda table: {key: 1e3 * s for key, s in sorted(table.items(),
+                                                                   key=lambda item: -item[1])}
+  return {'directory': directory, 'op_ms': 1e3 * summary.total,
+          'summed_op_ms': 1e3 * summary.summed,
+          'by_kind_ms': milliseconds(summary.by_kind), 'by_part_ms': milliseconds(summary.by_part)}
 
 
 # The input pipelines (--parts input): the project's configs at the 'small' shapes' batches,
@@ -363,7 +387,7 @@ def main(argv):
       raise app.UsageError(f'--{flag.name}: {sorted(set(values) - set(known))} unknown; of '
                            f'{known}.')
   print(f'jax {jax.__version__}, {metrics.cpu_model()}, {os.cpu_count()} CPUs, '
-        f'{load_average()}')
+        f'XLA_FLAGS={os.environ.get("XLA_FLAGS", "")!r}, {load_average()}')
   peak = metrics.measured_matmul_flops()
   print(f'float32 matmul peak (best jitted square matmul): {peak / 1e9:.1f} GFLOP/s')
   rows = []
@@ -384,6 +408,7 @@ def main(argv):
   if _JSON_OUT.value:
     pathlib.Path(_JSON_OUT.value).write_text(json.dumps(
         {'cpu': metrics.cpu_model(), 'cpus': os.cpu_count(), 'peak_flops': peak,
+         'xla_flags': os.environ.get('XLA_FLAGS', ''),
          'train': rows, 'input': inputs}, indent=2))
 
 

@@ -2,11 +2,12 @@
 bench_parallel, bench_products, bench_systems): a state of a config's run, its train step
 compiled once, then each step timed to its metrics' completion."""
 import functools
+import os
 import time
 
 import jax
 
-from transformer_jax.train import setup, sharding
+from transformer_jax.train import profiling, setup, sharding
 
 # Batches made ahead of the timed steps, fed in turn (none is read while a step is timed).
 READY_BATCHES = 4
@@ -55,6 +56,19 @@ class TimedStep:
     seconds = time.perf_counter() - start
     self.metrics = jax.device_get(metrics)
     return seconds
+
+  def profile(self, directory: str, first: int, steps: int) -> profiling.Summary:
+    """Where the time of steps first, ..., first + steps - 1 goes: a jax.profiler trace of them
+    in `directory` (for TensorBoard's profile plugin or Perfetto) beside the step's optimized
+    HLO (hlo.txt, which names the trace's ops), and its profiling.Summary."""
+    hlo_text = self._compiled.as_text()
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, 'hlo.txt'), 'w') as file:
+      file.write(hlo_text)
+    with jax.profiler.trace(directory):
+      for i in range(first, first + steps):
+        self(i)
+    return profiling.summarize(directory, hlo_text, steps)
 
 
 def timed_step(config, from_pipeline: bool = False, batches: list | None = None,

@@ -84,12 +84,18 @@ def quick(script: str, tmp_path, *args) -> dict:
 
 
 @pytest.mark.slow
-def test_every_training_row_starts_from_the_peers_loss(tmp_path):
-  rows = quick('bench_systems', tmp_path, '--parts', 'train')['train']
+def test_every_training_row_starts_from_the_peers_loss_and_is_profiled(tmp_path):
+  rows = quick('bench_systems', tmp_path, '--parts', 'train', '--profile_dir',
+               str(tmp_path / 'profiles'))['train']
   assert [(row['system'], row['shape']) for row in rows] == [(s, 'tiny') for s in SYSTEMS]
   for row in rows:
     assert row['loss_rel_difference'] <= 1e-4, row
     assert len(row['ours']) == len(row['peer']) == 1 and row['speedup'] > 0
+    # Where our step's time goes: matrix products in the model's forward and backward passes.
+    profile = row['profile']
+    assert profile['by_kind_ms']['matrix products'] > 0
+    assert any(part.startswith('backward ') for part in profile['by_part_ms'])
+    assert sum(profile['by_kind_ms'].values()) == pytest.approx(profile['op_ms'])
 
 
 @pytest.mark.slow
