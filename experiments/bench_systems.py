@@ -87,6 +87,9 @@ _PROFILE_DIR = flags.DEFINE_string(
     'DIR/<system>_<shape> (jax.profiler), and print where their time goes by kind of work, '
     'model part and op (transformer_jax.train.profiling).')
 _PROFILE_STEPS = flags.DEFINE_integer('profile_steps', 3, 'Steps per --profile_dir trace.')
+_KEEP_FREED_MEMORY = flags.DEFINE_bool(
+    'keep_freed_memory', False, "cpu_runtime's malloc settings, as launch.py sets them; off by "
+    'default here, where the peers allocate on the same heap.')
 _JSON_OUT = flags.DEFINE_string('json_out', None, 'Also write the rows here as JSON.')
 _QUICK = flags.DEFINE_bool('quick', False, 'Every row at the tiny shapes, 2 timed steps, one '
                            'measurement each: a check that it runs and that both sides agree.')
@@ -368,7 +371,9 @@ def input_rows(name: str, directory: str, quick: bool, batches: int, steps: int,
 def main(argv):
   del argv
   jax.config.update('jax_platforms', 'cpu')  # both sides on the CPU, whatever else is here
-  cpu_runtime.configure()  # as launch.py runs a step
+  # As launch.py runs a step, but for its malloc settings, which slow our large steps by up to
+  # 2x once torch's allocations share the heap (cpu_runtime.configure).
+  cpu_runtime.configure(keep_freed_memory=_KEEP_FREED_MEMORY.value)
   quick = _QUICK.value
   shapes = ['tiny'] if quick else _SHAPES.value
   steps, budget, warmup, repeats = ((2, 0.0, 2, 1) if quick else

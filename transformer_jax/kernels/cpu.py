@@ -68,14 +68,17 @@ def _grouped_attention(q, k, v, mask, bias, scale):
 
 
 def _grouped_attention_fwd(q, k, v, mask, bias, scale):
-  logits = jnp.einsum('bkqd,bksd->bkqs', q, k, preferred_element_type=jnp.float32) * scale
+  # The scale goes on the queries (T x head_dim), not on the logits (T x S): fused into a
+  # library matmul, a scaled product reads the scale broadcast to the logits' full size.
+  scaled_q = q * jnp.asarray(scale, q.dtype)
+  logits = jnp.einsum('bkqd,bksd->bkqs', scaled_q, k, preferred_element_type=jnp.float32)
   probs = jax.nn.softmax(_where_visible(_plus_bias(logits, bias), mask, _HIDDEN), axis=-1)
   out = jnp.einsum('bkqs,bksd->bkqd', probs.astype(v.dtype), v)
-  return out, (q, k, v, mask, bias, probs, out)
+  return out, (scaled_q, k, v, mask, bias, probs, out)
 
 
 def _grouped_attention_bwd(scale, residuals, d_out):
-  q, k, v, mask, bias, probs, out = residuals
+  scaled_q, k, v, mask, bias, probs, out = residuals
   d_v = jnp.einsum('bkqs,bkqd->bksd', probs.astype(d_out.dtype), d_out)
   d_probs = jnp.einsum('bkqd,bksd->bkqs', d_out, v, preferred_element_type=jnp.float32)
   rowsum = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), -1, keepdims=True)
@@ -83,9 +86,9 @@ def _grouped_attention_bwd(scale, residuals, d_out):
   d_biased = _where_visible(probs * (d_probs - rowsum), mask, 0.0)
   d_bias = None if bias is None else _summed_to(_grouped(d_biased, bias),
                                                 bias.shape).astype(bias.dtype)
-  d_logits = (d_biased * scale).astype(q.dtype)
-  d_q = jnp.einsum('bkqs,bksd->bkqd', d_logits, k)
-  d_k = jnp.einsum('bkqs,bkqd->bksd', d_logits, q)
+  d_logits = d_biased.astype(scaled_q.dtype)  # of the scaled logits
+  d_q = jnp.einsum('bkqs,bksd->bkqd', d_logits, k) * jnp.asarray(scale, scaled_q.dtype)
+  d_k = jnp.einsum('bkqs,bkqd->bksd', d_logits, scaled_q)
   return d_q, d_k.astype(k.dtype), d_v.astype(v.dtype), None, d_bias
 
 
