@@ -94,9 +94,9 @@ class ClozeTask(text_to_text.TokenPairsTask):
   with one of its common words (`cloze_pairs`) replaced by BLANK -> that word, then EOS ('fill
   the blank: To be, or not ___ be: that is the question:' -> 'to'), both tokenized with the
   run's tokenizer; pairs whose input passes data.seq_len or whose target passes TARGET_LEN
-  tokens are left out. The training pairs are the first `train_pairs` of a fixed shuffle of the
-  training lines' pairs, the same for every run seed. text_to_text.TokenPairsTask's batches, and
-  the exact match of the first data.exact_match_examples held-out pairs."""
+  tokens are left out. The pairs are `balanced` over their words (at most `per_word` training
+  pairs of each), the same for every run seed. text_to_text.TokenPairsTask's batches, and the
+  exact match of the first data.exact_match_examples held-out pairs."""
 
   def __init__(self, train_lines, held_out_lines, tokenizer, *, seq_len: int, seed: int,
                exact_match_examples: int, per_word: int | None = None):
@@ -172,17 +172,23 @@ def cloze_pairs(lines: list[str], common: set[str]) -> tuple[list[str], list[str
   return sources, targets
 
 
-def make_cloze(settings, seed: int, tokenizer_dir, vocab_size=None, **unused):
-  """ClozeTask of the text source data.name, tokenized by data.tokenizer, with TRAIN_PAIRS."""
-  del unused
-  train, held_out = corpus.open_corpus(settings, settings.name)
-  tokenizer = text_data.resolve_tokenizer(settings, train, held_out, mask=False, separated=True,
-                                          vocab_size=vocab_size, saved_dir=tokenizer_dir)
+def cloze_task(settings, train, held_out, tokenizer, seed: int) -> ClozeTask:
+  """ClozeTask of the lines of data.name's splits `train` and `held_out`, PER_WORD training
+  pairs a word."""
   lines = lambda split: [line for document in split.documents() for line in document.split('\n')]
   return ClozeTask(
       lines(train), lines(held_out), tokenizer, seq_len=settings.seq_len, seed=seed,
       exact_match_examples=settings.part(seq2seq.Seq2SeqSettings).exact_match_examples,
       per_word=PER_WORD)
+
+
+def make_cloze(settings, seed: int, tokenizer_dir, vocab_size=None, **unused):
+  """The cloze task of data.name, tokenized by data.tokenizer (the registered task's maker)."""
+  del unused
+  train, held_out = corpus.open_corpus(settings, settings.name)
+  tokenizer = text_data.resolve_tokenizer(settings, train, held_out, mask=False, separated=True,
+                                          vocab_size=vocab_size, saved_dir=tokenizer_dir)
+  return cloze_task(settings, train, held_out, tokenizer, seed)
 
 
 data.register_task(data.Task('cloze', make_cloze, span_corruption_task.SOURCES,
@@ -227,12 +233,8 @@ def majority_exact_match(tokenizer_path: str, config) -> dict:
   """The exact match of always answering the training pairs' most frequent word, on the
   held-out pairs the runs decode: the floor a model reaches without reading the line."""
   settings = data.DataSettings.of(config.data)
-  train, held_out = corpus.open_corpus(settings, settings.name)
-  lines = lambda split: [line for document in split.documents() for line in document.split('\n')]
-  task = ClozeTask(lines(train), lines(held_out),
-                   tokenizer_lib.HFTokenizer.from_file(tokenizer_path), seq_len=settings.seq_len,
-                   seed=0, exact_match_examples=settings.part(
-                       seq2seq.Seq2SeqSettings).exact_match_examples, per_word=PER_WORD)
+  task = cloze_task(settings, *corpus.open_corpus(settings, settings.name),
+                    tokenizer_lib.HFTokenizer.from_file(tokenizer_path), seed=0)
   rows = collections.Counter(map(tuple, task.train['targets']))
   commonest = np.asarray(rows.most_common(1)[0][0])
   held_out_rows = task.held_out['targets'][:task.exact_match_examples]
