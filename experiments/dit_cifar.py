@@ -38,7 +38,7 @@ from PIL import Image
 
 from transformer_jax import config_lib, image_scores, run as run_lib, sweep, train
 from transformer_jax.models import dit
-from transformer_jax.train import loop
+from transformer_jax.train import loop, setup
 from transformer_jax.train.metrics import read_metrics
 
 NAME = 'dit_cifar'
@@ -57,6 +57,9 @@ DIT_SETTINGS = {'data.batch_size': 64, 'optimizer.learning_rate': 3e-4,
 GUIDANCE = (1.0, 2.0, 4.0)
 QUARTERS = ('[0, 250)', '[250, 500)', '[500, 750)', '[750, 1000)')  # of the 1,000 timesteps
 SAMPLES, SAMPLE_STEPS, SAMPLER = 200, 50, 'ddim'
+# The trend over training: at most CHECKPOINTS_SCORED of the DiT's checkpoints, evenly spaced,
+# each scored on CHECKPOINT_SAMPLES samples at guidance CHECKPOINT_GUIDANCE.
+CHECKPOINTS_SCORED, CHECKPOINT_SAMPLES, CHECKPOINT_GUIDANCE = 8, 100, 4.0
 BOUND_IMAGES, BOUND_STEPS = 100, 50
 SPEED_BATCH = 16
 GRID_COLUMNS = 8
@@ -83,10 +86,11 @@ class Budget:
   sample_steps: int
   bound_images: int
   bound_steps: int
+  checkpoint_samples: int
 
 
-FULL, QUICK = (Budget(SAMPLES, SAMPLE_STEPS, BOUND_IMAGES, BOUND_STEPS),
-               Budget(6, 3, 4, 3))
+FULL, QUICK = (Budget(SAMPLES, SAMPLE_STEPS, BOUND_IMAGES, BOUND_STEPS, CHECKPOINT_SAMPLES),
+               Budget(6, 3, 4, 3, 6))
 
 
 def configs(quick: bool, data: dict):
@@ -135,20 +139,58 @@ def held_out_scores(run, params, budget: Budget) -> dict:
   return {**{k: v for k, v in results.items() if k.startswith('eval_loss')}, **bound}
 
 
-def sample_scores(run, params, classifier, budget: Budget, results_dir: str) -> list[dict]:
+@dataclasses.dataclass(frozen=True)
+class RealImages:
+  """The held-out images the samples are scored against, and the classifier's features of them."""
+  images: np.ndarray
+  features: np.ndarray
+
+  def features_of(self, images: np.ndarray, classifier) -> np.ndarray:
+    return self.features if images is self.images else classifier(images)[0]
+
+
+def real_images(run, classifier) -> RealImages:
+  images = dit.to_uint8(dit.held_out(run, run.data.info['num_eval_examples'])[0])
+  return RealImages(images, classifier(images)[0])
+
+
+def sample_scores(run, params, classifier, real: RealImages, budget: Budget,
+                  results_dir: str) -> list[dict]:
   """Per guidance scale: samples drawn, scored by the classifier, a grid written."""
-  real = dit.to_uint8(dit.held_out(run, run.data.info['num_eval_examples'])[0])
-  real_features = classifier(real)[0]
-  features = lambda images: real_features if images is real else classifier(images)[0]
   rows = []
   for scale in GUIDANCE:
     wanted = dit.SampleSettings(num_samples=budget.samples, steps=budget.sample_steps,
                                 sampler=SAMPLER, guidance_scale=scale)
-    images, labels, scores = image_scores.draw_and_score(run, params, wanted, real, features,
-                                                         classifier)
+    images, labels, scores = image_scores.draw_and_score(
+        run, params, wanted, real.images, lambda x: real.features_of(x, classifier), classifier)
     name = f'grid_guidance_{scale:g}'
     Image.fromarray(class_rows(images, labels)).save(os.path.join(results_dir, f'{name}.png'))
     rows.append({'guidance_scale': scale, 'grid': f'{name}.png', **scores})
+  return rows
+
+
+def evenly_spaced(steps: list[int], count: int) -> list[int]:
+  """At most `count` of `steps`, evenly spaced, the first and the last among them."""
+  if len(steps) <= count:
+    return list(steps)
+  return [steps[i] for i in sorted(set(np.linspace(0, len(steps) - 1, count).round().astype(int)))]
+
+
+def checkpoint_scores(run, workdir: str, classifier, real: RealImages,
+                      budget: Budget) -> list[dict]:
+  """The trend over training: for evenly spaced checkpoints of the DiT in `workdir` (the weights
+  it samples with), the held-out loss, and samples at guidance CHECKPOINT_GUIDANCE scored by the
+  classifier."""
+  wanted = dit.SampleSettings(num_samples=budget.checkpoint_samples, steps=budget.sample_steps,
+                              sampler=SAMPLER, guidance_scale=CHECKPOINT_GUIDANCE)
+  rows = []
+  for step in evenly_spaced(setup.saved_steps(workdir), CHECKPOINTS_SCORED):
+    params, _ = setup.saved_params(run, workdir, step)
+    held_out = loop.evaluate_params(run, run.eval_step, params)
+    _, _, scores = image_scores.draw_and_score(
+        run, params, wanted, real.images, lambda x: real.features_of(x, classifier), classifier)
+    rows.append({'step': step, 'eval_loss': held_out['eval_loss'],
+                 'sample_accuracy': scores['sample_accuracy'], 'sample_fd': scores['sample_fd']})
   return rows
 
 
@@ -171,7 +213,7 @@ def minutes(result: dict) -> str:
 
 
 def report(command: str, results: list[dict], step: int, held_out: dict, vit_accuracy: float,
-           rows: list[dict], budget: Budget) -> str:
+           rows: list[dict], trend: list[dict], budget: Budget) -> str:
   dit_run = next(r for r in results if r['name'] == 'dit')
   vit_run = next(r for r in results if r['name'] == 'vit')
   lines = [
@@ -201,6 +243,7 @@ def report(command: str, results: list[dict], step: int, held_out: dict, vit_acc
   lines += ['', 'The distance is between the features of the whole test split and of the '
             f'{budget.samples} samples (a small set: the estimate is biased upward); it is not '
             'FID, which takes Inception-v3 features (see transformer_jax/image_scores.py).', '']
+  lines += trend_table(trend, budget)
   shown = ['the DiT\'s training loss'] * bool(dit_run.get('train_curve')) + [
       'the held-out loss by timestep quarter', 'the ViT\'s accuracy on the samples (beside its '
       'accuracy on the real test images, and chance) and their Fréchet distance, by guidance '
@@ -208,6 +251,16 @@ def report(command: str, results: list[dict], step: int, held_out: dict, vit_acc
   caption = '; '.join(shown)
   lines += [sweep.figure_markdown(NAME, caption[0].upper() + caption[1:] + '.'), '']
   return '\n'.join(lines)
+
+
+def trend_table(trend: list[dict], budget: Budget) -> list[str]:
+  lines = [f'## Over training ({len(trend)} checkpoints, {budget.checkpoint_samples} samples each '
+           f'at guidance {CHECKPOINT_GUIDANCE:g}, {SAMPLER.upper()}-{budget.sample_steps})', '',
+           '| step | held-out loss | ViT accuracy on the samples | Fréchet distance |',
+           '|---:|---:|---:|---:|']
+  lines += [f'| {row["step"]} | {row["eval_loss"]:.4f} | {row["sample_accuracy"]:.2%} | '
+            f'{row["sample_fd"]:.3f} |' for row in trend]
+  return lines + ['']
 
 
 def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{NAME}',
@@ -224,11 +277,14 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
   classifier = image_scores.load_classifier(dirs['vit'], train.restore_trained)
   held_out = held_out_scores(dit_run, params, budget)
   vit_accuracy = classifier_accuracy(classifier, dit_run)
-  rows = sample_scores(dit_run, params, classifier, budget, results_dir)
+  real = real_images(dit_run, classifier)
+  rows = sample_scores(dit_run, params, classifier, real, budget, results_dir)
+  trend = checkpoint_scores(dit_run, dirs['dit'], classifier, real, budget)
   return sweep.finish(TITLE, command, results,
-                      lambda: report(command, results, step, held_out, vit_accuracy, rows, budget),
+                      lambda: report(command, results, step, held_out, vit_accuracy, rows, trend,
+                                     budget),
                       figures, results_dir, quick, step=step, held_out=held_out,
-                      vit_test_accuracy=vit_accuracy, samples=rows)
+                      vit_test_accuracy=vit_accuracy, samples=rows, checkpoints=trend)
 
 
 def figures(payload: dict) -> dict[str, Figure]:
@@ -237,7 +293,8 @@ def figures(payload: dict) -> dict[str, Figure]:
   distance by guidance scale."""
   dit_run = next(r for r in payload['runs'] if r['name'] == 'dit')
   curve = dit_run.get('train_curve') or []
-  panels = 3 + bool(curve)
+  trend = payload.get('checkpoints') or []
+  panels = 3 + bool(curve) + bool(trend)
   figure = Figure(figsize=(4.2 * panels, 3.8), layout='constrained')
   axes = list(figure.subplots(1, panels))
   held_out = payload['held_out']
@@ -257,7 +314,7 @@ def figures(payload: dict) -> dict[str, Figure]:
   ax.legend(fontsize=8, frameon=False)
   samples = payload['samples']
   scales = [row['guidance_scale'] for row in samples]
-  accuracy_ax, distance_ax = axes
+  accuracy_ax, distance_ax, *trend_axes = axes
   accuracy_ax.plot(scales, [row['sample_accuracy'] for row in samples], 'o-', color='#2563eb',
                    label='samples')
   accuracy_ax.axhline(payload['vit_test_accuracy'], color='#16a34a', ls='--',
@@ -271,7 +328,26 @@ def figures(payload: dict) -> dict[str, Figure]:
   distance_ax.set(xlabel='guidance scale', ylabel='Fréchet distance (ViT pre-logits)',
                   xticks=scales, ylim=(0, 1.1 * max(distances)),
                   title='Samples against the test split')
+  if trend:
+    plot_trend(trend_axes[0], trend, 1 / len(samples[0]['per_class']))
   return {NAME: figure}
+
+
+def plot_trend(ax, trend: list[dict], chance: float) -> None:
+  """The Fréchet distance (left axis) and the ViT's accuracy (right axis) of each checkpoint's
+  samples, against the step."""
+  steps = [row['step'] for row in trend]
+  distances = [row['sample_fd'] for row in trend]
+  ax.plot(steps, distances, 'o-', color='#dc2626', label='Fréchet distance')
+  ax.set(xlabel='step', ylabel='Fréchet distance (ViT pre-logits)', ylim=(0, 1.1 * max(distances)),
+         title=f'Over training (guidance {CHECKPOINT_GUIDANCE:g})')
+  accuracy_ax = ax.twinx()
+  accuracy_ax.plot(steps, [row['sample_accuracy'] for row in trend], 's--', color='#2563eb',
+                   label='ViT accuracy')
+  accuracy_ax.axhline(chance, color='grey', ls=':', lw=1)
+  accuracy_ax.set(ylabel='ViT accuracy on the samples', ylim=(0, 1))
+  handles = ax.get_legend_handles_labels()[0] + accuracy_ax.get_legend_handles_labels()[0]
+  ax.legend(handles=handles, fontsize=8, frameon=False, loc='upper center')
 
 
 def speed(quick: bool, workdir: str, results_dir: str) -> dict:

@@ -81,6 +81,20 @@ def test_eval_and_sample_read_parameters_only_and_write_nothing(trained):
   assert snapshot(workdir) == before
 
 
+def test_each_saved_checkpoints_parameters_are_read_by_step_and_nothing_is_written(trained):
+  workdir, config, state = trained
+  before = snapshot(workdir)
+  run_, latest, step = train.restore_trained(config, str(workdir))
+  assert (setup.saved_steps(str(workdir)), step) == ([2, 4], 4)
+  at_4, step_4 = setup.saved_params(run_, str(workdir), 4)
+  at_2, step_2 = setup.saved_params(run_, str(workdir), 2)
+  assert (step_2, step_4) == (2, 4)
+  same = lambda a, b: jax.tree.all(jax.tree.map(np.array_equal, a, b))
+  assert same(at_4, latest) and same(at_4, state.params)
+  assert not same(at_2, at_4)  # two steps of training apart
+  assert snapshot(workdir) == before
+
+
 def test_eval_refuses_a_changed_model_naming_the_saved_config(trained):
   workdir, config, _ = trained
   wider = config.copy_and_resolve_references()

@@ -450,6 +450,21 @@ def test_dit_cifar_plots_its_curve_held_out_quarters_and_sample_scores(tmp_path)
   del payload['runs'][1]['train_curve']
   assert len(dit_cifar.figures(payload)['dit_cifar'].axes) == 3
   assert redrawn(dit_cifar, payload, tmp_path) == ['dit_cifar']
+  # Scored checkpoints: their distance and accuracy against the step (accuracy on a twin axis).
+  payload['checkpoints'] = [{'step': step, 'eval_loss': 0.1, 'sample_accuracy': accuracy,
+                             'sample_fd': fd} for step, accuracy, fd in ((150, 0.1, 90.0),
+                                                                         (300, 0.3, 60.0))]
+  *_, trend_ax, trend_accuracy_ax = dit_cifar.figures(payload)['dit_cifar'].axes
+  assert plotted(trend_ax) == {'Fréchet distance': ([150, 300], [90.0, 60.0])}
+  assert plotted(trend_accuracy_ax)['ViT accuracy'] == ([150, 300], [0.1, 0.3])
+
+
+def test_dit_cifar_scores_evenly_spaced_checkpoints_first_and_last_among_them():
+  evenly_spaced = load_experiment('dit_cifar').evenly_spaced
+  steps = list(range(150, 1651, 150))  # 11 checkpoints
+  assert evenly_spaced(steps, 8) == [150, 300, 600, 750, 1050, 1200, 1500, 1650]
+  assert evenly_spaced(steps[:3], 8) == [150, 300, 450]
+  assert evenly_spaced(steps, 2) == [150, 1650]
 
 
 def test_dit_digits_writes_scikit_learns_digits_as_an_image_folder(tmp_path):

@@ -21,8 +21,8 @@ from transformer_jax.train.step import (LoraState, StepSettings, TrainState, ema
 
 __all__ = [
     'boxed_abstract_state', 'build_run', 'checkpoint_dir', 'initial_state', 'layout', 'Layout',
-    'restore_or_init', 'restore_trained', 'Run', 'save_config', 'save_tokenizer',
-    'starting_params', 'state_of', 'tokenizer_dir', 'weights_in_use']
+    'restore_or_init', 'restore_trained', 'Run', 'saved_params', 'saved_steps', 'save_config',
+    'save_tokenizer', 'starting_params', 'state_of', 'tokenizer_dir', 'weights_in_use']
 
 log = logging.getLogger(__name__)
 
@@ -283,26 +283,45 @@ def restore_trained(config, workdir: str | None) -> tuple[Run, dict, int]:
   """(run, params, step) to evaluate or sample: the parameters alone of the workdir's latest
   readable checkpoint, else those a run would start from at step 0 (config.init_from_checkpoint
   or init_from_hf)."""
-  # Read-only: nothing in the workdir is written, renamed or deleted.
   run = build_run(config, workdir)
   if workdir and checkpoint.latest_step(workdir) is not None:
-    checkpoints = checkpoint.Checkpoints(checkpoint_dir(workdir), read_only=True)
-    try:
-      params, step = checkpoints.restore_latest(run.abstract_state, params_only=True)
-    except CheckpointMismatchError as error:
-      advice = (f'{_saved_differences(run.config, workdir)}\nUse the run\'s saved config: omit the '
-                'flags that change the model.')
-      raise CheckpointMismatchError(f'{error}\n{advice}', error.params_differ) from None
-    finally:
-      checkpoints.close()
+    params, step = saved_params(run, workdir)
     if params is not None:
-      log.info('Restored step %d: %s.', step, weights_in_use(run.training, step))
-      return run, jax.device_put(params, run.param_sharding), step
+      return run, params, step
   params = starting_params(run)
   if params is None:
     raise UserError(f'No readable checkpoint in {checkpoint_dir(workdir or "WORKDIR")}: train '
                     f'first (python launch.py --config ... --workdir {workdir}).')
   return run, jax.device_put(params, run.param_sharding), 0
+
+
+def saved_params(run: Run, workdir: str,
+                 step: int | None = None) -> tuple[dict | None, int | None]:
+  """(params, step) that `run`'s model runs with (the moving average where the run keeps one)
+  from the workdir's checkpoint of `step` (default: the latest readable one); (None, None) where
+  there is none. Read-only: nothing in the workdir is written, renamed or deleted."""
+  checkpoints = checkpoint.Checkpoints(checkpoint_dir(workdir), read_only=True)
+  try:
+    params, step = checkpoints.restore_latest(run.abstract_state, params_only=True, step=step)
+  except CheckpointMismatchError as error:
+    advice = (f'{_saved_differences(run.config, workdir)}\nUse the run\'s saved config: omit the '
+              'flags that change the model.')
+    raise CheckpointMismatchError(f'{error}\n{advice}', error.params_differ) from None
+  finally:
+    checkpoints.close()
+  if params is None:
+    return None, None
+  log.info('Restored step %d: %s.', step, weights_in_use(run.training, step))
+  return jax.device_put(params, run.param_sharding), step
+
+
+def saved_steps(workdir: str) -> list[int]:
+  """The steps of the workdir's checkpoints, oldest first (read-only)."""
+  checkpoints = checkpoint.Checkpoints(checkpoint_dir(workdir), read_only=True)
+  try:
+    return checkpoints.all_steps()
+  finally:
+    checkpoints.close()
 
 
 def _saved_differences(config, workdir: str) -> str:
