@@ -400,6 +400,22 @@ def test_a_block_that_misses_the_contract_is_told_so(rng, block, scan, problem):
   assert 'a block stacked by BlockStack is a Flax module class' in str(error.value)
 
 
+def test_exact_gelu_and_its_written_derivative_match_the_normal_cdf_in_float64():
+  from scipy import special
+  gelu = layers.mlp.ACTIVATIONS['gelu']
+  x = np.linspace(-12, 12, 4801, dtype=np.float32)
+  x64 = x.astype(np.float64)
+  pdf = np.exp(-0.5 * x64 ** 2) / np.sqrt(2 * np.pi)
+  # 1 + erf(x / sqrt 2) cancels in the far negative tail (as in PyTorch's form): where GELU is
+  # below 1e-6 in size, the error is absolute, not relative.
+  close = functools.partial(np.testing.assert_allclose, rtol=2e-6, atol=1e-6)
+  close(gelu(x), x64 * special.ndtr(x64))
+  close(jax.vmap(jax.grad(gelu))(x), special.ndtr(x64) + x64 * pdf)
+  # Forward mode, and the second derivative phi(x) (2 - x^2), go through the written rule too.
+  close(jax.jvp(gelu, (x,), (np.ones_like(x),))[1], special.ndtr(x64) + x64 * pdf)
+  close(jax.vmap(jax.grad(jax.grad(gelu)))(x), pdf * (2 - x64 ** 2))
+
+
 def test_the_mlp_drops_its_hidden_activation_at_its_rate_in_training_only(rng):
   """T5's feed-forward dropout, between the activation and the down projection: with identity
   projections and positive inputs the output is the dropped activation itself, a share p of it
