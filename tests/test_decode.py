@@ -273,6 +273,13 @@ def test_temperature_softmax_of_logits_2_1_0(tau, expected):
   np.testing.assert_allclose(np.round(np.asarray(probs, np.float64), 3), expected, atol=1e-9)
 
 
+def test_log_probabilities_are_log_softmax_minus_infinity_kept():
+  logits = jnp.array([[2.0, 1.0, 0.0, -jnp.inf], [1e4, -1e4, 0.0, 3.0]])
+  got = np.asarray(decode.samplers.log_probabilities(logits))
+  np.testing.assert_allclose(got, jax.nn.log_softmax(logits), rtol=1e-6)
+  assert got[0, 3] == -np.inf and np.isclose(np.exp(got[0]).sum(), 1.0)
+
+
 def test_temperature_zero_is_greedy_without_nan():
   logits = jnp.array([[2.0, 5.0, 5.0, -1.0], [1e30, -1e30, 0.0, 3.0]])
   probs = decode.probabilities(logits, temperature=0.0)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from transformer_jax.decode.cache import (cache_slots, cached_forward, checked_lengths,
                                           encoder_outputs, end_aligned, init_cache, prefill)
-from transformer_jax.decode.samplers import limited
+from transformer_jax.decode.samplers import limited, log_probabilities
 
 __all__ = ['beam_search', 'Beams', 'length_penalty_of']
 
@@ -90,7 +90,7 @@ def _extend(state: _Search, logits, rows_of, token_limit, eos_id, length_penalty
   reordered by rows_of(cache, rows) to follow the live ones (their tokens are fed next)."""
   live, finished = state.live, state.finished
   batch, k, n = live.tokens.shape
-  log_probs = jax.nn.log_softmax(limited(logits.astype(jnp.float32), token_limit))
+  log_probs = log_probabilities(limited(logits.astype(jnp.float32), token_limit))
   log_probs = log_probs.reshape(batch, k, -1) + live.log_probs[..., None]
   vocab = log_probs.shape[-1]
   # 2K candidates always hold K that do not end, however many of them end in EOS.

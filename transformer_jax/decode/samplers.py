@@ -5,8 +5,8 @@ import jax.numpy as jnp
 
 from transformer_jax.ranges import Range
 
-__all__ = ['check_sampler', 'filter_logits', 'greedy', 'limited', 'probabilities', 'sample',
-           'SAMPLER_RANGES', 'top_k_mask', 'top_p_mask']
+__all__ = ['check_sampler', 'filter_logits', 'greedy', 'limited', 'log_probabilities',
+           'probabilities', 'sample', 'SAMPLER_RANGES', 'top_k_mask', 'top_p_mask']
 
 # What each sampler setting may be, and what its edge means (config.sample's keys check the same).
 SAMPLER_RANGES = {'temperature': (Range(0), '0 means greedy'),
@@ -54,7 +54,7 @@ def filter_logits(logits: jax.Array, *, temperature: float = 1.0, top_k: int = 0
                   top_p: float = 1.0) -> jax.Array:
   """Float32 log-weights of the distribution to sample from, built in this order:
 
-  1. temperature: z / tau (computed as (z - max z) / tau, which cannot overflow); tau = 0 is the
+  1. temperature: z / tau (computed as log softmax(z) / tau, which cannot overflow); tau = 0 is the
      limit tau -> 0, all weight on the greedy token, and involves no division (top-k and top-p
      then change nothing: they always keep the greedy token);
   2. top-k (k > 0): -inf outside the k largest;
@@ -65,7 +65,7 @@ def filter_logits(logits: jax.Array, *, temperature: float = 1.0, top_k: int = 0
   logits = logits.astype(jnp.float32)
   if temperature == 0:
     return jnp.where(jax.nn.one_hot(greedy(logits), logits.shape[-1], dtype=bool), 0.0, -jnp.inf)
-  z = (logits - logits.max(axis=-1, keepdims=True)) / temperature
+  z = log_probabilities(logits) / temperature
   if top_k and top_k < z.shape[-1]:
     z = jnp.where(top_k_mask(z, top_k), z, -jnp.inf)
   if top_p < 1:
@@ -86,6 +86,13 @@ def sample(logits: jax.Array, rng: jax.Array | None, *, temperature: float = 1.0
     return greedy(logits)
   weights = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
   return jax.random.categorical(rng, weights, axis=-1).astype(jnp.int32)
+
+
+def log_probabilities(logits: jax.Array) -> jax.Array:
+  """log softmax(logits) over the last axis, as logits - logsumexp(logits). Not jax.nn.log_softmax:
+  XLA:CPU fuses the maximum it takes first into the library call of the head's product, which
+  then runs about 3x slower (the LM head of T5 1.1 small on 128 rows: 58 ms against 20)."""
+  return logits - jax.nn.logsumexp(logits, axis=-1, keepdims=True)
 
 
 def limited(logits, token_limit):
