@@ -216,10 +216,12 @@ def report(command: str, results: list[dict], step: int, held_out: dict, vit_acc
            rows: list[dict], trend: list[dict], budget: Budget) -> str:
   dit_run = next(r for r in results if r['name'] == 'dit')
   vit_run = next(r for r in results if r['name'] == 'vit')
+  machine = sweep.machine()
   lines = [
       f'# {TITLE}', '', f'Command: `{command}`', '',
-      'Machine: 2 CPU cores shared with other jobs, jax 0.10.2. CIFAR-10 is a JPEG q75 copy, '
-      'which costs the classifier about 2 to 3 points of accuracy against the original images.',
+      f'Machine: {machine["cpu"]}, {machine["cores"]} cores, jax {machine["jax"]}. CIFAR-10 is a '
+      'JPEG q75 copy, which costs the classifier about 2 to 3 points of accuracy against the '
+      'original images.',
       '',
       f'The DiT (configs/dit_reference.py, {DIT_SETTINGS}) trained {step} steps '
       f'({minutes(dit_run)}, {dit_run["examples_per_sec"]:.1f} images/s median); the ViT '
