@@ -207,6 +207,11 @@ def classifier_accuracy(classifier, run) -> float:
   return float(np.mean(classifier(dit.to_uint8(real))[1] == labels))
 
 
+def settings(result: dict) -> str:
+  """The DiT's settings: this script's, or where the run was trained elsewhere, its own."""
+  return str(DIT_SETTINGS) if result.get('train_seconds') else 'its settings below'
+
+
 def minutes(result: dict) -> str:
   seconds = result.get('train_seconds')
   return f'{seconds / 60:.1f} min' if seconds else 'trained by launch.py, see below'
@@ -223,7 +228,7 @@ def report(command: str, results: list[dict], step: int, held_out: dict, vit_acc
       'JPEG q75 copy, which costs the classifier about 2 to 3 points of accuracy against the '
       'original images.',
       '',
-      f'The DiT (configs/dit_reference.py, {DIT_SETTINGS}) trained {step} steps '
+      f'The DiT (configs/dit_reference.py, {settings(dit_run)}) trained {step} steps '
       f'({minutes(dit_run)}, {dit_run["examples_per_sec"]:.1f} images/s median); the ViT '
       f'(configs/vit_reference.py:{VIT.arg}) {vit_run["steps"]} steps ({minutes(vit_run)}), '
       f'test accuracy {vit_accuracy:.2%} on the real test images.', '',
