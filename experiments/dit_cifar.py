@@ -141,17 +141,21 @@ def held_out_scores(run, params, budget: Budget) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class RealImages:
-  """The held-out images the samples are scored against, and the classifier's features of them."""
+  """The held-out images the samples are scored against, the classifier's features of them and
+  its accuracy on them."""
   images: np.ndarray
   features: np.ndarray
+  accuracy: float
 
   def features_of(self, images: np.ndarray, classifier) -> np.ndarray:
     return self.features if images is self.images else classifier(images)[0]
 
 
 def real_images(run, classifier) -> RealImages:
-  images = dit.to_uint8(dit.held_out(run, run.data.info['num_eval_examples'])[0])
-  return RealImages(images, classifier(images)[0])
+  images, labels = dit.held_out(run, run.data.info['num_eval_examples'])
+  images = dit.to_uint8(images)
+  features, predicted = classifier(images)
+  return RealImages(images, features, float(np.mean(predicted == labels)))
 
 
 def sample_scores(run, params, classifier, real: RealImages, budget: Budget,
@@ -200,11 +204,6 @@ def class_rows(images: np.ndarray, labels: np.ndarray) -> np.ndarray:
   columns = min(GRID_COLUMNS, *(np.sum(labels == c) for c in classes))
   return np.concatenate([np.concatenate(list(images[labels == c][:columns]), axis=1)
                          for c in classes], axis=0)
-
-
-def classifier_accuracy(classifier, run) -> float:
-  real, labels = dit.held_out(run, run.data.info['num_eval_examples'])
-  return float(np.mean(classifier(dit.to_uint8(real))[1] == labels))
 
 
 def settings(result: dict) -> str:
@@ -283,8 +282,8 @@ def run(quick: bool = False, workdir: str = f'/tmp/transformer_jax_experiments/{
   dit_run, params, step = restored(dirs['dit'])
   classifier = image_scores.load_classifier(dirs['vit'], train.restore_trained)
   held_out = held_out_scores(dit_run, params, budget)
-  vit_accuracy = classifier_accuracy(classifier, dit_run)
   real = real_images(dit_run, classifier)
+  vit_accuracy = real.accuracy
   rows = sample_scores(dit_run, params, classifier, real, budget, results_dir)
   trend = checkpoint_scores(dit_run, dirs['dit'], classifier, real, budget)
   return sweep.finish(TITLE, command, results,
