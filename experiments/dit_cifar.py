@@ -149,16 +149,17 @@ class RealImages:
   images: np.ndarray
   features: np.ndarray
   accuracy: float
+  classifier: image_scores.Classifier
 
-  def features_of(self, images: np.ndarray, classifier) -> np.ndarray:
-    return self.features if images is self.images else classifier(images)[0]
+  def features_of(self, images: np.ndarray) -> np.ndarray:
+    return self.features if images is self.images else self.classifier(images)[0]
 
 
 def real_images(run, classifier) -> RealImages:
   images, labels = dit.held_out(run, run.data.info['num_eval_examples'])
   images = dit.to_uint8(images)
   features, predicted = classifier(images)
-  return RealImages(images, features, float(np.mean(predicted == labels)))
+  return RealImages(images, features, float(np.mean(predicted == labels)), classifier)
 
 
 def sample_scores(run, params, classifier, real: RealImages, budget: Budget,
@@ -169,7 +170,7 @@ def sample_scores(run, params, classifier, real: RealImages, budget: Budget,
     wanted = dit.SampleSettings(num_samples=budget.samples, steps=budget.sample_steps,
                                 sampler=SAMPLER, guidance_scale=scale)
     images, labels, scores = image_scores.draw_and_score(
-        run, params, wanted, real.images, lambda x: real.features_of(x, classifier), classifier)
+        run, params, wanted, real.images, real.features_of, classifier)
     name = f'grid_guidance_{scale:g}'
     Image.fromarray(class_rows(images, labels)).save(os.path.join(results_dir, f'{name}.png'))
     rows.append({'guidance_scale': scale, 'grid': f'{name}.png', **scores})
@@ -195,7 +196,7 @@ def checkpoint_scores(run, workdir: str, classifier, real: RealImages,
     params, _ = setup.saved_params(run, workdir, step)
     held_out = loop.evaluate_params(run, run.eval_step, params)
     _, _, scores = image_scores.draw_and_score(
-        run, params, wanted, real.images, lambda x: real.features_of(x, classifier), classifier)
+        run, params, wanted, real.images, real.features_of, classifier)
     rows.append({'step': step, 'eval_loss': held_out['eval_loss'],
                  'sample_accuracy': scores['sample_accuracy'], 'sample_fd': scores['sample_fd']})
   return rows
