@@ -43,6 +43,58 @@ def test_each_kernel_equals_the_reference_on_a_segment_mask(name):
   _assert_equals_reference(name, q, k, v, mask)
 
 
+@pytest.mark.parametrize('kv_heads,mask_shape', [(4, (2, 1, 5, 7)), (2, (2, 4, 5, 7)),
+                                                 (1, (1, 1, 5, 7)), (2, None), (2, 'segments')])
+def test_the_cpu_kernels_per_head_loop_equals_the_reference_with_gradients(monkeypatch, kv_heads,
+                                                                         mask_shape):
+  """The loop over (batch, key-value head) that long sequences take, forced on short ones: each
+  grouping and mask broadcast, and packed rows with a query that sees no key."""
+  monkeypatch.setattr(kernels.cpu, '_PER_HEAD_FROM', 0)
+  q, k, v = _inputs(kv_heads)
+  if mask_shape == 'segments':
+    mask = segment_mask(jnp.array([[1, 1, 2, 2, 0], [1, 2, 2, 3, 3]]),
+                        jnp.array([[1, 1, 2, 2, 2, 2, 2], [1, 2, 3, 3, 3, 3, 0]]))
+  else:
+    mask = None if mask_shape is None else (
+        jax.random.bernoulli(jax.random.key(2), 0.6, mask_shape).at[..., 0].set(True))
+  _assert_equals_reference('cpu', q, k, v, mask)
+
+
+def test_the_cpu_kernel_loops_over_heads_where_their_scores_are_long_both_ways():
+  """Per (batch, key-value head), a group's query rows by the keys: 384 x 384 and 384 x 1,500
+  loop; 320 x 320 runs batched, and so do 1,024 rows (4 heads a key) by 256 keys, one decoded
+  query by 1,500 keys, and any length with an additive bias (the loop takes none)."""
+  def loops(t, s=None, kv_heads=4, bias=None):
+    q = jnp.zeros((2, t, 4, 8))
+    kv = jnp.zeros((2, s or t, kv_heads, 8))
+    jaxpr = jax.make_jaxpr(lambda q, k, v: kernels.cpu.attention(q, k, v, scale=1.0, bias=bias))
+    return 'scan' in str(jaxpr(q, kv, kv))
+
+  assert loops(384) and loops(384, 1500)
+  assert not loops(320) and not loops(256, kv_heads=1) and not loops(1, 1500)
+  assert not loops(384, bias=jnp.zeros((1, 4, 384, 384)))
+
+
+def test_the_cpu_kernels_per_head_loop_in_bfloat16_is_the_batched_products_to_rounding(
+    monkeypatch):
+  """In bfloat16 (float32 logits and softmax) the loop's output and gradients are the batched
+  path's to bfloat16's rounding."""
+  q, k, v = (x.astype(jnp.bfloat16) for x in _inputs(kv_heads=2, t=24, s=24))
+  mask = jnp.tril(jnp.ones((24, 24), bool))[None, None]
+  cotangent = jax.random.normal(jax.random.key(3), q.shape, jnp.bfloat16)
+
+  def out_and_grads():
+    attend = lambda q, k, v: kernels.cpu.attention(q, k, v, mask, scale=8 ** -0.5)
+    out, pullback = jax.vjp(attend, q, k, v)
+    return [x.astype(jnp.float32) for x in (out, *pullback(cotangent))]
+
+  batched = out_and_grads()
+  monkeypatch.setattr(kernels.cpu, '_PER_HEAD_FROM', 0)
+  for got, expected in zip(out_and_grads(), batched):
+    assert got.dtype == jnp.float32
+    np.testing.assert_allclose(got, expected, atol=0.05, rtol=0.02)
+
+
 def _assert_equals_reference(name, q, k, v, mask):
   """Kernel `name`'s outputs and gradients of q, k and v equal the reference kernel's."""
   cotangent = jax.random.normal(jax.random.key(3), q.shape)

@@ -7,6 +7,11 @@ as flash attention does, rather than through the softmax's autodiff. In jax.nn's
 copies the operands around each product and fuses the softmax's backward into a slow batched
 product (measured in experiments/results/bench_train). An additive bias takes dS summed over
 the axes it is broadcast along.
+
+Where a head's scores are many (long sequences: Whisper's 1,500 frames), each (batch, key-value
+head) runs on its own in a loop, so that its scores stay in the cache rather than make a
+(B, heads, T, S) array in memory, and the backward pass recomputes the probabilities from each
+row's log-sum-exp instead of saving them, as flash attention does (Dao et al., 2022).
 """
 import functools
 
@@ -19,6 +24,12 @@ from transformer_jax.kernels import masks
 __all__ = ['attention']
 
 _HIDDEN = -0.7 * float(np.finfo(np.float32).max)  # the logit jax.nn.dot_product_attention masks to
+# The per-head loop runs where each (batch, key-value head)'s scores are at least this many
+# query rows (a group's queries together) by as many keys. Measured on 2 cores
+# (experiments/results/bench_attention), forward and backward against the batched products:
+# 1.0-1.6x as fast at 448 x 448, 1.1-1.7x at 1,500 x 1,500 (the lower figures with the freed
+# memory kept mapped, as launch.py runs); at 320 x 320 0.8-1.3x, at 256 x 256 (DiT-S/2) 0.6x.
+_PER_HEAD_FROM = 384
 
 
 def attention(q, k, v, mask=None, *, scale, bias=None):
@@ -33,17 +44,20 @@ def attention(q, k, v, mask=None, *, scale, bias=None):
     mask = masks.grouped(mask, kv_heads)
   if bias is not None:
     bias = masks.grouped(bias, kv_heads)
-  out = _grouped_attention(q, k, v, mask, bias, scale)
+  if bias is None and min(q.shape[2], k.shape[2]) >= _PER_HEAD_FROM:
+    out = _per_head_attention(q, k, v, mask, scale)
+  else:
+    out = _grouped_attention(q, k, v, mask, bias, scale)
   return out.reshape(b, kv_heads, group, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 
 def _grouped(x, like):
-  """x (B, kv_heads, group * T, S) as (B, kv_heads, group, T, S), `like`'s last two axes."""
-  return x.reshape(*x.shape[:2], -1, *like.shape[-2:])
+  """x (..., group * T, S) as (..., group, T, S), `like`'s last two axes."""
+  return x.reshape(*x.shape[:-2], -1, *like.shape[-2:])
 
 
 def _where_visible(x, mask, hidden):
-  """x (B, kv_heads, group * T, S) where mask (B, ., ., T, S) holds, else `hidden`."""
+  """x (..., group * T, S) where mask (..., group | 1, T, S) holds, else `hidden`."""
   if mask is None:
     return x
   return jnp.where(mask, _grouped(x, mask), hidden).reshape(x.shape)
@@ -93,3 +107,65 @@ def _grouped_attention_bwd(scale, residuals, d_out):
 
 
 _grouped_attention.defvjp(_grouped_attention_fwd, _grouped_attention_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _per_head_attention(q, k, v, mask, scale):
+  return _per_head_attention_fwd(q, k, v, mask, scale)[0]
+
+
+def _each_head(fn, mask, *arrays):
+  """fn(mask, *arrays) of each (batch, key-value head) in turn: arrays (B, kv_heads, ...) and the
+  mask (B | 1, kv_heads | 1, group | 1, T, S) indexed by both; the results stacked back."""
+  b, kv_heads = arrays[0].shape[:2]
+
+  def one(index):
+    i, j = index // kv_heads, index % kv_heads
+    head_mask = None if mask is None else mask[i % mask.shape[0], j % mask.shape[1]]
+    return fn(head_mask, *(x[i, j] for x in arrays))
+
+  results = jax.lax.map(one, jnp.arange(b * kv_heads))
+  return jax.tree.map(lambda x: x.reshape(b, kv_heads, *x.shape[1:]), results)
+
+
+def _head_logits(mask, scaled_q, k):
+  """One head's masked logits (group * T, S) in float32."""
+  logits = jnp.einsum('qd,sd->qs', scaled_q, k, preferred_element_type=jnp.float32)
+  return _where_visible(logits, mask, _HIDDEN)
+
+
+def _head_forward(mask, scaled_q, k, v):
+  logits = _head_logits(mask, scaled_q, k)
+  top = jnp.max(logits, axis=-1, keepdims=True)
+  unnormalized = jnp.exp(logits - top)
+  total = jnp.sum(unnormalized, axis=-1, keepdims=True)
+  out = jnp.einsum('qs,sd->qd', (unnormalized / total).astype(v.dtype), v)
+  # The maximum and the log-sum apart: a row that sees no key has every logit at _HIDDEN, beside
+  # which the log of the keys' number vanishes in float32.
+  return out, (top, jnp.log(total))
+
+
+def _head_backward(mask, scaled_q, k, v, out, top, log_total, d_out):
+  probs = jnp.exp(_head_logits(mask, scaled_q, k) - top - log_total)
+  d_v = jnp.einsum('qs,qd->sd', probs.astype(d_out.dtype), d_out)
+  d_probs = jnp.einsum('qd,sd->qs', d_out, v, preferred_element_type=jnp.float32)
+  rowsum = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), -1, keepdims=True)
+  d_logits = _where_visible(probs * (d_probs - rowsum), mask, 0.0).astype(scaled_q.dtype)
+  d_q = jnp.einsum('qs,sd->qd', d_logits, k)
+  d_k = jnp.einsum('qs,qd->sd', d_logits, scaled_q)
+  return d_q, d_k.astype(k.dtype), d_v.astype(v.dtype)
+
+
+def _per_head_attention_fwd(q, k, v, mask, scale):
+  scaled_q = q * jnp.asarray(scale, q.dtype)
+  out, (top, log_total) = _each_head(_head_forward, mask, scaled_q, k, v)
+  return out, (scaled_q, k, v, mask, out, top, log_total)
+
+
+def _per_head_attention_bwd(scale, residuals, d_out):
+  scaled_q, k, v, mask, out, top, log_total = residuals
+  d_q, d_k, d_v = _each_head(_head_backward, mask, scaled_q, k, v, out, top, log_total, d_out)
+  return d_q * jnp.asarray(scale, scaled_q.dtype), d_k, d_v, None
+
+
+_per_head_attention.defvjp(_per_head_attention_fwd, _per_head_attention_bwd)
