@@ -75,6 +75,23 @@ def test_the_cpu_kernel_loops_over_heads_where_their_scores_are_long_both_ways()
   assert not loops(384, bias=jnp.zeros((1, 4, 384, 384)))
 
 
+def test_the_cpu_kernel_loops_on_one_device_or_its_own_share_never_over_a_spread_batch():
+  """On a mesh of 8 devices a jit step's arrays are spread by GSPMD, where the loop's index into
+  the batch would gather it onto every device: batched there. One device, or each device's own
+  share inside shard_map: the loop."""
+  q = jnp.zeros((8, 384, 2, 8))
+  attend = lambda q: kernels.cpu.attention(q, q, q, scale=1.0)
+  loops = lambda fn: 'scan' in str(jax.make_jaxpr(fn)(q))
+  for devices, spread in ((1, False), (8, True)):
+    mesh = jax.make_mesh((devices,), ('data',), axis_types=(jax.sharding.AxisType.Auto,),
+                         devices=jax.devices()[:devices])
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      assert loops(attend) is not spread
+    per_device = jax.shard_map(attend, mesh=mesh, in_specs=jax.P('data'),
+                               out_specs=jax.P('data'))
+    assert loops(per_device)
+
+
 def test_the_cpu_kernels_per_head_loop_in_bfloat16_is_the_batched_products_to_rounding(
     monkeypatch):
   """In bfloat16 (float32 logits and softmax) the loop's output and gradients are the batched
