@@ -491,3 +491,35 @@ def test_a_sublayer_of_ones_own_need_not_take_deterministic(rng):
   out = lambda key: block.apply(params, x, rngs={'dropout': jax.random.key(key)})
   np.testing.assert_array_equal(out(1), out(1))
   assert not np.allclose(out(1), out(2))
+
+
+@pytest.mark.parametrize('layout', kernels.cache.LAYOUTS)
+@pytest.mark.parametrize('mask_shape', [None, (1, 1, 2, 5), (6, 1, 2, 5), (6, 4, 1, 5)])
+def test_cross_attention_over_cache_rows_shared_by_consecutive_rows_equals_a_repeated_cache(
+    layout, mask_shape):
+  """Beam search stores a source's cross-attention keys and values once for its beams: 6 query
+  rows over a cache of 2 rows (3 rows each) give what the cache repeated for every row gives,
+  under a mask per row, per head, one for all, or none."""
+  layer = layers.Attention(num_heads=4, num_kv_heads=2, head_dim=8, is_cross=True,
+                           cache_layout=layout)
+  x = jax.random.normal(jax.random.key(0), (6, 2, 16))
+  encoded = jax.random.normal(jax.random.key(1), (2, 5, 16))
+  params = layer.init(jax.random.key(2), x[:2], encoded)['params']
+  prefill = lambda queries, source: layer.apply({'params': params}, queries, source,
+                                                cache_index=0, mutable=['cache'])[1]['cache']
+  shared, repeated = prefill(x[::3], encoded), prefill(x, jnp.repeat(encoded, 3, axis=0))
+  mask = None if mask_shape is None else (
+      jax.random.bernoulli(jax.random.key(3), 0.6, mask_shape).at[..., 0].set(True))
+  step = lambda cache: layer.apply({'params': params, 'cache': cache}, x, mask=mask,
+                                   cache_index=1)
+  np.testing.assert_allclose(step(shared), step(repeated), atol=1e-6)
+
+
+def test_cross_attention_refuses_query_rows_that_do_not_share_the_cache_rows_evenly():
+  layer = layers.Attention(num_heads=2, head_dim=4, is_cross=True)
+  encoded = jnp.ones((2, 3, 8))
+  params = layer.init(jax.random.key(0), jnp.ones((2, 1, 8)), encoded)['params']
+  _, cache = layer.apply({'params': params}, jnp.ones((2, 1, 8)), encoded, cache_index=0,
+                         mutable=['cache'])
+  with pytest.raises(ValueError, match='5 query rows over a cache of 2 rows'):
+    layer.apply({'params': params, **cache}, jnp.ones((5, 1, 8)), cache_index=1)

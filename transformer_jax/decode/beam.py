@@ -145,7 +145,9 @@ def _beam_search(model, params, prompt_tokens, prompt_lengths, inputs, input_val
   cross = jax.tree.map(lambda a, b: a.shape == b.shape, one_row, more_slots)
   rows_of = lambda cache, rows: _rows_of(cache, rows, one_row, two_rows, cross)
   # Every prompt's K rows start as copies of its prefill; only the first is live, so the first
-  # step's K beams are K different tokens.
+  # step's K beams are K different tokens. The cross-attention leaves stay one row per prompt,
+  # which layers.Attention reads for the prompt's K consecutive rows: each step reads the
+  # encoder's keys and values once per prompt, not once per beam.
   beam_rows = jnp.repeat(jnp.arange(batch), k)
   empty = jnp.full((batch, k, max_new_tokens), pad_id, jnp.int32)
   nothing = jnp.full((batch, k), -jnp.inf)
@@ -155,7 +157,7 @@ def _beam_search(model, params, prompt_tokens, prompt_lengths, inputs, input_val
       step=jnp.int32(0), token=jnp.zeros((batch * k,), jnp.int32),
       live=Beams(tokens=empty, lengths=zeros, log_probs=first_live, scores=nothing),
       finished=Beams(tokens=empty, lengths=zeros, log_probs=nothing, scores=nothing),
-      cache=_rows_of(cache, beam_rows, one_row, two_rows))
+      cache=_rows_of(cache, beam_rows, one_row, two_rows, cross))
   state = _extend(state, logits[beam_rows, -1], rows_of, token_limit, eos_id, length_penalty)
   beam_pad = pad[beam_rows]
   forward = cached_forward(model, params, window,

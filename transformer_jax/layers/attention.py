@@ -54,6 +54,27 @@ def segment_mask(query_segments: jax.Array, key_segments: jax.Array) -> jax.Arra
   return (query_segments[:, :, None] == key_segments[:, None, :])[:, None]
 
 
+def _side_by_side(queries, mask, bias, sharing: int):
+  """Queries (B * n, T, heads, head_dim), the mask and the bias (B * n | 1, heads | 1, T | 1, S)
+  as B rows of n * T: the n rows that read one cache row side by side along T, so that each
+  cached key is read once for all of them (cross-attention has no order among its queries)."""
+  if sharing == 1:
+    return queries, mask, bias
+  rows, t = queries.shape[0] // sharing, queries.shape[1]
+
+  def logits_like(x):
+    if x is None:
+      return None
+    x = jnp.broadcast_to(x, (x.shape[0], x.shape[1], t, x.shape[3]))
+    if x.shape[0] == 1:
+      return jnp.tile(x, (1, 1, sharing, 1))
+    x = x.reshape(rows, sharing, *x.shape[1:]).swapaxes(1, 2)
+    return x.reshape(rows, x.shape[1], sharing * t, x.shape[-1])
+
+  return (queries.reshape(rows, sharing * t, *queries.shape[2:]), logits_like(mask),
+          logits_like(bias))
+
+
 def check_kv_heads(num_heads: int, num_kv_heads: int | None, prefix: str = '') -> None:
   """Each key-value head serves a whole group of query heads. `prefix` is where the settings
   live ('model.' in a run's config), for the message."""
@@ -196,8 +217,11 @@ class Attention(nn.Module):
     if cache_index is not None:
       k, v = self._cached(k, v, cache_index)
       slots = k.shape[kernels.cache.slot_axis(self.cache_layout)]
-      out = kernels.cache.attention(q, k, v, kernels.masks.dense(mask, q.shape[1], slots),
-                                    scale=scale, bias=bias, layout=self.cache_layout)
+      queries, visible, added = _side_by_side(q, kernels.masks.dense(mask, q.shape[1], slots),
+                                              bias, self._rows_sharing_a_cache_row(q, k))
+      out = kernels.cache.attention(queries, k, v, visible, scale=scale, bias=added,
+                                    layout=self.cache_layout)
+      out = out.reshape(q.shape[0], q.shape[1], *out.shape[2:])
     else:
       fn = kernels.function(self.kernel)
       rng = None
@@ -215,6 +239,15 @@ class Attention(nn.Module):
                   use_bias=self.use_bias, init_std=self.init_std, init_gain=self.out_init_gain,
                   initializer=self.initializer, dtype=self.dtype, param_dtype=self.param_dtype,
                   name='out')(out)
+
+  def _rows_sharing_a_cache_row(self, q, k) -> int:
+    """How many consecutive query rows read each row of the cache: 1, or beam search's beams
+    of one source over its cross-attention keys and values, stored once."""
+    rows = k.shape[0] // (self.kv_heads if self.cache_layout == 'folded' else 1)
+    if q.shape[0] % rows:
+      raise ValueError(f'{q.shape[0]} query rows over a cache of {rows} rows: each cache row '
+                       'serves the same number of consecutive query rows.')
+    return q.shape[0] // rows
 
   def _cached(self, k, v, cache_index):
     """The cached keys and values in `cache_layout`, with the new ones written in."""
