@@ -11,9 +11,9 @@ the axes it is broadcast along.
 Where a head's scores are many (long sequences: Whisper's 1,500 frames), each (batch, key-value
 head) runs on its own in a loop, so that its scores stay in the cache rather than make a
 (B, heads, T, S) array in memory, and the backward pass recomputes the probabilities from each
-row's maximum and log-sum instead of saving them, as flash attention does (Dao et al., 2022). The loop
-runs on one device, or on each device's own share inside shard_map; a jit step that spreads the
-batch over several devices takes the batched products.
+row's maximum and log-sum instead of saving them, as flash attention does (Dao et al., 2022).
+The loop runs on one device, or on each device's own share inside shard_map; a jit step that
+spreads the batch over several devices takes the batched products.
 """
 import functools
 import math
