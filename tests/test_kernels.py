@@ -1,6 +1,9 @@
 """The attention kernels: each equals the einsum reference, and the one a model runs is chosen by
 the platform it is compiled for, by name, or as a function."""
 import dataclasses
+import re
+import subprocess
+import sys
 
 import flax
 import jax
@@ -8,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import tiny
+from helpers import ROOT, tiny
 from transformer_jax import kernels, layers, models
 from transformer_jax.layers import segment_mask
 
@@ -385,3 +388,15 @@ def test_auto_resolves_to_the_reference_kernel_where_attention_probabilities_are
   assert models.resolved(cfg, 'tpu')[0].attention_kernel == 'reference'
   assert kernels.takes_dropout('reference') and kernels.takes_dropout('auto')
   assert not any(kernels.takes_dropout(name) for name in ('xla', 'cpu', 'cudnn', 'splash'))
+
+
+@pytest.mark.slow
+def test_the_attention_benchmark_runs_both_cpu_paths_to_the_same_numbers():
+  """experiments/bench_attention.py --quick: both paths of the CPU kernel compiled and timed at a
+  tiny shape, their outputs and gradients equal to float32 rounding."""
+  done = subprocess.run([sys.executable, 'experiments/bench_attention.py', '--quick'], cwd=ROOT,
+                        capture_output=True, text=True, check=True)
+  assert 'scores of 48 x 24 per (batch, key-value head), the kernel picks batched' in done.stdout
+  assert done.stdout.count('as fast') == 2  # forward, and forward+backward
+  difference = re.search(r'outputs and gradients: (\S+)', done.stdout).group(1)
+  assert float(difference) < 1e-5

@@ -139,7 +139,9 @@ def count_params(params) -> dict[str, int]:
 
 def xla_flops(fn: nn.Module | Callable, *args, params=None) -> float:
   """The FLOPs XLA's cost analysis counts in one call of `fn(*args)`: a Flax module's forward
-  pass (`params` default: the shapes its init gives, so nothing is allocated) or any function."""
+  pass (`params` default: the shapes its init gives, so nothing is allocated) or any function.
+  XLA counts the body of a loop once: scanned layers, and on the CPU the attention kernel's loop
+  over long heads (`attention_kernel='xla'` computes attention without one)."""
   if isinstance(fn, nn.Module):
     module = fn
     if params is None:
