@@ -105,17 +105,24 @@ def _grouped_attention_fwd(q, k, v, mask, bias, scale):
 
 def _grouped_attention_bwd(scale, residuals, d_out):
   scaled_q, k, v, mask, bias, probs, out = residuals
-  d_v = jnp.einsum('bkqs,bkqd->bksd', probs.astype(d_out.dtype), d_out)
-  d_probs = jnp.einsum('bkqd,bksd->bkqs', d_out, v, preferred_element_type=jnp.float32)
+  d_biased, d_q, d_k, d_v = _from_probabilities(probs, mask, scaled_q, k, v, out, d_out)
+  d_bias = None if bias is None else _summed_to(_grouped(d_biased, bias),
+                                                bias.shape).astype(bias.dtype)
+  return d_q * jnp.asarray(scale, scaled_q.dtype), d_k, d_v, None, d_bias
+
+
+def _from_probabilities(probs, mask, scaled_q, k, v, out, d_out):
+  """The gradients of the biased logits (float32), of the scaled queries, the keys and the
+  values from the probabilities, both paths' (any leading axes): dS = P (dP - rowsum(dO O))."""
+  d_v = jnp.einsum('...qs,...qd->...sd', probs.astype(d_out.dtype), d_out)
+  d_probs = jnp.einsum('...qd,...sd->...qs', d_out, v, preferred_element_type=jnp.float32)
   rowsum = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), -1, keepdims=True)
   # Hidden logits get no gradient, as through jnp.where (a fully masked row has P uniform).
   d_biased = _where_visible(probs * (d_probs - rowsum), mask, 0.0)
-  d_bias = None if bias is None else _summed_to(_grouped(d_biased, bias),
-                                                bias.shape).astype(bias.dtype)
   d_logits = d_biased.astype(scaled_q.dtype)  # of the scaled logits
-  d_q = jnp.einsum('bkqs,bksd->bkqd', d_logits, k) * jnp.asarray(scale, scaled_q.dtype)
-  d_k = jnp.einsum('bkqs,bkqd->bksd', d_logits, scaled_q)
-  return d_q, d_k.astype(k.dtype), d_v.astype(v.dtype), None, d_bias
+  d_q = jnp.einsum('...qs,...sd->...qd', d_logits, k)
+  d_k = jnp.einsum('...qs,...qd->...sd', d_logits, scaled_q)
+  return d_biased, d_q, d_k.astype(k.dtype), d_v.astype(v.dtype)
 
 
 _grouped_attention.defvjp(_grouped_attention_fwd, _grouped_attention_bwd)
@@ -159,13 +166,7 @@ def _head_forward(mask, scaled_q, k, v):
 
 def _head_backward(mask, scaled_q, k, v, out, top, log_total, d_out):
   probs = jnp.exp(_head_logits(mask, scaled_q, k) - top - log_total)
-  d_v = jnp.einsum('qs,qd->sd', probs.astype(d_out.dtype), d_out)
-  d_probs = jnp.einsum('qd,sd->qs', d_out, v, preferred_element_type=jnp.float32)
-  rowsum = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), -1, keepdims=True)
-  d_logits = _where_visible(probs * (d_probs - rowsum), mask, 0.0).astype(scaled_q.dtype)
-  d_q = jnp.einsum('qs,sd->qd', d_logits, k)
-  d_k = jnp.einsum('qs,qd->sd', d_logits, scaled_q)
-  return d_q, d_k.astype(k.dtype), d_v.astype(v.dtype)
+  return _from_probabilities(probs, mask, scaled_q, k, v, out, d_out)[1:]
 
 
 def _per_head_attention_fwd(q, k, v, mask, scale):

@@ -57,7 +57,7 @@ def segment_mask(query_segments: jax.Array, key_segments: jax.Array) -> jax.Arra
 def _side_by_side(queries, mask, bias, sharing: int):
   """Queries (B * n, T, heads, head_dim), the mask and the bias (B * n | 1, heads | 1, T | 1, S)
   as B rows of n * T: the n rows that read one cache row side by side along T, so that each
-  cached key is read once for all of them (cross-attention has no order among its queries)."""
+  cached key is read once for all of them (each query keeps its own row of the mask)."""
   if sharing == 1:
     return queries, mask, bias
   rows, t = queries.shape[0] // sharing, queries.shape[1]
