@@ -71,13 +71,13 @@ def seconds(fn, args) -> float:
 
 
 def row(name: str, shape) -> None:
-  compiled, args = paths(shape)
-  results = {path: [fn(*args) for fn in fns] for path, fns in compiled.items()}
+  functions, args = paths(shape)
+  results = {path: [fn(*args) for fn in fns] for path, fns in functions.items()}
   difference = max(float(jnp.max(jnp.abs(a - b))) for a, b in
                    zip(jax.tree.leaves(results['batched']), jax.tree.leaves(results['per head'])))
-  times = {(path, part): [] for path in compiled for part in (0, 1)}
+  times = {(path, part): [] for path in functions for part in (0, 1)}
   for round_ in range(2 + (1 if _QUICK.value else _ROUNDS.value)):
-    for path, fns in compiled.items():
+    for path, fns in functions.items():
       for part, fn in enumerate(fns):
         spent = seconds(fn, args)
         if round_ >= 2:
@@ -85,7 +85,7 @@ def row(name: str, shape) -> None:
   ms = {key: 1e3 * statistics.median(value) for key, value in times.items()}
   _, queries, keys, heads, kv_heads = shape[:5]
   rows = heads // kv_heads * queries
-  picked = 'per head' if min(rows, keys) >= cpu._PER_HEAD_FROM else 'batched'
+  picked = 'per head' if cpu._loops_over_heads(rows, keys) else 'batched'
   print(f'{name}: scores of {rows:,} x {keys:,} per (batch, key-value head), the kernel '
         f'picks {picked}', flush=True)
   for part, label in enumerate(('forward', 'forward+backward')):

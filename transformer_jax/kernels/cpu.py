@@ -47,11 +47,17 @@ def attention(q, k, v, mask=None, *, scale, bias=None):
     mask = masks.grouped(mask, kv_heads)
   if bias is not None:
     bias = masks.grouped(bias, kv_heads)
-  if bias is None and min(q.shape[2], k.shape[2]) >= _PER_HEAD_FROM and not _spread_by_jit():
+  if bias is None and _loops_over_heads(q.shape[2], k.shape[2]) and not _spread_by_jit():
     out = _per_head_attention(q, k, v, mask, scale)
   else:
     out = _grouped_attention(q, k, v, mask, bias, scale)
   return out.reshape(b, kv_heads, group, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
+
+
+def _loops_over_heads(query_rows: int, keys: int) -> bool:
+  """Whether scores of query_rows x keys per (batch, key-value head) are long enough for the
+  per-head loop (a bias and a spread batch aside)."""
+  return min(query_rows, keys) >= _PER_HEAD_FROM
 
 
 def _spread_by_jit() -> bool:
