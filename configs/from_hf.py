@@ -26,7 +26,7 @@ big_vision's kernels only but the patch embedding's, which optimizer.decay_embed
 Without a path the model is the shape of transformers' GPT2Config() defaults (GPT-2 small), so
 that --mode=describe has something to describe; sampling and evaluation need path=.
 """
-from transformer_jax import config_lib, convert
+from transformer_jax import config_lib, convert, models
 
 
 def get_config(arg=None):
@@ -48,6 +48,8 @@ def get_config(arg=None):
   preprocessing = convert.image_preprocessing(arg.path) if arg.path else None
   if preprocessing:
     config.data.pp_train, config.data.pp_eval = preprocessing
+  if models.registry.get(model.family).chunked_logits:
+    config.training.logits_chunk = 128
   if model.family == 'clip' and model.loss == 'softmax':
     config.optimizer.decay_embeddings = True
   if model.family == 'decoder':

@@ -26,5 +26,6 @@ def get_config(arg=None):
   config.data.update(name=arg.corpus, seq_len=1024, batch_size=32, packing=documents,
                      tokenizer=arg.tokenizer or ('bpe' if documents else 'chars'))
   config.optimizer.update(learning_rate=6e-4, warmup_steps=200, min_lr_ratio=0.1)
-  config.training.update(steps=5000, log_every=20, eval_every=500, checkpoint_every=500)
+  config.training.update(steps=5000, log_every=20, eval_every=500, checkpoint_every=500,
+                         logits_chunk=128)
   return config_lib.smoke(config) if arg.smoke else config

@@ -65,7 +65,7 @@ def get_config(arg=None):
                       max_len=512)
   config.data.update(seq_len=512, batch_size=BATCH_SIZE)
   config.optimizer.update(name='adafactor', weight_decay=0.0, grad_clip_norm=0.0)
-  config.training.z_loss = 1e-4
+  config.training.update(z_loss=1e-4, logits_chunk=128)
   if arg.finetune:
     config.optimizer.update(schedule='constant', learning_rate=1e-3, warmup_steps=0)
     config.training.update(steps=2 ** 18,

@@ -33,5 +33,6 @@ def get_config(arg=None):
   config.optimizer.update(learning_rate=1.5e-3 if arg.size == 'tiny' else 1e-3,
                           warmup_steps=2048, schedule='linear', b1=0.9, b2=0.98, eps=1e-6,
                           weight_decay=0.1, grad_clip_norm=1.0)
-  config.training.update(steps=100000, log_every=100, eval_every=5000, checkpoint_every=5000)
+  config.training.update(steps=100000, log_every=100, eval_every=5000, checkpoint_every=5000,
+                         logits_chunk=128)
   return config_lib.smoke(config) if arg.smoke else config

@@ -45,7 +45,7 @@ def get_config(arg=None):
   config.optimizer.update(learning_rate=PEAK_LEARNING_RATE, warmup_steps=4000, b1=0.9, b2=0.98,
                           eps=1e-9, weight_decay=0.0)
   config.training.update(steps=100_000, label_smoothing=0.1, log_every=100, eval_every=5000,
-                         checkpoint_every=5000)
+                         checkpoint_every=5000, logits_chunk=128)
   if arg.smoke:
     config = config_lib.smoke(config)
     config.model.update(width=64, num_heads=4, d_ff=128, max_len=32)

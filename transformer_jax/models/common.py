@@ -23,10 +23,11 @@ from transformer_jax.ranges import COUNT, Range
 __all__ = [
     'attention', 'attention_params', 'attention_weights', 'attention_width', 'block',
     'block_params', 'block_weights', 'both_masks', 'decoder_mask', 'default_positions',
-    'follow_text_data', 'key_mask', 'lm_head', 'LmHead', 'mlp', 'mlp_params', 'mlp_weights',
-    'norm', 'norm_params', 'packed_arguments', 'residual_init_gain', 'stack', 'text_data_sizes',
-    'text_embed', 'text_embedding_params', 'text_example_inputs', 'text_family', 'text_flops',
-    'text_lengths', 'text_logits_shape', 'TextConfig', 'untied_head_params', 'with_total']
+    'follow_text_data', 'HEAD_INPUTS', 'key_mask', 'lm_head', 'LmHead', 'mlp', 'mlp_params',
+    'mlp_weights', 'norm', 'norm_params', 'packed_arguments', 'residual_init_gain', 'stack',
+    'text_data_sizes', 'text_embed', 'text_embedding_params', 'text_example_inputs',
+    'text_family', 'text_flops', 'text_lengths', 'text_logits_shape', 'TextConfig',
+    'untied_head_params', 'with_total']
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,9 +153,16 @@ def packed_arguments(batch: dict, prefix: str = '') -> dict:
           'attention_mask': masks.Mask(segments=(segments, segments))}
 
 
+HEAD_INPUTS = 'head_inputs'
+
+
 class LmHead(nn.Module):
   """Float32 next-token logits: the tied unembedding E^T (`embed.attend`), or an untied (D, V)
-  matrix without bias, of the input times `input_scale` (T5 1.0's tied head: width^-0.5)."""
+  matrix without bias, of the input times `input_scale` (T5 1.0's tied head: width^-0.5).
+
+  Where the HEAD_INPUTS collection is mutable, it also records (features, unembedding (D, V)),
+  both in the compute dtype, whose product the logits are: the training loss then computes the
+  logits itself a chunk at a time (train.chunked_loss), and XLA drops the unused whole ones."""
   vocab_size: int
   tied: bool = True
   init_std: float | None = 0.02
@@ -170,10 +178,16 @@ class LmHead(nn.Module):
       x = x * jnp.asarray(self.input_scale, x.dtype)
     if self.tied:
       logits = embed.attend(x)
+      matrix = embed.tokens.T
     else:
-      logits = Linear((self.vocab_size,), ('embed',), ('vocab',), use_bias=False,
-                      init_std=self.init_std, dtype=self.dtype, param_dtype=self.param_dtype,
-                      out_dtype=jnp.float32, name='unembed')(x)
+      unembed = Linear((self.vocab_size,), ('embed',), ('vocab',), use_bias=False,
+                       init_std=self.init_std, dtype=self.dtype, param_dtype=self.param_dtype,
+                       out_dtype=jnp.float32, name='unembed')
+      logits = unembed(x)
+      matrix = unembed.variables['params']['kernel']
+    if self.is_mutable_collection(HEAD_INPUTS) and not self.is_initializing():
+      self.sow(HEAD_INPUTS, 'unembedding', (x.astype(self.dtype), matrix.astype(self.dtype)),
+               init_fn=lambda: None, reduce_fn=lambda _, value: value)
     return axes.constrain(logits, axes.VOCAB)
 
 

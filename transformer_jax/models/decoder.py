@@ -62,6 +62,6 @@ def forward_flops(cfg: ModelConfig, seq_len=None, target_len=None) -> dict[str, 
 FAMILY = registry.register(registry.Family(**common.text_family(
     name='decoder', module=DecoderLM,
     logits=lambda apply, batch: apply(batch['inputs'], **common.packed_arguments(batch)),
-    task='next_token', config=DecoderConfig, decoding='decoder',
+    task='next_token', config=DecoderConfig, decoding='decoder', chunked_logits=True,
     packed_shapes=registry.text_packed_shapes, param_counts=param_counts,
     forward_flops=forward_flops)))

@@ -256,7 +256,7 @@ FAMILY = registry.register(registry.Family(**common.text_family(
     example_inputs=lambda cfg, batch=1, seq_len=None: common.text_example_inputs(
         cfg, batch, seq_len, streams=2),
     logits=_logits,
-    task='seq2seq', config=EncoderDecoderConfig, decoding='encoder_decoder',
+    task='seq2seq', config=EncoderDecoderConfig, decoding='encoder_decoder', chunked_logits=True,
     lengths=lambda batch: (batch['inputs'].shape[1], batch['decoder_inputs'].shape[1]),
     param_counts=param_counts, forward_flops=forward_flops, stacks=_stacks,
     batch_shapes=_batch_shapes, packed_shapes=_packed_shapes,

@@ -120,6 +120,8 @@ class Family:
     regression, a contrastive loss); rng: a key of the step's own for the family's noise
     (fixed at evaluation); apply: the module applied as for `logits`. None: loss_sums of the
     logits against `targets`.
+  chunked_logits: its logits are a models.common.LmHead's, which records its inputs so that
+    the training loss can compute them a chunk of positions at a time (training.logits_chunk).
   loss_over_batch: the family's loss is one function of the whole global batch (a contrastive
     loss, whose negatives are the batch's other examples), not a sum over its examples: the
     per-device steps of parallelism='shard_map' and microbatches of training.grad_accum_steps
@@ -182,6 +184,7 @@ class Family:
   param_counts: Callable[[ModelConfig], dict[str, int]] | None = None
   forward_flops: Callable[[ModelConfig, int | None, int | None], dict[str, int]] | None = None
   loss: Callable[[Apply, dict, jax.Array, float], dict] | None = None
+  chunked_logits: bool = False
   loss_over_batch: bool = False
   stacks: Callable[[ModelConfig, int], list[Stack]] = _one_stack
   batch_shapes: Callable[[ModelConfig, int, int], dict] = text_batch_shapes

@@ -218,7 +218,7 @@ def _data_sizes(cfg: WhisperConfig) -> dict:
 FAMILY = registry.register(registry.Family(**common.text_family(
     name='whisper', module=Whisper, example_inputs=_example_inputs, logits=_logits,
     task='audio', config=WhisperConfig, decoding='encoder_decoder', unit='second of audio',
-    check_data=_check_data,
+    check_data=_check_data, chunked_logits=True,
     lengths=lambda batch: (_frames(batch), batch['decoder_inputs'].shape[1]),
     param_counts=param_counts, forward_flops=forward_flops, stacks=_stacks,
     batch_shapes=_batch_shapes, data_sizes=_data_sizes,

@@ -6,10 +6,13 @@ weight, or by a fixed factor (training.loss_normalizing_factor; train.step).
 """
 import functools
 
+import flax.traverse_util
 import jax
 import jax.numpy as jnp
 
+from transformer_jax.models import common
 from transformer_jax.models.registry import Family
+from transformer_jax.train import chunked_loss
 
 __all__ = ['batch_sums', 'cross_entropy', 'cross_entropy_and_log_z', 'logits_targets_weights',
            'loss_sums', 'mixed_targets', 'objective']
@@ -24,20 +27,48 @@ def logits_targets_weights(model, family: Family, params, batch, *, deterministi
 
 
 def batch_sums(model, family: Family, params, batch, rng, *, deterministic=True,
-               label_smoothing: float = 0.0, z_loss: float = 0.0,
-               top5: bool = False) -> dict[str, jax.Array]:
+               label_smoothing: float = 0.0, z_loss: float = 0.0, top5: bool = False,
+               logits_chunk: int = 0) -> dict[str, jax.Array]:
   """The summed loss terms of a batch for any family: its own `loss` where it registers one
   (given fold_in(rng, 1) for its noise), else loss_sums of its logits (with the batch's mixing
-  and the z-loss); rng also draws the dropout masks."""
+  and the z-loss); rng also draws the dropout masks.
+
+  With logits_chunk > 0, a family of chunked logits (Family.chunked_logits) has its logits and
+  their loss computed that many positions of each sequence at a time (train.chunked_loss): the
+  same sums, without the whole logits in memory; a batch of mixed targets, or with top5, as
+  without.
+  """
   rngs = {'dropout': rng}
+  apply = lambda *args, **kw: model.apply({'params': params}, *args,
+                                          deterministic=deterministic, rngs=rngs, **kw)
   if family.loss is not None:
-    apply = lambda *args, **kw: model.apply({'params': params}, *args,
-                                            deterministic=deterministic, rngs=rngs, **kw)
     return family.loss(apply, batch, jax.random.fold_in(rng, 1), label_smoothing)
-  out = logits_targets_weights(model, family, params, batch, deterministic=deterministic,
-                               rngs=rngs)
-  return loss_sums(*out, label_smoothing=label_smoothing, mix=mixed_targets(batch), top5=top5,
-                   z_loss=z_loss)
+  targets, weights, mix = batch[family.targets], family.weights(batch), mixed_targets(batch)
+  if logits_chunk and family.chunked_logits and mix is None and not top5:
+    return chunked_loss.head_loss_sums(*_head_inputs(apply, family, batch), targets, weights,
+                                       chunk=logits_chunk, label_smoothing=label_smoothing,
+                                       z_loss=z_loss)
+  logits = family.logits(apply, batch)
+  return loss_sums(logits, targets, weights, label_smoothing=label_smoothing, mix=mix,
+                   top5=top5, z_loss=z_loss)
+
+
+def _head_inputs(apply, family: Family, batch):
+  """(features, unembedding) that the model's head (models.common.LmHead) records of `batch`;
+  the logits it computes are left unused, and XLA leaves them out."""
+  recorded = {}
+
+  def recording(*args, **kw):
+    out, state = apply(*args, mutable=[common.HEAD_INPUTS], **kw)
+    recorded.update(flax.traverse_util.flatten_dict(state.get(common.HEAD_INPUTS, {})))
+    return out
+
+  family.logits(recording, batch)
+  if len(recorded) != 1:
+    raise ValueError(f"A {family.name!r} model's logits are chunked (Family.chunked_logits), but "
+                     f'it recorded {len(recorded)} heads ({list(recorded)}), not one '
+                     'models.common.LmHead.')
+  return next(iter(recorded.values()))
 
 
 def objective(sums: dict[str, jax.Array]) -> jax.Array:

@@ -90,6 +90,10 @@ def resolve(config: 'ml_collections.ConfigDict | RunSettings',
     raise ConfigError(f'training.z_loss={training.z_loss} penalises the log-normalizer of a '
                       f"cross-entropy over logits, and a {family.name!r} model's loss is its "
                       'own: set --config.training.z_loss=0.')
+  if training.logits_chunk and not family.chunked_logits:
+    raise ConfigError(f'training.logits_chunk={training.logits_chunk} computes the logits of a '
+                      f"language-model head in chunks, and a {family.name!r} model has none: set "
+                      '--config.training.logits_chunk=0.')
   optimizer = OptimizerSettings.of(config.optimizer)
   optimizer.check_steps(training.steps)
   if config.init_from_hf and config.init_from_checkpoint:

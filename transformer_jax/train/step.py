@@ -57,6 +57,7 @@ class StepSettings:
   rules: tuple = ()  # logical axis -> mesh axis, for the activations (sharding.rules_of)
   ema_decay: float = 0.0  # of the state's ema after each update (a state without one: unused)
   z_loss: float = 0.0  # of the cross-entropy's log(Z)^2, added to the objective
+  logits_chunk: int = 0  # positions of each sequence whose logits the loss computes at once
   loss_normalizing_factor: float | None = None  # None: the global batch's total weight
   ema_warmup: bool = True  # ema_decay_at's warm-up
 
@@ -69,6 +70,7 @@ class StepSettings:
                dropout=settings.model.drops_in_training,
                parallelism=settings.parallelism, rules=settings.rules, ema_decay=training.ema_decay,
                ema_warmup=training.ema_warmup, z_loss=training.z_loss,
+               logits_chunk=training.logits_chunk,
                loss_normalizing_factor=training.loss_normalizing_factor)
 
   def normalizer(self, family: Family, batch) -> jax.Array:
@@ -90,7 +92,8 @@ def _grads_and_sums(model, family, settings, state, params, batch, rng, total_we
   def loss_fn(p, micro, micro_rng):
     sums = losses.batch_sums(model, family, state.model_params(p), micro, micro_rng,
                              deterministic=not settings.dropout,
-                             label_smoothing=settings.label_smoothing, z_loss=settings.z_loss)
+                             label_smoothing=settings.label_smoothing, z_loss=settings.z_loss,
+                             logits_chunk=settings.logits_chunk)
     return losses.objective(sums) / total_weight, sums
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
