@@ -159,18 +159,37 @@ def test_the_step_over_eight_devices_updates_as_the_whole_logits_on_one(parallel
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
 
 
+LARGE_LOGITS = {'data.seq_len': 64, 'model.max_len': 64, 'model.vocab_size': 4096,
+                'mesh.shape': (1,)}
+LOGITS_BYTES = 16 * 64 * 4096 * 4  # of a batch of 16 x 64 positions
+
+
+def test_evaluation_sums_the_chunks_as_the_whole_logits_without_them():
+  sums, temp_bytes = {}, {}
+  for chunk in (0, 8):
+    run = setup.build_run(chunked_step_config(**LARGE_LOGITS, **{'training.logits_chunk': chunk}))
+    params = jax.jit(lambda rng, run=run: setup.initial_state(
+        run.model, run.tx, run.family.example_inputs(run.model_config), rng).params,
+        out_shardings=run.param_sharding)(jax.random.key(0))
+    batch = sharding.global_batch(run.data.train_batch(0), run.mesh)
+    sums[chunk] = jax.device_get(run.eval_step(params, batch))
+    temp_bytes[chunk] = run.eval_step.lower(params, batch).compile().memory_analysis(
+        ).temp_size_in_bytes
+  assert sums[0].keys() == sums[8].keys()
+  for key in sums[0]:
+    np.testing.assert_allclose(sums[8][key], sums[0][key], rtol=2e-6, err_msg=key)
+  assert temp_bytes[8] < temp_bytes[0] - LOGITS_BYTES / 2, temp_bytes
+
+
 def compiled_step(config):
   return aot.compiled_train_step(setup.build_run(config, devices=jax.devices()[:1]))[0]
 
 
 def test_xla_leaves_the_whole_logits_out_of_the_step():
-  overrides = {'data.seq_len': 64, 'model.max_len': 64, 'model.vocab_size': 4096,
-               'mesh.shape': (1,)}
   whole_bytes, chunked_bytes = [
-      compiled_step(chunked_step_config(**{**overrides, 'training.logits_chunk': chunk}))
+      compiled_step(chunked_step_config(**{**LARGE_LOGITS, 'training.logits_chunk': chunk}))
       .memory_analysis().temp_size_in_bytes for chunk in (0, 8)]
-  logits_bytes = 16 * 64 * 4096 * 4
-  assert chunked_bytes < whole_bytes - logits_bytes, (whole_bytes, chunked_bytes)
+  assert chunked_bytes < whole_bytes - LOGITS_BYTES, (whole_bytes, chunked_bytes)
 
 
 def collectives_in_loops(compiled) -> list[str]:

@@ -81,11 +81,11 @@ class TrainingSettings(Settings):
   # Of a family whose loss is the cross-entropy of its logits (one with a loss of its own, as
   # DiT's or CLIP's, refuses it).
   z_loss: float = 0.0
-  # The training loss of a model whose logits come from its language-model head (decoders,
-  # encoder-decoders, Whisper) computes them this many positions of each sequence at a time,
-  # with their gradient, in one pass (train.chunked_loss): no (batch, length, vocabulary) array
-  # in memory, and on XLA:CPU a faster step (Whisper's head and loss, 2.9 -> 2.1 s). 0: all
-  # the logits at once, then the loss.
+  # The training loss (and evaluation) of a model whose logits come from its language-model
+  # head (decoders, encoder-decoders, Whisper) computes them this many positions of each
+  # sequence at a time, with their gradient, in one pass (train.chunked_loss): no (batch,
+  # length, vocabulary) array in memory, and on XLA:CPU a faster step (Whisper's head and loss,
+  # 2.9 -> 2.1 s). 0: all the logits at once, then the loss.
   logits_chunk: int = 0
   # What the summed loss of a global batch is divided by: None, its total weight (the mean over
   # its real target tokens, T5X's 'NUM_REAL_TARGET_TOKENS'); a number, that constant (T5X's

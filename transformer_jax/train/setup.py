@@ -83,7 +83,8 @@ class Run:
     """The jitted eval(params, batch) -> summed loss terms (make_eval_step), on the run's
     mesh, parameter shardings and rules."""
     return make_eval_step(self.model, self.family, self.mesh, self.param_sharding,
-                          self.step_settings.rules, self.data.token_bytes)
+                          self.step_settings.rules, self.data.token_bytes,
+                          self.step_settings.logits_chunk)
 
   @property
   def param_sharding(self):

@@ -257,14 +257,16 @@ def _shard_map_step(model, family, tx, schedule, settings, mesh, state_sharding,
   return jax.shard_map(local_step, mesh=mesh, in_specs=(P(), P(DATA_AXIS)), out_specs=(P(), P()))
 
 
-def make_eval_step(model, family: Family, mesh, param_sharding, rules=(), token_bytes=None):
+def make_eval_step(model, family: Family, mesh, param_sharding, rules=(), token_bytes=None,
+                   logits_chunk: int = 0):
   """A jitted eval(params, batch) -> summed loss terms (deterministic forward); with
-  `token_bytes` (the UTF-8 bytes of each token id) also the weighted bytes of the targets."""
+  `token_bytes` (the UTF-8 bytes of each token id) also the weighted bytes of the targets;
+  logits_chunk as the train step's (StepSettings)."""
   def eval_step(params, batch):
     with sharding.activation_rules(mesh, rules):
       # A family's own noise is fixed at evaluation: every evaluation scores the same draws.
       sums = losses.batch_sums(model, family, params, batch, jax.random.key(0),
-                               top5=family.classification)
+                               top5=family.classification, logits_chunk=logits_chunk)
     if token_bytes is not None:
       sums['bytes'] = jnp.sum(jnp.asarray(token_bytes, jnp.float32)[batch[family.targets]]
                               * family.weights(batch))
