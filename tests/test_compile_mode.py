@@ -154,13 +154,15 @@ def test_every_run_of_the_colab_notebook_fits_one_chip_of_a_v5e_1_runtime():
 
 def test_describe_fits_gpt2_small_at_batch_128_on_a_v5e_2x2_by_xlas_figure(tmp_path,
                                                                           monkeypatch):
-  """Where the plan misses at the limit: GPT-2 small at batch 128 x 1024 on four v5e chips is
-  planned at 18.29 GiB a device, which would not fit their 15.75; XLA:TPU compiles it in 14.91
-  (--mode=compile's figure, 16,014,115,840 bytes with libtpu 0.0.42.1), and describe's verdict is
-  XLA's. Describing it again reads the figure from the cache."""
+  """Where the plan misses at the limit: GPT-2 small at batch 128 x 1024 on four v5e chips, its
+  loss over the whole logits (training.logits_chunk=0), is planned at 18.29 GiB a device, which
+  would not fit their 15.75; XLA:TPU compiles it in 14.91 (--mode=compile's figure,
+  16,014,115,840 bytes with libtpu 0.0.42.1), and describe's verdict is XLA's. Describing it
+  again reads the figure from the cache."""
   monkeypatch.setenv('TRANSFORMER_JAX_CACHE', str(tmp_path))
   config = config_lib.from_file(os.path.join(ROOT, 'configs', 'gpt2_small.py'))
   config.data.batch_size = 128
+  config.training.logits_chunk = 0
   config.compile.target = 'v5e:2x2'
   text = describe.describe(config)
   assert re.search(r"\n  train step total +18.29 GiB \(the plan: 1.23x XLA's buffers\)\n"
