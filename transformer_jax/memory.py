@@ -154,7 +154,7 @@ def activation_terms(settings, split, platform: str = 'cpu') -> dict[str, float]
   logits = family.logits_shape(top, data.seq_len)
   if logits is not None:  # float32, whatever the compute dtype
     positions, classes = logits
-    if settings.training.logits_chunk and family.chunked_logits:  # one chunk's at a time
+    if settings.training.logits_chunk:  # one chunk's at a time (resolve refused any other)
       positions = min(positions, settings.training.logits_chunk)
     terms['logits'] = 4 * batch * tiled(classes // split(axes.VOCAB), positions)
   return terms

@@ -18,11 +18,17 @@ __all__ = ['batch_sums', 'cross_entropy', 'cross_entropy_and_log_z', 'logits_tar
            'loss_sums', 'mixed_targets', 'objective']
 
 
+def _applying(model, params, deterministic: bool, rngs):
+  """model.apply with the parameters, the mode and the rngs bound: the `apply` a family's
+  logits and loss call."""
+  return lambda *args, **kw: model.apply({'params': params}, *args, deterministic=deterministic,
+                                         rngs=rngs, **kw)
+
+
 def logits_targets_weights(model, family: Family, params, batch, *, deterministic=True,
                            rngs=None):
   """(float32 logits, integer targets, float32 weights) of a batch, for any family."""
-  apply = lambda *args, **kw: model.apply({'params': params}, *args, deterministic=deterministic,
-                                          rngs=rngs, **kw)
+  apply = _applying(model, params, deterministic, rngs)
   return family.logits(apply, batch), batch[family.targets], family.weights(batch)
 
 
@@ -38,9 +44,7 @@ def batch_sums(model, family: Family, params, batch, rng, *, deterministic=True,
   same sums, without the whole logits in memory; a batch of mixed targets, or with top5, as
   without.
   """
-  rngs = {'dropout': rng}
-  apply = lambda *args, **kw: model.apply({'params': params}, *args,
-                                          deterministic=deterministic, rngs=rngs, **kw)
+  apply = _applying(model, params, deterministic, {'dropout': rng})
   if family.loss is not None:
     return family.loss(apply, batch, jax.random.fold_in(rng, 1), label_smoothing)
   targets, weights, mix = batch[family.targets], family.weights(batch), mixed_targets(batch)
