@@ -11,13 +11,12 @@ parameters, a prompt of --prompt_len tokens and enough new ones to fill --contex
 and prints XLA's temporary and total bytes and the copies and transposes in the compiled HLO
 whose shape is one layer's key or value cache (dimensions of size 1 aside), inside the loop (paid
 at every step) and outside it. The TPU and GPU targets compile on compile-only devices
-(`pip install -e '.[compile]'`); 'cpu' is this machine's XLA. The models build 'folded' on every
-platform; this binds each layout in turn.
+(`pip install -e '.[compile]'`); 'cpu' is this machine's XLA. The models build the layout of their
+attention kernel (`kernels.cache.layout_for`); this binds each layout in turn.
 Measured figures: the docstring of transformer_jax/kernels/cache.py.
 """
 import collections
 import contextlib
-import functools
 import pathlib
 import re
 from unittest import mock
@@ -27,8 +26,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_jax import config_lib, decode, kernels, layers, models, targets
-from transformer_jax.models import common
+from transformer_jax import config_lib, decode, kernels, models, targets
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 _TARGETS = flags.DEFINE_list('targets', ['cpu', 'v5e:1x1', 'h100x1'],
@@ -54,8 +52,7 @@ def cache_layout(layout: str):
   """Our models built inside keep their caches in `layout`. Their configs do not say so, so the
   traces jax caches by config are dropped on the way in and out."""
   jax.clear_caches()
-  with mock.patch.object(common, 'Attention',
-                         functools.partial(layers.Attention, cache_layout=layout)):
+  with mock.patch.object(kernels.cache, 'layout_for', lambda kernel: layout):
     yield
   jax.clear_caches()
 

@@ -250,9 +250,11 @@ def test_the_window_cache_is_a_ring_of_window_slots_as_the_accounting_says(case)
     carry = while_loop_carry(lambda p, window=window: decode.generate(
         model, p, PROMPTS, max_new_tokens=WINDOW_NEW_TOKENS, window=window).tokens, params)
     cache = [a for a in carry if a.ndim >= 3]  # the rest: step, token, done, tokens
-    expected = jax.tree.leaves(decode.init_cache(model, batch, slots))
-    assert sorted(a.shape for a in cache) == sorted(leaf.shape for leaf in expected)
-    assert all(a.shape[-2] == slots for a in cache), window
+    expected = jax.tree.leaves_with_path(decode.init_cache(model, batch, slots))
+    assert sorted(a.shape for a in cache) == sorted(leaf.shape for _, leaf in expected)
+    layout = kernels.cache.layout_for(model.cfg.attention_kernel)
+    assert all(leaf.shape[kernels.cache.slot_axis(layout, 'cached_key' in jax.tree_util.keystr(
+        path))] == slots for path, leaf in expected), window
     assert sum(a.size * a.dtype.itemsize for a in cache) == accounting.kv_cache_bytes(
         model.cfg, fed, batch, window=window)
 
@@ -383,17 +385,25 @@ def test_eos_stops_a_row_and_pads_the_rest():
 def test_cache_holds_kv_heads_and_matches_the_accounting(case):
   cfg = tiny(**CASES[case])
   batch, slots, source = 3, 10, 6
-  cache = decode.init_cache(models.build(cfg), batch, slots, source)
+  model = models.build(cfg)
+  cache = decode.init_cache(model, batch, slots, source)
+  # On this CPU the keys are kept transposed (kernels.cache.layout_for).
+  transposed = kernels.cache.layout_for(model.cfg.attention_kernel) == 'keys_transposed'
+  for path, leaf in jax.tree.leaves_with_path(cache):
+    shapes = [(batch * cfg.kv_heads, n, cfg.head_dim) for n in (slots, source)]
+    if transposed and 'cached_key' in jax.tree_util.keystr(path):
+      shapes = [(rows, width, n) for rows, n, width in shapes]
+    assert leaf.shape[-3:] in shapes, (path, leaf.shape)
   leaves = jax.tree.leaves(cache)
-  assert all(leaf.shape[-3:] in ((batch * cfg.kv_heads, slots, cfg.head_dim),
-                                 (batch * cfg.kv_heads, source, cfg.head_dim)) for leaf in leaves)
   assert sum(leaf.nbytes for leaf in leaves) == accounting.kv_cache_bytes(
       cfg, slots, batch, source_len=source)
 
 
 # Keys and values (B, S, kv_heads, head_dim) in each layout of kernels.cache.
-IN_LAYOUT = {'folded': lambda x: jnp.swapaxes(x, 1, 2).reshape(-1, x.shape[1], x.shape[3]),
-             'heads_first': lambda x: jnp.swapaxes(x, 1, 2), 'slots_first': lambda x: x}
+_FOLDED = lambda x: jnp.swapaxes(x, 1, 2).reshape(-1, x.shape[1], x.shape[3])
+IN_LAYOUT = {'folded': _FOLDED, 'heads_first': lambda x: jnp.swapaxes(x, 1, 2),
+             'slots_first': lambda x: x, 'keys_transposed': _FOLDED}
+KEYS_IN_LAYOUT = {**IN_LAYOUT, 'keys_transposed': lambda x: jnp.swapaxes(_FOLDED(x), 1, 2)}
 
 
 @pytest.mark.parametrize('layout', kernels.cache.LAYOUTS)
@@ -402,10 +412,9 @@ def test_cached_attention_over_each_cache_layout_matches_the_reference(layout):
   # With and without an additive bias (T5's relative positions), per head.
   @jax.jit
   def both(q, k, v, mask, bias):
-    stored = IN_LAYOUT[layout]
     return (kernels.reference.attention(q, k, v, mask, scale=8 ** -0.5, bias=bias),
-            kernels.cache.attention(q, stored(k), stored(v), mask, scale=8 ** -0.5, bias=bias,
-                                    layout=layout))
+            kernels.cache.attention(q, KEYS_IN_LAYOUT[layout](k), IN_LAYOUT[layout](v), mask,
+                                    scale=8 ** -0.5, bias=bias, layout=layout))
 
   noise = np.random.default_rng(0)
   q = noise.standard_normal((2, 3, 4, 8), np.float32)

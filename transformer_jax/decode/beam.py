@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from transformer_jax.decode.cache import (cache_slots, cached_forward, checked_lengths,
                                           encoder_outputs, end_aligned, init_cache, prefill)
-from transformer_jax.decode.samplers import limited, log_probabilities
+from transformer_jax.decode.samplers import limited, log_probabilities_of
 
 __all__ = ['beam_search', 'Beams', 'length_penalty_of']
 
@@ -90,12 +90,17 @@ def _extend(state: _Search, logits, rows_of, token_limit, eos_id, length_penalty
   reordered by rows_of(cache, rows) to follow the live ones (their tokens are fed next)."""
   live, finished = state.live, state.finished
   batch, k, n = live.tokens.shape
-  log_probs = log_probabilities(limited(logits.astype(jnp.float32), token_limit))
-  log_probs = log_probs.reshape(batch, k, -1) + live.log_probs[..., None]
-  vocab = log_probs.shape[-1]
-  # 2K candidates always hold K that do not end, however many of them end in EOS.
-  top, index = jax.lax.top_k(log_probs.reshape(batch, -1), 2 * k)
-  parent, token = index // vocab, index % vocab
+  logits = limited(logits.astype(jnp.float32), token_limit)
+  # 2K candidates always hold K that do not end, however many of them end in EOS. A prompt's 2K
+  # best extensions are among its beams' 2K best tokens each: a top-k of each beam's logits, then
+  # of those K * 2K, rather than one over K * V log-probabilities (Whisper's 51,865 ids at beam
+  # 5: 4.4 against 5.8 ms a step on 2 cores), and the log-softmax on those alone.
+  per_beam = min(2 * k, logits.shape[-1])
+  beam_top, beam_token = jax.lax.top_k(logits, per_beam)
+  log_probs = log_probabilities_of(beam_top, logits).reshape(batch, k, per_beam)
+  top, index = jax.lax.top_k((log_probs + live.log_probs[..., None]).reshape(batch, -1), 2 * k)
+  parent = index // per_beam
+  token = jnp.take_along_axis(beam_token.reshape(batch, -1), index, axis=1)
   at_step = (jnp.arange(n) == state.step)[None, None, :]
   tokens = jnp.where(at_step, token[..., None],
                      jnp.take_along_axis(live.tokens, parent[..., None], axis=1))

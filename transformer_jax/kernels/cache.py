@@ -1,28 +1,44 @@
 """Attention of new queries over a KV cache, in the layout `layers.Attention` keeps it in.
 
-Layouts (`LAYOUTS`), of keys and values alike:
-  'folded'       (B * kv_heads, S, head_dim): one leading axis, so that the in-place update of
-                 a decoding step and both products read the cache as it is stored.
-  'heads_first'  (B, kv_heads, S, head_dim).
-  'slots_first'  (B, S, kv_heads, head_dim): the keys' own layout as the projection makes them.
-Every platform's models keep 'folded': it is already what each wants. The decoding loop of
-GPT-2 small (bfloat16, 1024 slots, batch 8), compiled by experiments/decode_layout.py, copies or
-transposes no whole layer's cache at any step on v5e:1x1 or h100x1 in any layout, and 'folded'
-needs the least memory: XLA's temporary bytes 789 MiB on v5e:1x1 against 1306 for both others
-(3621 against 3688 at batch 32), 456 MiB on h100x1 against 456 and 471 (1412 against 1423 and
-1461). On XLA:CPU in float32 (its 'auto' dtype) 'slots_first' copies and transposes each
-layer's keys and values at every step and the two others nothing (temporary 601 MiB both); in
-bfloat16 on XLA:CPU 'folded' copies each layer's cache once a step (beside the float32 conversion
-every layout makes of it for XLA:CPU's products), 'heads_first' not.
+Layouts (`LAYOUTS`), of keys and values alike unless said:
+  'folded'           (B * kv_heads, S, head_dim): one leading axis, so that the in-place update
+                     of a decoding step and both products read the cache as it is stored.
+  'heads_first'      (B, kv_heads, S, head_dim).
+  'slots_first'      (B, S, kv_heads, head_dim): the keys' own layout as the projection makes
+                     them.
+  'keys_transposed'  'folded' with the keys transposed, (B * kv_heads, head_dim, S): the
+                     queries' product with the keys then reads them as a plain matrix product
+                     reads its right operand.
+Each model keeps the layout of its attention kernel's platform (`layout_for`): 'keys_transposed'
+with the 'cpu' kernel, 'folded' elsewhere. The decoding loop of GPT-2 small (bfloat16, 1024
+slots, batch 8), compiled by experiments/decode_layout.py, copies or transposes no whole layer's
+cache at any step on v5e:1x1 or h100x1 in the first three layouts, and 'folded' needs the least
+memory: XLA's temporary bytes 789 MiB on v5e:1x1 against 1306 for both others (3621 against 3688
+at batch 32), 456 MiB on h100x1 against 456 and 471 (1412 against 1423 and 1461). On XLA:CPU in
+float32 (its 'auto' dtype) 'slots_first' copies and transposes each layer's keys and values at
+every step, the others nothing; but XLA:CPU's product of a step's few queries with keys stored
+(S, head_dim) rearranges the keys for its kernel at every step, where (head_dim, S) it reads
+them as they are: Whisper's cross-attention of 8 windows' 5 beams over 1,500 frames (48 heads of
+(5, 64) queries) took 3.09 ms a layer and step 'folded', 1.42 'keys_transposed' (torch's
+scaled_dot_product_attention 1.21 ms), and whisper-tiny's beam search over 8 windows 7.25 ->
+6.85 s. In bfloat16 on XLA:CPU 'folded' copies each layer's cache once a step (beside the
+float32 conversion every layout makes of it for XLA:CPU's products), 'heads_first' not.
 """
 import jax
 import jax.numpy as jnp
 
 from transformer_jax.kernels import masks
 
-__all__ = ['LAYOUTS', 'attention', 'check_layout', 'slot_axis', 'stored', 'write']
+__all__ = ['LAYOUTS', 'attention', 'check_layout', 'layout_for', 'slot_axis', 'stored', 'write']
 
-LAYOUTS = ('folded', 'heads_first', 'slots_first')
+LAYOUTS = ('folded', 'heads_first', 'slots_first', 'keys_transposed')
+# The layout each attention kernel's platform reads fastest (above); 'folded' for the others.
+_KERNEL_LAYOUTS = {'cpu': 'keys_transposed'}
+
+
+def layout_for(kernel) -> str:
+  """The cache layout of a model whose attention kernel is `kernel` (a name or a function)."""
+  return _KERNEL_LAYOUTS.get(kernel, 'folded') if isinstance(kernel, str) else 'folded'
 
 
 def check_layout(layout: str) -> None:
@@ -30,25 +46,30 @@ def check_layout(layout: str) -> None:
     raise ValueError(f'cache_layout={layout!r} is not a KV-cache layout: choose one of {LAYOUTS}.')
 
 
-def slot_axis(layout: str) -> int:
-  """The axis of the cache slots, counted from the end (a scanned stack adds a leading one)."""
+def slot_axis(layout: str, keys: bool = False) -> int:
+  """The axis of the cache slots of the keys (`keys`) or values, counted from the end (a
+  scanned stack adds a leading one)."""
+  if keys and layout == 'keys_transposed':
+    return -1
   return -3 if layout == 'slots_first' else -2
 
 
-def stored(x: jax.Array, layout: str) -> jax.Array:
-  """New keys or values (B, T, kv_heads, head_dim) in `layout`."""
+def stored(x: jax.Array, layout: str, keys: bool = False) -> jax.Array:
+  """New keys (`keys`) or values (B, T, kv_heads, head_dim) in `layout`."""
   if layout == 'slots_first':
     return x
   heads_first = jnp.swapaxes(x, 1, 2)
   if layout == 'heads_first':
     return heads_first
-  return heads_first.reshape(-1, x.shape[1], x.shape[3])
+  folded = heads_first.reshape(-1, x.shape[1], x.shape[3])
+  return jnp.swapaxes(folded, 1, 2) if keys and layout == 'keys_transposed' else folded
 
 
-def write(cache: jax.Array, new: jax.Array, index, layout: str) -> jax.Array:
+def write(cache: jax.Array, new: jax.Array, index, layout: str, keys: bool = False
+          ) -> jax.Array:
   """`cache` with `new` (as `stored` makes it) written in at slots index.. ."""
   start = [0] * cache.ndim
-  start[cache.ndim + slot_axis(layout)] = index
+  start[cache.ndim + slot_axis(layout, keys)] = index
   return jax.lax.dynamic_update_slice(cache, new.astype(cache.dtype), start)
 
 
@@ -56,8 +77,8 @@ def attention(q, k, v, mask=None, *, scale, bias=None, layout: str = 'folded'):
   """q (B, T, heads, head_dim) over cached keys and values in `layout`; mask boolean and bias
   float, each broadcastable to (B, heads, T, S), or None (the bias is added to the scaled
   logits). Softmax in float32; returns (B, T, heads, head_dim)."""
-  if layout == 'folded':
-    return _folded(q, k, v, mask, scale, bias)
+  if layout in ('folded', 'keys_transposed'):
+    return _folded(q, k, v, mask, scale, bias, layout == 'keys_transposed')
   b, t, h, d = q.shape
   kv_heads = k.shape[2 if layout == 'slots_first' else 1]
   kv = 'skd' if layout == 'slots_first' else 'ksd'
@@ -78,11 +99,12 @@ def _masked(logits, mask, bias, kv_heads):
   return logits
 
 
-def _folded(q, k, v, mask, scale, bias):
+def _folded(q, k, v, mask, scale, bias, keys_transposed):
   b, t, h, d = q.shape
   kv_heads = k.shape[0] // b
   q = jnp.swapaxes(q, 1, 2).reshape(b * kv_heads, h // kv_heads * t, d)
-  logits = jnp.einsum('nqd,nsd->nqs', q, k, preferred_element_type=jnp.float32) * scale
+  logits = jnp.einsum('nqd,nds->nqs' if keys_transposed else 'nqd,nsd->nqs', q, k,
+                      preferred_element_type=jnp.float32) * scale
   if mask is not None or bias is not None:
     grouped = logits.reshape(b, kv_heads, h // kv_heads, t, -1)
     logits = _masked(grouped, mask, bias, kv_heads).reshape(logits.shape)

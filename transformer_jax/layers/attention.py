@@ -216,7 +216,7 @@ class Attention(nn.Module):
     scale = self.head_dim ** -0.5 if self.scale_logits else 1.0
     if cache_index is not None:
       k, v = self._cached(k, v, cache_index)
-      slots = k.shape[kernels.cache.slot_axis(self.cache_layout)]
+      slots = k.shape[kernels.cache.slot_axis(self.cache_layout, keys=True)]
       queries, visible, added = _side_by_side(q, kernels.masks.dense(mask, q.shape[1], slots),
                                               bias, self._rows_sharing_a_cache_row(q, k))
       out = kernels.cache.attention(queries, k, v, visible, scale=scale, bias=added,
@@ -243,7 +243,8 @@ class Attention(nn.Module):
   def _rows_sharing_a_cache_row(self, q, k) -> int:
     """How many consecutive query rows read each row of the cache: 1, or beam search's beams
     of one source over its cross-attention keys and values, stored once."""
-    rows = k.shape[0] // (self.kv_heads if self.cache_layout == 'folded' else 1)
+    folded = self.cache_layout in ('folded', 'keys_transposed')
+    rows = k.shape[0] // (self.kv_heads if folded else 1)
     if q.shape[0] % rows:
       raise ValueError(f'{q.shape[0]} query rows over a cache of {rows} rows: each cache row '
                        'serves the same number of consecutive query rows.')
@@ -256,12 +257,12 @@ class Attention(nn.Module):
         raise ValueError('Cross-attention has no encoder outputs and no cached keys: run the '
                          'prefill with the encoder outputs first.')
       return self.get_variable('cache', 'cached_key'), self.get_variable('cache', 'cached_value')
-    k, v = (kernels.cache.stored(x, self.cache_layout) for x in (k, v))
+    k, v = (kernels.cache.stored(x, self.cache_layout, keys) for x, keys in ((k, True), (v, False)))
     key = self.variable('cache', 'cached_key', jnp.zeros, k.shape, k.dtype)
     value = self.variable('cache', 'cached_value', jnp.zeros, v.shape, v.dtype)
     if self.is_cross:
       key.value, value.value = k, v
     else:
-      key.value = kernels.cache.write(key.value, k, cache_index, self.cache_layout)
+      key.value = kernels.cache.write(key.value, k, cache_index, self.cache_layout, keys=True)
       value.value = kernels.cache.write(value.value, v, cache_index, self.cache_layout)
     return key.value, value.value

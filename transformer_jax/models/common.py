@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax.errors import ConfigError
-from transformer_jax.kernels import masks
+from transformer_jax.kernels import cache as kv_cache, masks
 from transformer_jax.layers import embeddings
 from transformer_jax.layers.mlp import GATED
 from transformer_jax.layers import (MLP, Attention, Block, BlockStack, LayerNorm, Linear, RMSNorm,
@@ -68,7 +68,8 @@ def attention(cfg: ModelConfig, cross: bool = False, out_init_gain: float = 1.0
       Attention, num_heads=cfg.num_heads, head_dim=cfg.head_dim, num_kv_heads=cfg.kv_heads,
       rope_base=cfg.rope_base if cfg.positions == 'rope' and not cross else None,
       use_bias=cfg.use_bias, key_bias=cfg.key_bias, is_cross=cross, kernel=cfg.attention_kernel,
-      init_std=cfg.init_std, initializer=cfg.init, out_init_gain=out_init_gain,
+      cache_layout=kv_cache.layout_for(cfg.attention_kernel), init_std=cfg.init_std,
+      initializer=cfg.init, out_init_gain=out_init_gain,
       scale_logits=cfg.scale_attention, dropout_rate=cfg.attention_dropout_rate,
       dtype=cfg.compute_dtype,
       param_dtype=cfg.weight_dtype)
