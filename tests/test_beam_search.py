@@ -118,6 +118,42 @@ def test_a_large_beam_finds_what_an_exhaustive_search_finds(case, alpha):
       assert not beams.tokens[row, k, beams.lengths[row, k]:].any()
 
 
+def test_a_step_extends_the_beams_by_the_best_of_all_k_times_v_log_probabilities():
+  """A step ranks each beam's 2K best tokens, then the best 2K of those: the same candidates, in
+  the same order, as one ranking of every beam's every token (K x V), here with a vocabulary
+  far larger than 2K, a beam giving more than K of the candidates and some of them ending in
+  EOS."""
+  from transformer_jax.decode import beam  # pylint: disable=g-import-not-at-top
+  batch, k, vocab, eos = 3, 4, 50, 7
+  noise = np.random.default_rng(0)
+  logits = (3 * noise.standard_normal((batch * k, vocab))).astype(np.float32)
+  logits[:, eos] += 8  # each beam's best token ends it
+  # Two beams far ahead of the others: all 2K candidates come from them, most from the first.
+  live_log_probs = np.array([[0.0, -0.5, -30.0, -31.0]] * batch, np.float32)
+  empty = decode.Beams(tokens=jnp.zeros((batch, k, 6), jnp.int32),
+                       lengths=jnp.zeros((batch, k), jnp.int32),
+                       log_probs=jnp.asarray(live_log_probs), scores=jnp.full((batch, k), -jnp.inf))
+  state = beam._Search(step=jnp.int32(2), token=jnp.zeros(batch * k, jnp.int32), live=empty,
+                       finished=empty.replace(log_probs=jnp.full((batch, k), -jnp.inf)),
+                       cache=jnp.arange(batch * k))
+  step = beam._extend(state, jnp.asarray(logits), lambda cache, rows: cache[rows], None,
+                      jnp.int32(eos), 0.6)
+
+  log_probs = logits - jax.scipy.special.logsumexp(logits, axis=1, keepdims=True)
+  every = (log_probs.reshape(batch, k, vocab) + live_log_probs[..., None]).reshape(batch, -1)
+  for row in range(batch):
+    best = np.argsort(-every[row], kind='stable')[:2 * k]
+    parents, tokens = best // vocab, best % vocab
+    assert np.bincount(parents).max() > k  # more than K of the 2K from one beam
+    live = [i for i in range(2 * k) if tokens[i] != eos][:k]
+    np.testing.assert_allclose(step.live.log_probs[row], every[row, best[live]], rtol=1e-6)
+    np.testing.assert_array_equal(step.token.reshape(batch, k)[row], tokens[live])
+    np.testing.assert_array_equal(step.cache.reshape(batch, k)[row], row * k + parents[live])
+    ended = every[row, best[tokens == eos]]
+    assert len(ended) >= 1
+    np.testing.assert_allclose(step.finished.log_probs[row, :len(ended)], ended, rtol=1e-6)
+
+
 def test_early_stopping_keeps_the_best_beams():
   """With EOS likely the search ends before max_new_tokens; a longer limit changes nothing."""
   model, params = build('gpt2', vocab_size=VOCAB, seed=3)

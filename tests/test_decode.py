@@ -399,6 +399,19 @@ def test_cache_holds_kv_heads_and_matches_the_accounting(case):
       cfg, slots, batch, source_len=source)
 
 
+def test_the_keys_are_kept_transposed_for_the_cpu_kernel_alone():
+  """A model built for XLA:CPU (the 'cpu' kernel) keeps its keys (B * kv_heads, head_dim, S), where
+  XLA:CPU multiplies the queries by them fastest; for a TPU or GPU (B * kv_heads, S, head_dim)."""
+  cfg = tiny(**CASES['llama-gqa-scanned'])
+  rows, slots = 3 * cfg.kv_heads, 10
+  for platform, keys in (('cpu', (rows, cfg.head_dim, slots)), ('tpu', (rows, slots, cfg.head_dim)),
+                         ('gpu', (rows, slots, cfg.head_dim))):
+    cache = decode.init_cache(models.build(cfg, platform), 3, slots)
+    for path, leaf in jax.tree.leaves_with_path(cache):
+      is_key = 'cached_key' in jax.tree_util.keystr(path)
+      assert leaf.shape[-3:] == (keys if is_key else (rows, slots, cfg.head_dim)), (platform, path)
+
+
 # Keys and values (B, S, kv_heads, head_dim) in each layout of kernels.cache.
 _FOLDED = lambda x: jnp.swapaxes(x, 1, 2).reshape(-1, x.shape[1], x.shape[3])
 IN_LAYOUT = {'folded': _FOLDED, 'heads_first': lambda x: jnp.swapaxes(x, 1, 2),
