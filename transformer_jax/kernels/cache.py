@@ -30,9 +30,11 @@ import jax.numpy as jnp
 
 from transformer_jax.kernels import masks
 
-__all__ = ['LAYOUTS', 'attention', 'check_layout', 'layout_for', 'slot_axis', 'stored', 'write']
+__all__ = ['FOLDED', 'LAYOUTS', 'attention', 'check_layout', 'layout_for', 'slot_axis', 'stored',
+           'write']
 
 LAYOUTS = ('folded', 'heads_first', 'slots_first', 'keys_transposed')
+FOLDED = ('folded', 'keys_transposed')  # the layouts with one leading axis of B * kv_heads
 # The layout each attention kernel's platform reads fastest (above); 'folded' for the others.
 _KERNEL_LAYOUTS = {'cpu': 'keys_transposed'}
 
@@ -78,7 +80,7 @@ def attention(q, k, v, mask=None, *, scale, bias=None, layout: str = 'folded'):
   """q (B, T, heads, head_dim) over cached keys and values in `layout`; mask boolean and bias
   float, each broadcastable to (B, heads, T, S), or None (the bias is added to the scaled
   logits). Softmax in float32; returns (B, T, heads, head_dim)."""
-  if layout in ('folded', 'keys_transposed'):
+  if layout in FOLDED:
     return _folded(q, k, v, mask, scale, bias, layout == 'keys_transposed')
   b, t, h, d = q.shape
   kv_heads = k.shape[2 if layout == 'slots_first' else 1]

@@ -134,7 +134,8 @@ class Attention(nn.Module):
   call is traced, before anything compiles), while deterministic calls run any kernel.
 
   With `cache_index` set, the 'cache' collection holds the keys and values in `cache_layout`
-  (`kernels.cache.LAYOUTS`; 'folded', every platform's, is (B * num_kv_heads, S, head_dim)):
+  (`kernels.cache.LAYOUTS`; 'folded' is (B * num_kv_heads, S, head_dim); our models take their
+  kernel's, `kernels.cache.layout_for`: on XLA:CPU 'keys_transposed', its keys (..., head_dim, S)):
   self-attention writes its new ones at slots cache_index.. and attends over all S slots (the
   caller's mask hides slots not yet written; a sliding-window cache is a ring of S slots that
   the caller indexes modulo S, see `causal_mask`); cross-attention stores them when given
@@ -243,8 +244,7 @@ class Attention(nn.Module):
   def _rows_sharing_a_cache_row(self, q, k) -> int:
     """How many consecutive query rows read each row of the cache: 1, or beam search's beams
     of one source over its cross-attention keys and values, stored once."""
-    folded = self.cache_layout in ('folded', 'keys_transposed')
-    rows = k.shape[0] // (self.kv_heads if folded else 1)
+    rows = k.shape[0] // (self.kv_heads if self.cache_layout in kernels.cache.FOLDED else 1)
     if q.shape[0] % rows:
       raise ValueError(f'{q.shape[0]} query rows over a cache of {rows} rows: each cache row '
                        'serves the same number of consecutive query rows.')
