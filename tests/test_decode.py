@@ -241,6 +241,11 @@ def while_loop_carry(fn, *args):
   return find(jax.make_jaxpr(fn)(*args).jaxpr)
 
 
+def is_key(path) -> bool:
+  """Whether a cache leaf's tree path is an attention layer's keys (not its values)."""
+  return 'cached_key' in jax.tree_util.keystr(path)
+
+
 @pytest.mark.parametrize('case', ['llama-gqa-scanned', 'llama-mqa'])
 def test_the_window_cache_is_a_ring_of_window_slots_as_the_accounting_says(case):
   model, params = build(case)
@@ -253,8 +258,8 @@ def test_the_window_cache_is_a_ring_of_window_slots_as_the_accounting_says(case)
     expected = jax.tree.leaves_with_path(decode.init_cache(model, batch, slots))
     assert sorted(a.shape for a in cache) == sorted(leaf.shape for _, leaf in expected)
     layout = kernels.cache.layout_for(model.cfg.attention_kernel)
-    assert all(leaf.shape[kernels.cache.slot_axis(layout, 'cached_key' in jax.tree_util.keystr(
-        path))] == slots for path, leaf in expected), window
+    assert all(leaf.shape[kernels.cache.slot_axis(layout, is_key(path))] == slots
+               for path, leaf in expected), window
     assert sum(a.size * a.dtype.itemsize for a in cache) == accounting.kv_cache_bytes(
         model.cfg, fed, batch, window=window)
 
@@ -391,7 +396,7 @@ def test_cache_holds_kv_heads_and_matches_the_accounting(case):
   transposed = kernels.cache.layout_for(model.cfg.attention_kernel) == 'keys_transposed'
   for path, leaf in jax.tree.leaves_with_path(cache):
     shapes = [(batch * cfg.kv_heads, n, cfg.head_dim) for n in (slots, source)]
-    if transposed and 'cached_key' in jax.tree_util.keystr(path):
+    if transposed and is_key(path):
       shapes = [(rows, width, n) for rows, n, width in shapes]
     assert leaf.shape[-3:] in shapes, (path, leaf.shape)
   leaves = jax.tree.leaves(cache)
@@ -408,8 +413,8 @@ def test_the_keys_are_kept_transposed_for_the_cpu_kernel_alone():
                          ('gpu', (rows, slots, cfg.head_dim))):
     cache = decode.init_cache(models.build(cfg, platform), 3, slots)
     for path, leaf in jax.tree.leaves_with_path(cache):
-      is_key = 'cached_key' in jax.tree_util.keystr(path)
-      assert leaf.shape[-3:] == (keys if is_key else (rows, slots, cfg.head_dim)), (platform, path)
+      expected = keys if is_key(path) else (rows, slots, cfg.head_dim)
+      assert leaf.shape[-3:] == expected, (platform, path)
 
 
 # Keys and values (B, S, kv_heads, head_dim) in each layout of kernels.cache.
