@@ -11,8 +11,10 @@ Rows (random weights, float32, the CPU; torch on --torch_threads threads, CTrans
   5, batches 1 and 8: ours (decode.generate / decode.beam_search, the library functions
   --mode=sample calls) against transformers' generate, openai-whisper's decode and
   faster-whisper's engine (CTranslate2's Whisper, converted offline from the same checkpoint,
-  float32 and int8). Seconds per window and the real-time factor (seconds of compute per second
-  of audio). Every side reads the same log-Mel features: the front end is not timed.
+  float32 and int8), and ours with int8 weights and activations (quantization.int8_params, what
+  --config.sample.int8 runs) beside them. Seconds per window and the real-time factor (seconds
+  of compute per second of audio). Every side reads the same log-Mel features: the front end is
+  not timed.
 - t5: T5 1.1 small, inputs of 128 tokens, --t5_new_tokens new tokens (EOS suppressed), greedy
   and beam 4, batches 1 and 32, against transformers' generate.
 - dit: DiT-S/2 (learned sigma) on 32x32x4 latents, a batch of --dit_batch images, DDIM-50 and
@@ -49,7 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import convert, decode, diffusion, models
+from transformer_jax import convert, decode, diffusion, models, quantization
 from transformer_jax.models import dit
 from transformer_jax.train import cpu_runtime, metrics
 
@@ -107,17 +109,21 @@ def measure(row: Row, repeats: int) -> dict:
   out = dict(system=row.system, row=row.name, unit=row.unit, units=row.units, check=check,
              sides={})
   ours = statistics.median(seconds['ours'])
+  ours_int8 = statistics.median(seconds['ours int8']) if 'ours int8' in seconds else None
   for side, times in seconds.items():
     median = statistics.median(times)
     per_unit = median / row.units
     entry = dict(seconds=median, all_seconds=times, per_unit_s=per_unit,
                  units_per_s=row.units / median, ours_speedup=median / ours,
                  load=os.getloadavg()[0])
+    if ours_int8:
+      entry['ours_int8_speedup'] = median / ours_int8
     rate = f'{per_unit:8.4f} s per {row.unit}, {row.units / median:9.2f} {row.unit}s/s'
     if row.seconds_of_audio:
       entry['real_time_factor'] = per_unit / row.seconds_of_audio
       rate += f', RTF {entry["real_time_factor"]:.4f}'
-    print(f'    {side:<22} {median:8.3f} s  {rate}  ours {entry["ours_speedup"]:5.2f}x  '
+    int8 = f'  ours int8 {entry["ours_int8_speedup"]:5.2f}x' if ours_int8 else ''
+    print(f'    {side:<22} {median:8.3f} s  {rate}  ours {entry["ours_speedup"]:5.2f}x{int8}  '
           f'({load_average()})', flush=True)
     out['sides'][side] = entry
   return out
@@ -181,6 +187,7 @@ def whisper_rows(directory: str, size: str, batches: list[int], new_tokens: int)
   import system_peers as peers
   hf = peers.whisper_checkpoint(size, f'{directory}/hf')
   model, params = ours_model(f'{directory}/hf')
+  int8_params = jax.device_put(quantization.int8_params(model.cfg, params))
   config = hf.config
   frames, window = 2 * config.max_source_positions, 2 * config.max_source_positions / 100
   features = np.random.default_rng(0).uniform(
@@ -196,25 +203,27 @@ def whisper_rows(directory: str, size: str, batches: list[int], new_tokens: int)
     for batch in batches:
       rows.append(Row('whisper', f'whisper-{size}, {"greedy" if beams == 1 else "beam 5"}, '
                       f'batch {batch}', 'window', batch,
-                      whisper_sides(model, params, hf, openai, engines, features[:batch], beams,
-                                    new_tokens, torch),
+                      whisper_sides(model, params, int8_params, hf, openai, engines,
+                                    features[:batch], beams, new_tokens, torch),
                       token_check(new_tokens, beams == 1), seconds_of_audio=window))
   return rows
 
 
-def whisper_sides(model, params, hf, openai, engines, features, beams: int, new_tokens: int,
-                  torch) -> dict:
+def whisper_sides(model, params, int8_params, hf, openai, engines, features, beams: int,
+                  new_tokens: int, torch) -> dict:
   import system_peers as peers
   batch = features.shape[0]
   prompt = np.array([peers.WHISPER_PROMPT] * batch, np.int32)
   inputs = jnp.asarray(features)
   if beams == 1:
-    ours = lambda: decode.generate(model, params, prompt, inputs=inputs,
-                                   max_new_tokens=new_tokens).tokens
+    ours = lambda params: decode.generate(model, params, prompt, inputs=inputs,
+                                          max_new_tokens=new_tokens).tokens
   else:
-    ours = lambda: decode.beam_search(model, params, prompt, inputs=inputs, beam_size=beams,
-                                      max_new_tokens=new_tokens).tokens[:, 0]
-  sides = {'ours': lambda: jax.device_get(ours())}
+    ours = lambda params: decode.beam_search(model, params, prompt, inputs=inputs,
+                                             beam_size=beams,
+                                             max_new_tokens=new_tokens).tokens[:, 0]
+  sides = {'ours': lambda: jax.device_get(ours(params)),
+           'ours int8': lambda: jax.device_get(ours(int8_params))}
   mel = torch.from_numpy(features.transpose(0, 2, 1).copy())
 
   @torch.inference_mode()

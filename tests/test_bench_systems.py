@@ -113,9 +113,10 @@ def test_every_inference_row_does_the_same_work_on_every_side(tmp_path):
   rows = quick('bench_inference', tmp_path)['rows']
   assert {row['system'] for row in rows} == set(SYSTEMS)
   whisper = [row for row in rows if row['system'] == 'whisper']
-  assert len(whisper) == 4 and all(len(row['sides']) == 5 for row in whisper)
+  assert len(whisper) == 4 and all(len(row['sides']) == 6 for row in whisper)
+  assert all(side['ours_int8_speedup'] > 0 for row in whisper for side in row['sides'].values())
   for row in whisper + [row for row in rows if row['system'] == 't5']:
     if 'greedy' in row['row']:
-      peers = [side for side in row['sides'] if side not in ('ours', 'faster-whisper int8')]
+      peers = [side for side in row['sides'] if 'int8' not in side and side != 'ours']
       assert all(f'{side} identical' in row['check'] for side in peers), row['check']
   assert all(side['seconds'] > 0 for row in rows for side in row['sides'].values())

@@ -16,7 +16,7 @@ LAYERING = (
     ('settings',),
     ('model_config', 'lora', 'contrastive'),
     ('models',),
-    ('accounting', 'decode', 'data'),
+    ('accounting', 'decode', 'data', 'quantization'),
     ('convert',),  # a checkpoint's image processor becomes data.preprocess specs
     ('config_lib',),
     ('image_scores',),

@@ -18,7 +18,7 @@ import train_helpers
 from helpers import ROOT, load_config, tiny
 from test_decode import NEW_TOKENS, TARGET_LENGTHS, TARGET_PROMPTS, uncached_greedy
 from transformer_jax import (accounting, aot, convert, data, decode, describe, layers, models,
-                             run, train)
+                             quantization, run, train)
 from transformer_jax.data import audio, speech
 from transformer_jax.errors import ConfigError, UserError
 from transformer_jax.models import whisper
@@ -376,6 +376,13 @@ def test_sample_mode_transcribes_an_audio_file_greedily_and_writes_nothing(tmp_p
                              max_new_tokens=6, inputs=features[None], eos_id=vocab.eos_id,
                              length_penalty=0.6)
   assert beamed == vocab.decode(beams.tokens[0, 0, :int(beams.lengths[0, 0])].tolist())
+  config.sample.update(beam_size=0, int8=True)
+  (quantized,) = run.run(config, str(workdir), 'sample')
+  int8 = quantization.int8_params(trained.model.cfg, params)
+  tokens = decode.generate(trained.model, int8, np.array([[vocab.bos_id]]), max_new_tokens=6,
+                           inputs=features[None], eos_id=vocab.eos_id).tokens[0].tolist()
+  assert quantized == vocab.decode(tokens)
+  config.sample.int8 = False
   (tmp_path / 'bad.wav').write_bytes(b'RIFF, but not audio')
   for path, message in ((tmp_path / 'bad.wav', 'cannot read the audio file'),
                         (tmp_path / 'absent.wav', 'no audio file at')):

@@ -13,7 +13,7 @@ import jax
 import ml_collections
 
 from transformer_jax import (aot, config_lib, convert, data, decode, describe, errors, models,
-                             targets, train)
+                             quantization, targets, train)
 from transformer_jax.train import checkpoint, setup
 
 __all__ = [
@@ -163,6 +163,7 @@ def sample(settings: train.RunSettings, workdir: str | None) -> list[str]:
     model = models.build(settings.model)
     params = convert.load_params(hf, settings.model)
     vocab, origin = None, hf
+  params = sampled_params(settings, params)
   if hf:  # the checkpoint's tokenizer.json, stopping where its config says
     vocab = data.tokenizer.HFTokenizer.from_file(hf, key='init_from_hf',
                                                  eos_id=convert.eos_token_id(hf))
@@ -209,6 +210,11 @@ def audio_inputs(settings: train.RunSettings):
   (inputs,) = data.speech.encoder_inputs([waveform], None, part.log_mel_on,
                                          cfg.num_mels).values()
   return inputs
+
+
+def sampled_params(settings: train.RunSettings, params):
+  """The parameters --mode=sample decodes text with: int8 where config.sample.int8 asks."""
+  return quantization.int8_params(settings.model, params) if settings.sample.int8 else params
 
 
 def transcribe(model, params, vocab, settings: train.RunSettings, audio, origin) -> list[str]:

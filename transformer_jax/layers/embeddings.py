@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.kernels.contraction import contract
+from transformer_jax.kernels.contraction import contract, int8_product
 from transformer_jax.layers.linear import INITS, xavier_uniform
 
 __all__ = [
@@ -28,7 +28,9 @@ class TextEmbed(nn.Module):
     logits = embed.apply(params, x, method='attend')  # the tied unembedding x E^T, float32
 
   Learned positions clip negative positions (the left padding of a decoding batch, never seen
-  by a real token) to row 0.
+  by a real token) to row 0. A token table of int8 rows with their 'tokens_scale'
+  (`quantization.int8_params`) is read as rows times scales, and its unembedding is the int8
+  product (`kernels.contraction.int8_product`).
   """
   vocab_size: int
   width: int
@@ -56,6 +58,8 @@ class TextEmbed(nn.Module):
         name, nn.with_logical_partitioning(nn.initializers.normal(self.init_std),
                                            (axis, 'embed')), (rows, self.width), self.param_dtype)
     self.tokens = table('tokens', self.vocab_size, 'vocab')
+    self.token_scales = (self.get_variable('params', 'tokens_scale')
+                         if self.has_variable('params', 'tokens_scale') else None)
     if self.positions == 'learned':
       self.position_table = table('positions', self.max_len, 'positions')
     if self.type_vocab_size:
@@ -65,6 +69,8 @@ class TextEmbed(nn.Module):
     """ids (B, T) int, positions (B, T) int, token_types (B, T) int or None (type 0) ->
     (B, T, width) in `dtype`."""
     x = jnp.take(self.tokens, ids, axis=0).astype(jnp.float32)
+    if self.token_scales is not None:
+      x = x * jnp.take(self.token_scales, ids, axis=0)[..., None]
     if self.scale:
       x = x * np.sqrt(self.width).astype(np.float32)
     if self.positions == 'learned':
@@ -78,6 +84,8 @@ class TextEmbed(nn.Module):
 
   def attend(self, x):
     """x (..., width) -> float32 logits (..., vocab_size): the tied unembedding x E^T."""
+    if self.token_scales is not None:
+      return int8_product(x, self.tokens, self.token_scales, 1)
     return contract(x.astype(self.dtype), self.tokens.astype(self.dtype).T, 1, jnp.float32)
 
 

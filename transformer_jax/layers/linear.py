@@ -6,7 +6,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.kernels.contraction import contract
+from transformer_jax.kernels.contraction import contract, contract_int8
 
 __all__ = ['INITS', 'kernel_init', 'Linear', 'xavier_uniform']
 
@@ -50,7 +50,9 @@ class Linear(nn.Module):
   `kernels.contraction`, which picks the platform's form of the product). `initializer` (INITS)
   draws it N(0, init_std) or Xavier-uniform over fan-in prod(in_shape) and fan-out
   prod(features) (`init_fan_out` where the kernel is a part of a wider matrix, such as the
-  queries of a fused query-key-value projection); biases start at zero.
+  queries of a fused query-key-value projection); biases start at zero. Parameters with an int8
+  kernel and its 'kernel_scale' (`quantization.int8_params`) run the int8 product
+  (`kernels.contraction.contract_int8`).
   """
   features: Sequence[int]
   in_axes: Sequence[str]
@@ -94,7 +96,11 @@ class Linear(nn.Module):
     kernel = self.param(
         'kernel', nn.with_logical_partitioning(draw, (*self.in_axes, *self.out_axes)),
         in_shape + features, self.param_dtype)
-    y = contract(x.astype(self.dtype), kernel.astype(self.dtype), num_in, self.out_dtype)
+    if self.has_variable('params', 'kernel_scale'):
+      y = contract_int8(x, kernel, self.get_variable('params', 'kernel_scale'), num_in,
+                        self.out_dtype or self.dtype)
+    else:
+      y = contract(x.astype(self.dtype), kernel.astype(self.dtype), num_in, self.out_dtype)
     if self.use_bias:
       bias = self.param('bias', nn.with_logical_partitioning(nn.initializers.zeros,
                                                               tuple(self.out_axes)),
