@@ -39,9 +39,10 @@ def test_int8_rows_put_each_rows_largest_magnitude_at_127():
   assert np.all(np.abs(np.asarray(q) * np.asarray(scale) - x) <= np.asarray(scale) / 2 + 1e-7)
 
 
+@pytest.mark.parametrize('rows', [1, 5])  # a single row is multiplied as two
 @pytest.mark.parametrize('weight_axis', [0, 1])
-def test_int8_product_is_the_integer_product_times_both_scales(weight_axis):
-  x = RNG.standard_normal((5, 24)).astype(np.float32)
+def test_int8_product_is_the_integer_product_times_both_scales(weight_axis, rows):
+  x = RNG.standard_normal((rows, 24)).astype(np.float32)
   weight = RNG.standard_normal((24, 7) if weight_axis == 0 else (7, 24)).astype(np.float32)
   q, scale = int8_rows(jnp.asarray(weight), (weight_axis,))
   got = int8_product(jnp.asarray(x), q, scale, weight_axis)
