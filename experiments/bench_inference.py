@@ -16,7 +16,9 @@ Rows (random weights, float32, the CPU; torch on --torch_threads threads, CTrans
   of compute per second of audio). Every side reads the same log-Mel features: the front end is
   not timed.
 - t5: T5 1.1 small, inputs of 128 tokens, --t5_new_tokens new tokens (EOS suppressed), greedy
-  and beam 4, batches 1 and 32, against transformers' generate.
+  and beam 4, batches 1 and 32, against transformers' generate; ours int8 beside transformers'
+  model with PyTorch's dynamic int8 quantization of its linear layers (quantize_dynamic, the
+  same scheme: int8 weights, activations quantized as they come).
 - dit: DiT-S/2 (learned sigma) on 32x32x4 latents, a batch of --dit_batch images, DDIM-50 and
   DDPM-250 (--dit_steps), guidance 1 and 4: ours (models.dit.generate, jitted) against diffusers'
   DiTPipeline's loop over the same transformer (DiTTransformer2DModel) and scheduler
@@ -44,6 +46,7 @@ import pathlib
 import statistics
 import tempfile
 import time
+import warnings
 from typing import Callable
 
 from absl import app, flags
@@ -269,7 +272,11 @@ def t5_rows(directory: str, shape: str, batches: list[int], source_len: int,
   import torch
   import system_peers as peers
   hf = peers.T5(shape).build(directory).eval()
+  with warnings.catch_warnings():  # PyTorch deprecates torch.ao.quantization for torchao
+    warnings.simplefilter('ignore')
+    hf_int8 = torch.ao.quantization.quantize_dynamic(hf, {torch.nn.Linear}, dtype=torch.qint8)
   model, params = ours_model(directory)
+  int8_params = jax.device_put(quantization.int8_params(model.cfg, params))
   vocab = hf.config.vocab_size
   rows = []
   for beams in (1, 4):
@@ -278,23 +285,25 @@ def t5_rows(directory: str, shape: str, batches: list[int], source_len: int,
       ids[:, -1] = 1
       start = np.zeros((batch, 1), np.int32)
       if beams == 1:
-        ours = functools.partial(decode.generate, model, params, start, inputs=ids,
+        ours = functools.partial(decode.generate, model, prompt_tokens=start, inputs=ids,
                                  max_new_tokens=new_tokens)
       else:
-        ours = functools.partial(decode.beam_search, model, params, start, inputs=ids,
+        ours = functools.partial(decode.beam_search, model, prompt_tokens=start, inputs=ids,
                                  beam_size=beams, max_new_tokens=new_tokens)
 
       @torch.inference_mode()
-      def transformers_generate(ids=ids, beams=beams):
-        return hf.generate(input_ids=torch.from_numpy(ids).long(), max_new_tokens=new_tokens,
-                           min_new_tokens=new_tokens, num_beams=beams,
-                           do_sample=False).numpy()[:, 1:]
+      def transformers_generate(peer, ids=ids, beams=beams):
+        return peer.generate(input_ids=torch.from_numpy(ids).long(), max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, num_beams=beams,
+                             do_sample=False).numpy()[:, 1:]
       best = (lambda out: out.tokens) if beams == 1 else (lambda out: out.tokens[:, 0])
+      sides = {'ours': lambda ours=ours, best=best: jax.device_get(best(ours(params=params))),
+               'ours int8': lambda ours=ours, best=best: jax.device_get(
+                   best(ours(params=int8_params))),
+               'transformers': functools.partial(transformers_generate, hf),
+               'transformers int8': functools.partial(transformers_generate, hf_int8)}
       rows.append(Row('t5', f'T5 1.1 {shape}, {"greedy" if beams == 1 else "beam 4"}, batch '
-                      f'{batch}', 'sequence', batch,
-                      {'ours': lambda ours=ours, best=best: jax.device_get(best(ours())),
-                       'transformers': transformers_generate},
-                      token_check(new_tokens, beams == 1)))
+                      f'{batch}', 'sequence', batch, sides, token_check(new_tokens, beams == 1)))
   return rows
 
 
