@@ -8,9 +8,8 @@ import pytest
 from flax import traverse_util
 
 from helpers import init, tiny
-from test_decode import NEW_TOKENS, TARGET_LENGTHS, TARGET_PROMPTS, uncached_greedy
-from test_whisper import FEATURES, tiny_whisper
-from transformer_jax import decode, models, quantization
+from test_whisper import assert_cached_greedy_is_uncached, tiny_whisper
+from transformer_jax import models, quantization
 from transformer_jax.kernels.contraction import contract_int8, int8_product, int8_rows
 
 RNG = np.random.default_rng(0)
@@ -123,12 +122,4 @@ def test_int8_decoding_is_its_own_uncached_forward_pass():
   """Each position's activations get their own scale, so a cached step quantizes a token as
   the whole forward pass does: the same tokens and logits."""
   model, params = tiny_whisper()
-  params = quantization.int8_params(model.cfg, params)
-  out = decode.generate(model, params, TARGET_PROMPTS, prompt_lengths=TARGET_LENGTHS,
-                        max_new_tokens=NEW_TOKENS, return_logits=True, inputs=FEATURES)
-  for row in range(len(FEATURES)):
-    tokens, logits = uncached_greedy(model, params, TARGET_PROMPTS[row:row + 1],
-                                     TARGET_LENGTHS[row], NEW_TOKENS,
-                                     inputs=FEATURES[row:row + 1])
-    np.testing.assert_array_equal(out.tokens[row], tokens, err_msg=f'row {row}')
-    np.testing.assert_allclose(out.logits[row], logits, atol=1e-5, rtol=0)
+  assert_cached_greedy_is_uncached(model, quantization.int8_params(model.cfg, params))

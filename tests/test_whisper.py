@@ -91,11 +91,9 @@ def tiny_whisper(seed=0, **overrides):
 FEATURES = jnp.asarray(np.random.default_rng(7).standard_normal((3, 12, 6)), jnp.float32)
 
 
-@pytest.mark.parametrize('scan', [False, pytest.param(True, marks=pytest.mark.slow)])
-def test_cached_greedy_decoding_equals_the_uncached_rollout(scan):
-  """The encoder runs once and the cross-attention keys and values are cached at the prefill:
-  the same tokens and logits as re-running the whole model at every step."""
-  model, params = tiny_whisper(scan_layers=scan)
+def assert_cached_greedy_is_uncached(model, params):
+  """Cached greedy decoding of FEATURES from TARGET_PROMPTS gives each row the tokens and logits
+  of re-running the whole model at every step."""
   out = decode.generate(model, params, TARGET_PROMPTS, prompt_lengths=TARGET_LENGTHS,
                         max_new_tokens=NEW_TOKENS, return_logits=True, inputs=FEATURES)
   for row in range(len(FEATURES)):
@@ -104,6 +102,13 @@ def test_cached_greedy_decoding_equals_the_uncached_rollout(scan):
                                      inputs=FEATURES[row:row + 1])
     np.testing.assert_array_equal(out.tokens[row], tokens, err_msg=f'row {row}')
     np.testing.assert_allclose(out.logits[row], logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize('scan', [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_cached_greedy_decoding_equals_the_uncached_rollout(scan):
+  """The encoder runs once and the cross-attention keys and values are cached at the prefill:
+  the same tokens and logits as re-running the whole model at every step."""
+  assert_cached_greedy_is_uncached(*tiny_whisper(scan_layers=scan))
 
 
 @pytest.mark.slow
