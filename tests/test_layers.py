@@ -112,6 +112,25 @@ def test_patch_embedding_is_reshape_and_matmul(rng):
   np.testing.assert_allclose(tokens[0], by_hand, atol=2e-4, rtol=1e-4)
 
 
+def test_patch_embedding_is_a_convolutions_value_and_gradients_without_one(rng):
+  """The patches' product computes a convolution of stride P and its gradients (flax's
+  nn.Conv of the same parameters), and the program holds no convolution, which XLA:CPU runs
+  100x as slowly inside a loop (a scan of microbatches)."""
+  images = jax.random.normal(rng, (2, 12, 8, 3))
+  embed = PatchEmbed(4, 5)
+  params = nn.meta.unbox(embed.init(rng, images))
+  conv = nn.Conv(5, (4, 4), strides=(4, 4), padding='VALID')
+  by_convolution = lambda params, x: conv.apply({'params': params['params']['conv']}, x).reshape(
+      2, 6, 5)
+  weights = jnp.cos(jnp.arange(60.0)).reshape(2, 6, 5)
+  value_and_grads = lambda forward: jax.value_and_grad(
+      lambda params, x: jnp.sum(weights * forward(params, x)), argnums=(0, 1))(params, images)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5),
+               value_and_grads(embed.apply), value_and_grads(by_convolution))
+  gradients = jax.jit(jax.grad(lambda params, x: jnp.sum(embed.apply(params, x)), (0, 1)))
+  assert 'convolution' not in gradients.lower(params, images).as_text()
+
+
 def test_position_grid_resize_keeps_cls_row(rng):
   pos = jax.random.normal(rng, (197, 768))
   new = resize_position_grid(pos, 24)

@@ -62,6 +62,37 @@ def test_the_audio_stem_is_two_torch_conv1d_with_gelu(num_frames):
   np.testing.assert_allclose(ours, x.transpose(1, 2).numpy(), atol=1e-5)
 
 
+@pytest.mark.parametrize('num_frames', [10, 11])
+def test_the_audio_stems_gradients_are_torchs_taken_by_products(num_frames):
+  """Its gradients come from products over the frames' windows, not from convolutions, which
+  XLA:CPU runs 100x as slowly inside a loop (a scan of microbatches): every gradient against
+  torch's autograd, and only the two forward convolutions in the program."""
+  mels, width = 6, 8
+  features = np.random.default_rng(0).standard_normal((2, num_frames, mels)).astype(np.float32)
+  stem = layers.AudioStem(features=width)
+  params = nn.meta.unbox(stem.init(jax.random.key(1), features)['params'])
+  weights = np.cos(np.arange(2 * layers.stem_frames(num_frames) * width)).reshape(
+      2, -1, width).astype(np.float32)
+  loss = lambda params, x: jnp.sum(weights * stem.apply({'params': params}, x))
+  gradients = jax.jit(jax.grad(loss, argnums=(0, 1)))
+  d_params, d_features = gradients(params, features)
+  assert gradients.lower(params, features).as_text().count('stablehlo.convolution') == 2
+  torch_params = {name: {key: torch.tensor(np.asarray(value), requires_grad=True)
+                         for key, value in layer.items()} for name, layer in params.items()}
+  conv = lambda x, name, stride: torch.nn.functional.conv1d(
+      x, torch_params[name]['kernel'].permute(2, 1, 0), torch_params[name]['bias'],
+      stride=stride, padding=1)
+  x = torch.tensor(features, requires_grad=True)
+  out = torch.nn.functional.gelu(conv(torch.nn.functional.gelu(
+      conv(x.transpose(1, 2), 'conv1', 1)), 'conv2', 2))
+  (torch.tensor(weights) * out.transpose(1, 2)).sum().backward()
+  np.testing.assert_allclose(d_features, x.grad.numpy(), atol=1e-5)
+  for name, layer in d_params.items():
+    for key, value in layer.items():
+      np.testing.assert_allclose(value, torch_params[name][key].grad.numpy(), atol=1e-5,
+                                 err_msg=f'{name}/{key}')
+
+
 def test_attention_without_a_key_bias_has_none_and_the_same_outputs():
   """Whisper's key projection has no bias; a key bias would be cancelled by the softmax."""
   x = np.random.default_rng(0).standard_normal((1, 5, 16)).astype(np.float32)
