@@ -1,7 +1,6 @@
 """Whisper's convolutional stem: log-Mel frames into the encoder's width, at half the frame rate."""
-from typing import Any
-
 import functools
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -47,7 +46,6 @@ class AudioStem(nn.Module):
     gelu = ACTIVATIONS['gelu']
     x = gelu(conv(1, 'conv1')(frames.astype(self.dtype)))
     return gelu(conv(2, 'conv2')(x))
-
 
 
 def _convolution(frames, kernel, window_strides, padding, **unused):

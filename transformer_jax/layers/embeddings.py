@@ -209,12 +209,12 @@ def _patch_product(images, kernel, window_strides, padding, **unused):
   b, h, w, c = images.shape
   p = kernel.shape[0]
   patches = images.reshape(b, h // p, p, w // p, p, c).transpose(0, 1, 3, 2, 4, 5)
-  return _product(patches.reshape(b, h // p, w // p, p * p * c),
-                  kernel.reshape(-1, kernel.shape[-1]))
+  return _patch_matrix_product(patches.reshape(b, h // p, w // p, p * p * c),
+                               kernel.reshape(-1, kernel.shape[-1]))
 
 
 @jax.custom_vjp
-def _product(x, kernel):
+def _patch_matrix_product(x, kernel):
   """x (..., K) @ kernel (K, D), whose backward pass takes dY as it comes: left to itself,
   XLA:CPU fuses the transpose that the kernel's gradient reads into the fusion that sums dY
   over every residual branch, which then writes column by column (CLIP B/32's patches at batch
@@ -222,18 +222,18 @@ def _product(x, kernel):
   return x @ kernel
 
 
-def _product_fwd(x, kernel):
+def _patch_matrix_product_fwd(x, kernel):
   return x @ kernel, (x, kernel)
 
 
-def _product_bwd(residuals, d_out):
+def _patch_matrix_product_bwd(residuals, d_out):
   x, kernel = residuals
   d_out = jax.lax.optimization_barrier(d_out)
   d_kernel = jnp.einsum('...k,...d->kd', x, d_out)
   return d_out @ kernel.T, d_kernel
 
 
-_product.defvjp(_product_fwd, _product_bwd)
+_patch_matrix_product.defvjp(_patch_matrix_product_fwd, _patch_matrix_product_bwd)
 
 
 def resize_position_grid(posemb: jax.Array, new_grid: int, num_prefix_tokens: int = 1) -> jax.Array:
