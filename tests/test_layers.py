@@ -1,6 +1,9 @@
 """The shared layers against examples worked out by hand and independent computations."""
 import dataclasses
 import functools
+import os
+import subprocess
+import sys
 
 import flax.linen as nn
 import jax
@@ -417,6 +420,69 @@ def test_a_block_that_misses_the_contract_is_told_so(rng, block, scan, problem):
   with pytest.raises(ValueError, match=problem) as error:
     layers.BlockStack(block, num_layers=2, scan=scan).init(rng, jnp.ones((2, 3, 4)))
   assert 'a block stacked by BlockStack is a Flax module class' in str(error.value)
+
+
+def _cross_attending_stack(scan: bool, num_layers: int = 2) -> layers.BlockStack:
+  attention = functools.partial(layers.Attention, num_heads=2, head_dim=4)
+  block = functools.partial(layers.Block, attention=attention, cross_attention=attention,
+                            mlp=functools.partial(layers.MLP, hidden=16))
+  return layers.BlockStack(block, num_layers=num_layers, scan=scan)
+
+
+@pytest.mark.parametrize('scan', [False, True])
+def test_a_stack_in_row_blocks_computes_the_whole_batchs_values(rng, scan):
+  """Inference a block of rows at a time (layers.row_blocks) against the whole batch at once:
+  the mask and cross-attention's encoded rows split with x, T5-style bias shared by every row."""
+  stack = _cross_attending_stack(scan)
+  keys = jax.random.split(rng, 5)
+  x, encoded = jax.random.normal(keys[0], (6, 5, 8)), jax.random.normal(keys[1], (6, 3, 8))
+  mask = jax.random.bernoulli(keys[2], 0.7, (6, 1, 5, 5)) | jnp.eye(5, dtype=bool)[None, None]
+  bias = jax.random.normal(keys[3], (1, 2, 5, 5))
+  call = lambda: stack.apply(params, x, mask, None, encoded, bias=bias)
+  with layers.row_blocks(10):  # 2 rows of 5 tokens: 3 blocks
+    params = stack.init(keys[4], x, mask, None, encoded, bias=bias)
+    blocked = call()
+    program = jax.make_jaxpr(call)()
+  # (with scan=True, flax hoists the layer scan's work that no block's rows enter: length 2)
+  assert [e.params['length'] for e in program.jaxpr.eqns if e.primitive.name == 'scan'] == (
+      [2, 3] if scan else [3])
+  np.testing.assert_allclose(blocked, call(), rtol=1e-5, atol=1e-6)
+
+
+ROW_BLOCK_SCANS = """
+import functools, sys
+import jax, jax.numpy as jnp
+from transformer_jax import layers
+attention = functools.partial(layers.Attention, num_heads=2, head_dim=4)
+stack = layers.BlockStack(functools.partial(layers.Block, attention=attention,
+                                            mlp=functools.partial(layers.MLP, hidden=16)), 2)
+x, rng = jnp.ones((4, 1024, 8)), jax.random.key(0)
+params = jax.eval_shape(lambda: stack.init(rng, x[:, :4]))
+def scans(**kw):
+  program = jax.make_jaxpr(lambda p: stack.apply(p, x, **kw))(params)
+  return [e.params['length'] for e in program.jaxpr.eqns if e.primitive.name == 'scan']
+with layers.row_blocks():
+  print(jax.device_count(), scans(), scans(deterministic=False, rngs={'dropout': rng}))
+print(scans())
+"""
+
+
+def test_row_blocks_by_default_block_inference_on_one_cpu_device_only():
+  """4 rows of 1,024 tokens: blocks of 2 rows (CPU_BLOCK_TOKENS = 2,048) on one CPU device, in
+  inference only; none on the tests' 8 devices, nor outside row_blocks."""
+  run = lambda env: subprocess.run([sys.executable, '-c', ROW_BLOCK_SCANS], env=env, check=True,
+                                   capture_output=True, text=True).stdout.split('\n')[:2]
+  one_device = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+  assert run(one_device) == ['1 [2] []', '[]']
+  assert run(dict(os.environ)) == ['8 [] []', '[]']
+
+
+def test_blocks_take_the_most_rows_that_divide_the_batch_within_the_tokens():
+  assert layers.block.block_rows(256, 77, 2048) == 16  # 26 rows fit; 16 divides 256
+  assert layers.block.block_rows(100, 77, 2048) == 25
+  assert layers.block.block_rows(8, 1500, 2048) == 1
+  assert layers.block.block_rows(7, 300, 2048) == 1
+  assert layers.block.block_rows(32, 50, 2048) == 32
 
 
 def test_exact_gelu_and_its_written_derivative_match_the_normal_cdf_in_float64():

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.layers import causal_mask
+from transformer_jax.layers import causal_mask, row_blocks
 from transformer_jax.models import registry
 from transformer_jax.models.common import TextConfig
 
@@ -217,4 +217,5 @@ def encoder_outputs(model, params, inputs, input_valid):
   """An encoder-decoder's encoder outputs; None for a decoder."""
   if decoding_of(model) != 'encoder_decoder':
     return None
-  return model.apply({'params': params}, inputs, input_valid, method='encode')
+  with row_blocks():
+    return model.apply({'params': params}, inputs, input_valid, method='encode')

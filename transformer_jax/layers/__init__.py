@@ -4,7 +4,7 @@ conditioning (adaLN-Zero, timestep and class embeddings), Whisper's audio stem a
 layers.log_mel) its log-Mel front end."""
 from transformer_jax.layers.attention import Attention, causal_mask, padding_mask, segment_mask
 from transformer_jax.layers.audio_stem import AudioStem, stem_frames
-from transformer_jax.layers.block import Block, BlockStack
+from transformer_jax.layers.block import Block, BlockStack, row_blocks
 from transformer_jax.layers.conditioning import (AdaLNZero, LabelEmbed, TimestepEmbed,
                                                  timestep_frequencies)
 from transformer_jax.layers.embeddings import (PatchEmbed, TextEmbed, apply_rope,
@@ -17,5 +17,5 @@ from transformer_jax.layers.relative_position import RelativePositionBias
 __all__ = ['AdaLNZero', 'Attention', 'AudioStem', 'Block', 'BlockStack', 'LabelEmbed',
            'LayerNorm', 'Linear', 'MLP', 'PatchEmbed', 'RelativePositionBias', 'RMSNorm',
            'TextEmbed', 'TimestepEmbed', 'apply_rope', 'causal_mask', 'padding_mask',
-           'resize_position_grid', 'segment_mask', 'sinusoidal', 'stem_frames',
+           'resize_position_grid', 'row_blocks', 'segment_mask', 'sinusoidal', 'stem_frames',
            'timestep_frequencies']

@@ -23,7 +23,7 @@ import numpy as np
 from transformer_jax import diffusion
 from transformer_jax.errors import ConfigError
 from transformer_jax.layers import (AdaLNZero, BlockStack, LabelEmbed, Linear, PatchEmbed,
-                                    TimestepEmbed)
+                                    TimestepEmbed, row_blocks)
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.models import common, registry, vit
 from transformer_jax.ranges import COUNT, FRACTION, Range
@@ -311,7 +311,9 @@ def generate(model: DiT, params, labels: jax.Array, rng: jax.Array,
   model call on the batch (doubled with the null class under guidance)."""
   cfg = model.cfg
   schedule = diffusion.respace(schedule_of(cfg), settings.steps)
-  model_fn = lambda x, t, y: model.apply({'params': params}, x, t, y)
+  def model_fn(x, t, y):
+    with row_blocks():
+      return model.apply({'params': params}, x, t, y)
   if settings.guidance_scale != 1:
     predict = diffusion.guided_model_fn(model_fn, labels, cfg.num_classes,
                                         settings.guidance_scale)

@@ -10,7 +10,7 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
-from transformer_jax import accounting, decode, image_scores
+from transformer_jax import accounting, decode, image_scores, layers
 from transformer_jax.train import checkpoint, metrics as metrics_lib, setup, sharding, workdir_lock
 from transformer_jax.settings import TrainingSettings
 from transformer_jax.train.setup import Run, build_run, restore_trained
@@ -344,7 +344,7 @@ def _embedder(run: Run, params):
 
   @functools.partial(jax.jit, static_argnames='method')
   def apply(params, inputs, method):
-    with sharding.activation_rules(run.mesh, run.step_settings.rules):
+    with sharding.activation_rules(run.mesh, run.step_settings.rules), layers.row_blocks():
       return run.model.apply({'params': params}, inputs, method=method)
 
   def embed(method: str, inputs: np.ndarray) -> np.ndarray:

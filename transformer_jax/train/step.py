@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec as P
 
-from transformer_jax import lora
+from transformer_jax import layers, lora
 from transformer_jax.lora import LoraSettings
 from transformer_jax.errors import ConfigError
 from transformer_jax.models.registry import Family
@@ -263,7 +263,7 @@ def make_eval_step(model, family: Family, mesh, param_sharding, rules=(), token_
   `token_bytes` (the UTF-8 bytes of each token id) also the weighted bytes of the targets;
   logits_chunk as the train step's (StepSettings)."""
   def eval_step(params, batch):
-    with sharding.activation_rules(mesh, rules):
+    with sharding.activation_rules(mesh, rules), layers.row_blocks():
       # A family's own noise is fixed at evaluation: every evaluation scores the same draws.
       sums = losses.batch_sums(model, family, params, batch, jax.random.key(0),
                                top5=family.classification, logits_chunk=logits_chunk)
