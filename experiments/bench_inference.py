@@ -27,7 +27,8 @@ Rows (random weights, float32, the CPU; torch on --torch_threads threads, CTrans
 - clip, siglip: CLIP ViT-B/32 and SigLIP B/16: image embeddings per second (a batch of 32),
   text embeddings per second (256 captions), and zero-shot classification of 32 images against
   100 class captions (the logits of every pair), against transformers' get_image_features,
-  get_text_features and forward.
+  get_text_features and forward; ours a block of rows at a time (layers.row_blocks), as the
+  package evaluates.
 Before a row is timed, every side runs once and the outputs are checked: the same number of
 tokens on every side, and where both compute the same deterministic thing (greedy decoding,
 DDIM, the embeddings) how far they agree with ours (tokens identical, latents and embeddings
@@ -54,7 +55,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import convert, decode, diffusion, models, quantization
+from transformer_jax import convert, decode, diffusion, layers, models, quantization
 from transformer_jax.models import dit
 from transformer_jax.train import cpu_runtime, metrics
 
@@ -380,10 +381,14 @@ def dual_encoder_rows(directory: str, name: str, shape: str, images: int, texts:
   model, params = ours_model(directory)
   image_batch = peer.batch(0, images)['image']
   text_batch, class_text = peer.batch(1, texts)['text'], peer.batch(2, classes)['text']
-  apply = lambda method: jax.jit(lambda params, x: model.apply({'params': params}, x,
-                                                               method=method))
-  embed_images, embed_texts = apply('embed_images'), apply('embed_texts')
-  forward = jax.jit(lambda params, x, t: model.apply({'params': params}, x, t))
+  # In blocks of rows, as the package's evaluation embeds (layers.row_blocks).
+  def apply(method: str):
+    def embed(params, x, *more):
+      with layers.row_blocks():
+        return model.apply({'params': params}, x, *more, method=method)
+    return jax.jit(embed)
+  embed_images, embed_texts, forward = (apply(m) for m in ('embed_images', 'embed_texts',
+                                                           '__call__'))
   pixels = lambda x: torch.from_numpy(x.transpose(0, 3, 1, 2).copy())
   tokens = lambda t: torch.from_numpy(t).long()
   grad_free = lambda f: torch.inference_mode()(f)
