@@ -422,18 +422,14 @@ def test_a_block_that_misses_the_contract_is_told_so(rng, block, scan, problem):
   assert 'a block stacked by BlockStack is a Flax module class' in str(error.value)
 
 
-def _cross_attending_stack(scan: bool, num_layers: int = 2) -> layers.BlockStack:
-  attention = functools.partial(layers.Attention, num_heads=2, head_dim=4)
-  block = functools.partial(layers.Block, attention=attention, cross_attention=attention,
-                            mlp=functools.partial(layers.MLP, hidden=16))
-  return layers.BlockStack(block, num_layers=num_layers, scan=scan)
-
-
 @pytest.mark.parametrize('scan', [False, True])
 def test_a_stack_in_row_blocks_computes_the_whole_batchs_values(rng, scan):
   """Inference a block of rows at a time (layers.row_blocks) against the whole batch at once:
   the mask and cross-attention's encoded rows split with x, T5-style bias shared by every row."""
-  stack = _cross_attending_stack(scan)
+  attention = functools.partial(layers.Attention, num_heads=2, head_dim=4)
+  stack = layers.BlockStack(functools.partial(
+      layers.Block, attention=attention, cross_attention=attention,
+      mlp=functools.partial(layers.MLP, hidden=16)), num_layers=2, scan=scan)
   keys = jax.random.split(rng, 5)
   x, encoded = jax.random.normal(keys[0], (6, 5, 8)), jax.random.normal(keys[1], (6, 3, 8))
   mask = jax.random.bernoulli(keys[2], 0.7, (6, 1, 5, 5)) | jnp.eye(5, dtype=bool)[None, None]
@@ -450,7 +446,7 @@ def test_a_stack_in_row_blocks_computes_the_whole_batchs_values(rng, scan):
 
 
 ROW_BLOCK_SCANS = """
-import functools, sys
+import functools
 import jax, jax.numpy as jnp
 from transformer_jax import layers
 attention = functools.partial(layers.Attention, num_heads=2, head_dim=4)
