@@ -383,10 +383,10 @@ def dual_encoder_rows(directory: str, name: str, shape: str, images: int, texts:
   text_batch, class_text = peer.batch(1, texts)['text'], peer.batch(2, classes)['text']
   # In blocks of rows, as the package's evaluation embeds (layers.row_blocks).
   def apply(method: str):
-    def embed(params, x, *more):
+    def blocked(params, x, *more):
       with layers.row_blocks():
         return model.apply({'params': params}, x, *more, method=method)
-    return jax.jit(embed)
+    return jax.jit(blocked)
   embed_images, embed_texts, forward = (apply(m) for m in ('embed_images', 'embed_texts',
                                                            '__call__'))
   pixels = lambda x: torch.from_numpy(x.transpose(0, 3, 1, 2).copy())

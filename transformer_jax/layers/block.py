@@ -159,8 +159,8 @@ class BlockStack(nn.Module):
   Under nn.scan, the 'params' and 'cache' variables get the leading layer axis, the 'params' and
   'dropout' rngs differ per layer, and every layer gets the same arguments after x.
 
-  Inside `row_blocks`, a deterministic call without a cache index runs every layer on a block of
-  rows at a time (see row_blocks): the same values, for inference on the CPU.
+  Inside `row_blocks`, a deterministic call without a cache index runs the whole stack on one
+  block of rows after another (see row_blocks): the same values, for inference on the CPU.
   """
   block: Any
   num_layers: int
