@@ -332,6 +332,21 @@ def test_linear_runs_as_one_matmul_only_when_compiled_for_the_cpu():
   assert 'tensor<6x20xf32>' not in _lowered(contract, 'tpu', x, kernel)
 
 
+@pytest.mark.parametrize('axes', [(0,), (0, 2), (1,), (3,), (0, 3), ()])
+@pytest.mark.parametrize('keepdims', [False, True])
+def test_summed_is_the_sum_and_a_product_with_ones_only_on_the_cpu_over_outer_axes(axes,
+                                                                                  keepdims):
+  from transformer_jax.kernels.contraction import summed
+  x = np.random.default_rng(0).standard_normal((4, 3, 5, 6), np.float32)
+  expected = np.sum(x.astype(np.float64), axis=axes, keepdims=keepdims)
+  result = jax.jit(lambda x: summed(x, axes, keepdims))(x)
+  assert result.shape == expected.shape
+  np.testing.assert_allclose(result, expected, rtol=1e-5, atol=1e-5)
+  by_product = bool(axes) and 3 not in axes
+  assert ('dot_general' in _lowered(lambda x: summed(x, axes, keepdims), 'cpu', x)) == by_product
+  assert 'dot_general' not in _lowered(lambda x: summed(x, axes, keepdims), 'tpu', x)
+
+
 def test_a_registered_kernel_is_selectable_and_auto_picks_it_for_its_platform(monkeypatch):
   monkeypatch.setattr(kernels, '_KERNELS', dict(kernels._KERNELS))  # undone after the test
   monkeypatch.setattr(kernels, '_AUTO', dict(kernels._AUTO))

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax.kernels import masks
+from transformer_jax.kernels.contraction import summed
 
 __all__ = ['attention']
 
@@ -91,7 +92,7 @@ def _plus_bias(logits, bias):
 def _summed_to(x, shape):
   """x summed over the axes along which an array of `shape` was broadcast to x's shape."""
   axes = tuple(i for i, (n, m) in enumerate(zip(shape, x.shape)) if n == 1 and m != 1)
-  return jnp.sum(x, axis=axes, keepdims=True)
+  return summed(x, axes, keepdims=True)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import optax
 from optax.contrib import MuonDimensionNumbers
 
+from transformer_jax.kernels.contraction import summed
 from transformer_jax.settings import OptimizerSettings
 from transformer_jax.layers.block import LAYERS
 from transformer_jax.models.registry import EMBEDDING_NAMES
@@ -208,6 +209,12 @@ def adafactor_factoring(params, min_dim_size_to_factor: int = 128):
       lambda path, leaf: _factoring(_names(path), leaf.shape, min_dim_size_to_factor), params)
 
 
+def _mean(x, axes: tuple[int, ...]):
+  """x's mean over `axes`, summed as `kernels.contraction.summed` sums (the rows of a head's
+  (512, 32,128) kernel: 164 ms a T5-small step with jnp.mean on an AMD EPYC)."""
+  return summed(x, axes) / math.prod(x.shape[a] for a in axes)
+
+
 class AdafactorState(NamedTuple):
   """Per parameter: the moving averages of the squared gradients' row and column means
   (factored parameters) or of the squared gradients themselves (the others); the unused ones
@@ -264,8 +271,8 @@ def scale_by_adafactor(decay_rate: float = 0.8, eps: float = 1e-30,
     grad = g.astype(jnp.float32)
     squared = jnp.square(grad) + eps
     if factoring.rows:
-      v_row = decay * v_row + (1 - decay) * squared.mean(axis=factoring.cols)
-      v_col = decay * v_col + (1 - decay) * squared.mean(axis=factoring.rows)
+      v_row = decay * v_row + (1 - decay) * _mean(squared, factoring.cols)
+      v_col = decay * v_col + (1 - decay) * _mean(squared, factoring.rows)
       rows = jnp.expand_dims(v_row, factoring.cols)
       y = (grad * jax.lax.rsqrt(rows / rows.mean(axis=factoring.rows, keepdims=True))
            * jax.lax.rsqrt(jnp.expand_dims(v_col, factoring.rows)))
