@@ -2,6 +2,7 @@
 import json
 import os
 import platform
+import sys
 import time
 
 import logging
@@ -103,6 +104,21 @@ def _duration(seconds: float) -> str:
   return f'{hours}h{minutes:02d}m' if hours else f'{minutes}m{secs:02d}s'
 
 
+def _summary_writer_class():
+  """tensorboardX's SummaryWriter, imported without torch: tensorboardX imports torch where it is
+  installed (seconds at every run's start) only to accept torch tensors, which are never passed
+  here."""
+  hide_torch = 'torch' not in sys.modules
+  if hide_torch:
+    sys.modules['torch'] = None  # `import torch` raises ImportError, which tensorboardX expects
+  try:
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+  finally:
+    if hide_torch:
+      del sys.modules['torch']
+  return SummaryWriter
+
+
 class MetricWriter:
   """Writes on process 0 only: workdir/metrics.jsonl, workdir/tensorboard/ and the console."""
 
@@ -113,8 +129,7 @@ class MetricWriter:
     if self.enabled:
       os.makedirs(workdir, exist_ok=True)
       self.jsonl = open(os.path.join(workdir, METRICS_FILE), 'a')
-      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      self.tensorboard = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+      self.tensorboard = _summary_writer_class()(os.path.join(workdir, 'tensorboard'))
 
   def write(self, step: int, metrics: dict) -> None:
     if not self.enabled:
