@@ -1,9 +1,14 @@
 """Eight simulated CPU devices, set before jax is imported, and strict rank promotion."""
 import os
 
-if '--xla_force_host_platform_device_count=8' not in os.environ.get('XLA_FLAGS', ''):
-  os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
-                             ' --xla_force_host_platform_device_count=8').strip()
+# LLVM's optimizations of XLA:CPU's code take most of a tiny program's compile (a small CLIP's
+# init: 23-28 s at the default level, 5-6.5 s without), and the suite compiles thousands of
+# tiny programs. Results differ only in how transcendental functions round (a unit in the last
+# place of a few percent of that init's values), within the suite's tolerances. The benchmarks,
+# which time code, run at the default level.
+for flag in ('--xla_force_host_platform_device_count=8', '--xla_backend_optimization_level=0'):
+  if flag not in os.environ.get('XLA_FLAGS', ''):
+    os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' ' + flag).strip()
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import tempfile  # noqa: E402
@@ -11,19 +16,20 @@ import tempfile  # noqa: E402
 # Tokenized corpora and trained tokenizers go to a folder of the session's own, never the user's
 # cache.
 os.environ['TRANSFORMER_JAX_CACHE'] = tempfile.mkdtemp(prefix='transformer_jax_cache_')
+# XLA's CPU compiles dominate the suite's time, and many tests compile the same programs (the
+# same tiny train step, say): a compilation cache shared by the session's tests skips repeats.
+# Set by environment before jax is imported, so that pytest-xdist's workers and the processes
+# tests start (launch.py, multi-process runs) share the folder the controlling process made.
+if 'TRANSFORMER_JAX_TEST_XLA_CACHE' not in os.environ:
+  os.environ['TRANSFORMER_JAX_TEST_XLA_CACHE'] = tempfile.mkdtemp(prefix='transformer_jax_xla_')
+os.environ['JAX_COMPILATION_CACHE_DIR'] = os.environ['TRANSFORMER_JAX_TEST_XLA_CACHE']
+os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
+os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES'] = '0'
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update('jax_numpy_rank_promotion', 'raise')
-# XLA's CPU compiles dominate the suite's time, and many tests compile the same programs (the
-# same tiny train step, say): a compilation cache shared by the session's tests skips repeats.
-# pytest-xdist's workers inherit the folder the controlling process made, so they share it.
-if 'TRANSFORMER_JAX_TEST_XLA_CACHE' not in os.environ:
-  os.environ['TRANSFORMER_JAX_TEST_XLA_CACHE'] = tempfile.mkdtemp(prefix='transformer_jax_xla_')
-jax.config.update('jax_compilation_cache_dir', os.environ['TRANSFORMER_JAX_TEST_XLA_CACHE'])
-jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
-jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
 
 
 @pytest.fixture

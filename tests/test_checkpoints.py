@@ -156,7 +156,9 @@ def test_checkpoints_written_by_earlier_code_still_restore(tmp_path, name):
   result = train.evaluate(config, str(fixture))
   assert snapshot(fixture) == before
   assert result['step'] == 2
-  assert result['eval_loss'] == pytest.approx(logged_eval(fixture, 2)['eval_loss'], abs=1e-6)
+  # To float32's rounding (a few units in the last place): the logged loss came from code
+  # compiled at another optimization level, which rounds transcendental functions differently.
+  assert result['eval_loss'] == pytest.approx(logged_eval(fixture, 2)['eval_loss'], rel=1e-6)
   workdir = tmp_path / name
   shutil.copytree(fixture, workdir)
   config.training.steps = 3
