@@ -155,7 +155,7 @@ def test_tokenizer_runs_take_the_steps_of_the_character_runs_training_flops():
   assert [compare.matched_steps(c, budget) for c in configs] == [600, 563, 463]
 
 @pytest.mark.slow
-@pytest.mark.parametrize('name', sorted(FIGURES))
+@pytest.mark.parametrize('name', sorted(FIGURES.keys() - {'patch_sweep'}))  # the notebook runs it
 def test_quick_mode_writes_the_results_folder(tmp_path, name):
   experiment = load_experiment(name)
   experiment.main(['--quick', '--workdir', str(tmp_path)])
@@ -178,6 +178,11 @@ def test_notebook_runs_end_to_end_in_its_quick_setting(tmp_path, monkeypatch):
             for output in cell.get('outputs', []) if 'image/png' in output.get('data', {})]
   assert len(images) == 5  # four patch-sweep plots and the ablation chart
   assert (tmp_path / 'ablations' / 'results' / 'README.md').exists()
+  # The patch sweep's quick setting, as `patch_sweep.py --quick` runs it.
+  results = tmp_path / 'patch_sweep' / 'results'
+  payload = json.loads((results / 'results.json').read_text())
+  assert len(payload['runs']) > 1 and all(r['status'] == 'finished' for r in payload['runs'])
+  assert sorted(p.stem for p in results.glob('*.png')) == FIGURES['patch_sweep']
 
 
 def test_t5_pretrain_blanks_one_common_word_of_each_line_the_same_for_every_seed():
