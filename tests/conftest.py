@@ -1,4 +1,5 @@
-"""Eight simulated CPU devices, set before jax is imported, and strict rank promotion."""
+"""Eight simulated CPU devices and LLVM level 0, set before jax is imported; a compilation cache
+shared by the tests and the processes they start; strict rank promotion."""
 import os
 
 # LLVM's optimizations of XLA:CPU's code take most of a tiny program's compile (a small CLIP's
