@@ -2,12 +2,9 @@
 shared by the tests and the processes they start; strict rank promotion."""
 import os
 
-# LLVM's optimizations of XLA:CPU's code take most of a tiny program's compile (a small CLIP's
-# init: 23-28 s at the default level, 5-6.5 s without), and the suite compiles thousands of
-# tiny programs. Results differ only in how transcendental functions round (a unit in the last
-# place of a few percent of that init's values), within the suite's tolerances. The benchmarks,
-# which time code, run at the default level.
-for flag in ('--xla_force_host_platform_device_count=8', '--xla_backend_optimization_level=0'):
+from process_env import FAST_COMPILE
+
+for flag in ('--xla_force_host_platform_device_count=8', FAST_COMPILE):
   if flag not in os.environ.get('XLA_FLAGS', ''):
     os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' ' + flag).strip()
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from helpers import CONFIG_FILES, ROOT, load_config
+from process_env import process_env
 from train_helpers import small_config
 from transformer_jax import (accounting, config_lib, data, decode, lora, model_config, models,
                              run, settings, train)
@@ -175,7 +176,7 @@ def test_a_flag_naming_another_familys_setting_fails():
 
 
 def launch(*flags, cwd=ROOT):
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='')
+  env = process_env()
   return subprocess.run([sys.executable, str(ROOT / 'launch.py'), *flags], capture_output=True,
                         text=True, cwd=cwd, env=env, timeout=300)
 

@@ -3,7 +3,6 @@
 feature, several captions per image, a classification dataset captioned by class name), and
 bad input (zero-shot settings among it) refused before compiling."""
 import json
-import os
 import pathlib
 import re
 import subprocess
@@ -16,6 +15,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from helpers import mock_tfds
+from process_env import process_env
 from transformer_jax import config_lib, data, train
 from transformer_jax.data import image_text, image_text_eval, rng, sources
 from transformer_jax.errors import ConfigError, UserError
@@ -397,8 +397,7 @@ def test_retrieval_over_two_processes_equals_one_process(tmp_path):
            '--config.training.steps=2', '--config.training.eval_every=2']
 
   def start(workdir, devices, *extra):
-    env = dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}',
-               JAX_PLATFORMS='cpu')
+    env = process_env(devices)
     return subprocess.Popen([sys.executable, str(ROOT / 'launch.py'), *flags,
                              f'--workdir={workdir}', *extra], env=env, cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

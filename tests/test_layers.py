@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from helpers import init, tiny
+from process_env import process_env
 from transformer_jax import kernels, layers, models
 from transformer_jax.errors import ConfigError
 from transformer_jax.layers import PatchEmbed, causal_mask, resize_position_grid
@@ -468,8 +469,7 @@ def test_row_blocks_by_default_block_inference_on_one_cpu_device_only():
   inference only; none on the tests' 8 devices, nor outside row_blocks."""
   run = lambda env: subprocess.run([sys.executable, '-c', ROW_BLOCK_SCANS], env=env, check=True,
                                    capture_output=True, text=True).stdout.split('\n')[:2]
-  one_device = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
-  assert run(one_device) == ['1 [2] []', '[]']
+  assert run(process_env()) == ['1 [2] []', '[]']
   assert run(dict(os.environ)) == ['8 [] []', '[]']
 
 

@@ -2,7 +2,6 @@
 folded into the matrix), its update against an independent Newton-Schulz, AdamW's on the rest,
 training with it, its settings' checks, and the memory plan of its state."""
 import math
-import os
 import subprocess
 import sys
 
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 
 from helpers import ROOT
+from process_env import process_env
 from train_helpers import losses, small_config
 from transformer_jax import config_lib, memory, models, train
 from transformer_jax.errors import ConfigError
@@ -219,7 +219,7 @@ def test_make_optimizer_names_the_optimizers_there_are():
 
 @pytest.mark.slow
 def test_the_launch_flag_trains_with_muon(tmp_path):
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='')
+  env = process_env()
   result = subprocess.run(
       [sys.executable, str(ROOT / 'launch.py'), f'--config={ROOT / "tests" / "train_helpers.py"}'
        ':decoder', f'--workdir={tmp_path}', '--config.optimizer.name=muon',

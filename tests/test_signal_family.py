@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from process_env import process_env
 import signal_family
 from transformer_jax import aot, describe, memory, run, train
 from transformer_jax.errors import ConfigError
@@ -79,7 +80,7 @@ def test_it_trains_and_evaluates_through_the_run(tmp_path):
 
 @pytest.mark.slow
 def test_launch_trains_it_from_its_own_file(tmp_path):
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='', PYTHONPATH=str(ROOT / 'tests'))
+  env = process_env(PYTHONPATH=str(ROOT / 'tests'))
   done = subprocess.run([sys.executable, str(ROOT / 'launch.py'), f'--config={FAMILY_FILE}',
                          f'--workdir={tmp_path / "run"}', '--config.training.steps=30',
                          '--config.training.eval_every=30'],

@@ -1,5 +1,4 @@
 """launch.py in separate processes: SIGKILL and SIGTERM, and a 2-process run on localhost."""
-import os
 import pathlib
 import signal
 import socket
@@ -10,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+from process_env import process_env
 from train_helpers import losses, small_config
 from transformer_jax import train
 
@@ -19,8 +19,7 @@ CONFIG = str(ROOT / 'tests' / 'train_helpers.py')
 
 
 def launch(workdir, *flags, devices=1, **popen):
-  env = dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}',
-             JAX_PLATFORMS='cpu')
+  env = process_env(devices)
   command = [sys.executable, str(ROOT / 'launch.py'), f'--config={CONFIG}:decoder',
              f'--workdir={workdir}', *flags]
   return subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE,
