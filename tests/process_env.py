@@ -9,6 +9,9 @@ import os
 # place of a few percent of that init's values), so a process compares with the tests' own
 # results only at the same level. The benchmarks, which time code, run at the default level.
 FAST_COMPILE = '--xla_backend_optimization_level=0'
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+# A PYTHONPATH for a script run with `python -c`: the tests' modules and the project's package.
+TESTS_AND_PROJECT = os.pathsep.join([_TESTS, os.path.dirname(_TESTS)])
 
 
 def process_env(devices=1, **extra):

@@ -16,7 +16,7 @@ import numpy as np
 import optax
 import pytest
 
-from process_env import process_env
+from process_env import TESTS_AND_PROJECT, process_env
 from train_helpers import losses, small_config, training_rows
 from transformer_jax import train
 from transformer_jax.train import checkpoint, loop, metrics, optim, step as step_lib
@@ -57,8 +57,7 @@ def test_the_cpu_runtime_settings_keep_the_losses(tmp_path):
             'import jax; assert not jax.config.read("jax_cpu_enable_async_dispatch"); '
             'from train_helpers import small_config; from transformer_jax import train; '
             'train.train(small_config(steps=3, **{"mesh.shape": (1,)}), sys.argv[1])')
-  env = process_env(PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.path.dirname(
-      os.path.dirname(os.path.abspath(__file__)))]))
+  env = process_env(PYTHONPATH=TESTS_AND_PROJECT)
   subprocess.run([sys.executable, '-c', script, str(tmp_path / 'configured')], env=env,
                  check=True, capture_output=True)
   train.train(small_config(steps=3, **{'mesh.shape': (1,)}), str(tmp_path / 'default'))

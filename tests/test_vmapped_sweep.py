@@ -2,8 +2,6 @@
 same runs trained alone: every run's training and held-out losses, its checkpoints, a stop
 and resume, runs resumed at different steps, a diverging run, and how runs are grouped."""
 import json
-import os
-import pathlib
 import signal
 import subprocess
 import sys
@@ -12,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from process_env import process_env
+from process_env import TESTS_AND_PROJECT, process_env
 from train_helpers import losses, small_config
 from transformer_jax import errors, sweep, train
 from transformer_jax.train import checkpoint, metrics, vmapped
@@ -191,8 +189,7 @@ def test_a_killed_vmapped_sweep_resumes_exactly(tmp_path):
   script = ('import sys, test_vmapped_sweep as t; from transformer_jax import sweep; '
             'sweep.run_all(sweep.named(dict(list(t.VARIANTS.items())[:3])), '
             'lambda r: t.make_config(r, steps=30, **t.KILLED), sys.argv[1], vmap=True)')
-  env = process_env(PYTHONPATH=os.pathsep.join([str(pathlib.Path(__file__).parent),
-                                               str(pathlib.Path(__file__).parent.parent)]))
+  env = process_env(PYTHONPATH=TESTS_AND_PROJECT)
   process = subprocess.Popen([sys.executable, '-c', script, str(tmp_path / 'sweep')], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   dirs = [tmp_path / 'sweep' / run.dirname for run in runs]
